@@ -1,0 +1,1 @@
+//! The realtime protobuf session protocol (Deepslate-compatible): prost types, framing, typed validation.

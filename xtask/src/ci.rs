@@ -1,0 +1,75 @@
+//! `cargo xtask ci`: the whole CI gate, in the order that fails fastest.
+
+use std::time::Instant;
+
+use crate::{codegen, deps, fuzz, util};
+
+/// Options for `cargo xtask ci`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Seconds each fuzz target runs in the smoke step (0 only builds the targets).
+    #[arg(long, default_value_t = 10)]
+    fuzz_seconds: u64,
+    /// Skip the fuzz smoke step (it needs cargo-fuzz and compiles everything with ASan).
+    #[arg(long)]
+    skip_fuzz: bool,
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    step("rustfmt", || {
+        util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
+    })?;
+    step("codegen is current", || {
+        codegen::run(&codegen::Args { check: true })
+    })?;
+    step("layering rules", deps::run)?;
+    step("clippy", || {
+        util::run(util::cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    step("tests", || {
+        util::run(util::cargo().args(["test", "--workspace", "--all-features"]))
+    })?;
+    step("benches compile and run once", || {
+        // `--profile dev` keeps this cheap; the figures come from `cargo bench`.
+        util::run(util::cargo().args(["test", "--workspace", "--benches", "--profile", "dev"]))
+    })?;
+    step("docs", || {
+        util::run(
+            util::cargo()
+                .args(["doc", "--workspace", "--no-deps", "--all-features"])
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )
+    })?;
+    if args.skip_fuzz {
+        eprintln!("== fuzz smoke: skipped (--skip-fuzz)");
+    } else {
+        step("fuzz smoke", || {
+            fuzz::run(&fuzz::Args {
+                target: None,
+                seconds: args.fuzz_seconds,
+            })
+        })?;
+    }
+    eprintln!(
+        "== cargo xtask ci: all steps passed in {:.0?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+fn step(name: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    eprintln!("== {name}");
+    let started = Instant::now();
+    f().map_err(|e| e.context(format!("CI step `{name}` failed")))?;
+    eprintln!("== {name}: ok ({:.1?})", started.elapsed());
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Small process helpers shared by the xtask commands.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// The workspace root (the parent of the xtask crate).
+pub(crate) fn root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The `cargo` that runs this xtask, so nested builds use the same toolchain.
+pub(crate) fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Runs a command to completion, echoing it first; fails on a non-zero exit.
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("$ {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start `{}`", describe(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed with {status}", describe(cmd));
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its standard output; fails on a non-zero exit.
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start `{}`", describe(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed with {}:\n{}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8(out.stdout).context("command printed non-UTF-8 output")
+}
+
+/// A shell-like rendering of a command for logs.
+pub(crate) fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&arg.to_string_lossy());
+    }
+    s
+}
