@@ -1,0 +1,1 @@
+//! The sans-IO turn-taking machine: floor control, endpointing, interruption policy, barge-in, playback tracking.
