@@ -1,0 +1,1 @@
+//! Audio for voice agents without I/O: sample formats, streaming resampling, Opus, VAD, WAV and playback pacing.
