@@ -1,0 +1,538 @@
+//! The server side: a sans-IO tracker of which response is current, when to stop streaming,
+//! the begin message, reminders, resume after reconnect and the ping/pong deadlines.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::call::Call;
+use crate::error::Blame;
+use crate::retell_event::{PingPong, ResponseRequest, RetellEvent, UnknownEvent, UpdateOnly};
+use crate::server_event::{ConfigBody, Response, ServerEvent};
+use crate::transcript::{Role, TranscriptItem, Utterance};
+
+/// The synthetic user turn Retell's own examples append before generating a reminder.
+pub const REMINDER_PROMPT: &str = "(Now the user has not responded in a while, you would say:)";
+
+/// Retell pings every 2 s once `auto_reconnect` is on, and expects the same from us.
+pub const PING_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Retell closes the socket after 5 s without a `ping_pong` (and reconnects at most twice).
+pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// When the begin message (`response` with `response_id` 0) is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BeginMessage {
+    /// Right after the config, on the first connection (Retell's Python example). An empty
+    /// string means "wait for the user to speak first".
+    Immediately(String),
+    /// Once `call_details` arrives (Retell's Node example); needs `call_details: true` in the
+    /// config, or it is never sent.
+    AfterCallDetails(String),
+    /// The application streams `response_id` 0 itself through [`TrackerInput::Send`].
+    Manual,
+}
+
+/// How a [`ResponseTracker`] behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrackerConfig {
+    /// Sent on every connection (first and resumed); `None` sends no config, so Retell neither
+    /// pings nor reconnects.
+    pub config: Option<ConfigBody>,
+    /// The begin message policy.
+    pub begin: BeginMessage,
+    /// How often we send a keep-alive when Retell's pings do not prompt one.
+    pub ping_interval: Duration,
+    /// Silence after which each side considers the other gone.
+    pub silence_timeout: Duration,
+}
+
+impl Default for TrackerConfig {
+    /// Config with `auto_reconnect` and `call_details`, empty begin message (wait for the user).
+    fn default() -> Self {
+        TrackerConfig {
+            config: Some(ConfigBody {
+                auto_reconnect: Some(true),
+                call_details: Some(true),
+                ..ConfigBody::default()
+            }),
+            begin: BeginMessage::Immediately(String::new()),
+            ping_interval: PING_INTERVAL,
+            silence_timeout: SILENCE_TIMEOUT,
+        }
+    }
+}
+
+/// Why content is being asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RequestKind {
+    /// The begin message (`response_id` 0), only with [`BeginMessage::Manual`].
+    Begin,
+    /// `response_required`.
+    Response,
+    /// `reminder_required`: the user has been silent.
+    Reminder,
+}
+
+/// Work for the application: generate content for `response_id` and send it back through
+/// [`TrackerInput::Send`] as [`ServerEvent::Response`] chunks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generate {
+    /// The id every chunk must carry.
+    pub response_id: u64,
+    /// Why Retell asked.
+    pub kind: RequestKind,
+    /// The complete transcript so far.
+    pub transcript: Vec<Utterance>,
+    /// The tool-call-woven transcript, when configured.
+    pub transcript_with_tool_calls: Option<Vec<TranscriptItem>>,
+}
+
+impl Generate {
+    /// The transcript to give an LLM: for reminders, with the synthetic user turn
+    /// [`REMINDER_PROMPT`] appended (what Retell's examples do).
+    pub fn llm_transcript(&self) -> Vec<Utterance> {
+        let mut t = self.transcript.clone();
+        if self.kind == RequestKind::Reminder {
+            t.push(Utterance::new(Role::User, REMINDER_PROMPT));
+        }
+        t
+    }
+}
+
+/// Everything a [`ResponseTracker`] may hand to its driver.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TrackerOutput {
+    /// Send this event to Retell as a text frame.
+    Send(ServerEvent),
+    /// Start generating content for a request.
+    Generate(Generate),
+    /// Stop streaming this response: a newer request made it stale, or the socket dropped.
+    /// It needs no `content_complete`; further chunks for it are dropped.
+    Stop {
+        /// The response that no longer matters.
+        response_id: u64,
+    },
+    /// The call object arrived.
+    CallDetails(Call),
+    /// Transcript or turn-taking news (does not stop the current response).
+    Update(UpdateOnly),
+    /// An event type this crate does not know; log it, the socket stays up.
+    Unknown(UnknownEvent),
+    /// Retell has not pinged for the silence timeout: the socket is dead. Close it with 1000
+    /// and expect Retell to reconnect to the same `call_id`.
+    RetellSilent,
+}
+
+/// A misuse of the tracker by the application (peer input never produces one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrackerError {
+    /// An event was sent while no socket is open.
+    #[error("no Retell connection is open")]
+    NotConnected,
+    /// A response chunk for an id Retell never asked for.
+    #[error("response {0} was never requested")]
+    UnknownResponseId(u64),
+    /// A chunk after the one with `content_complete: true`.
+    #[error("response {0} is already complete")]
+    ResponseAlreadyComplete(u64),
+    /// A tool result for an invocation that was never announced.
+    #[error("tool call {0:?} was never invoked")]
+    UnknownToolCall(String),
+    /// A reconnect for another call was handed to this call's tracker.
+    #[error("tracker belongs to call {expected:?}, not {got:?}")]
+    CallIdMismatch {
+        /// The call this tracker serves.
+        expected: String,
+        /// The call id of the new connection.
+        got: String,
+    },
+}
+
+impl TrackerError {
+    /// Who is to blame (always the caller).
+    pub fn blame(&self) -> Blame {
+        Blame::Caller
+    }
+}
+
+/// What the tracker is fed.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TrackerInput {
+    /// A Retell socket for `call_id` opened: the first one, or a reconnect (which resumes).
+    Connected {
+        /// The last path segment of the WebSocket URL.
+        call_id: String,
+    },
+    /// The socket closed or failed.
+    Disconnected,
+    /// An event decoded from Retell.
+    Received(RetellEvent),
+    /// The application wants to send this event (response chunks, interrupts, tool
+    /// bookkeeping, metadata, agent updates).
+    Send(ServerEvent),
+}
+
+/// Counters for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct TrackerStats {
+    /// Connections opened, the first included.
+    pub connections: u32,
+    /// Pings answered.
+    pub pings_answered: u64,
+    /// Keep-alives sent unprompted.
+    pub keepalives_sent: u64,
+    /// Chunks for stale responses that were dropped.
+    pub stale_chunks_dropped: u64,
+    /// Responses stopped because a newer request arrived or the socket dropped.
+    pub responses_stopped: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Current {
+    id: u64,
+    complete: bool,
+    stopped: bool,
+}
+
+/// The server side of one Retell call, across reconnects.
+///
+/// Keep one tracker per `call_id` for the call's lifetime (not per socket) so a reconnect
+/// resumes: the config is sent again, the begin message is not.
+#[derive(Debug)]
+pub struct ResponseTracker {
+    cfg: TrackerConfig,
+    call_id: Option<String>,
+    connected: bool,
+    begin_sent: bool,
+    current: Option<Current>,
+    keepalive: bool,
+    /// Retell's last ping: when it arrived and its timestamp (our only wall clock).
+    last_ping: Option<(Instant, u64)>,
+    last_sent_ping: Option<Instant>,
+    silent_reported: bool,
+    tool_calls: BTreeSet<String>,
+    last_interrupt_id: u64,
+    out: VecDeque<TrackerOutput>,
+    stats: TrackerStats,
+}
+
+impl ResponseTracker {
+    /// A tracker that has not seen a connection yet.
+    pub fn new(cfg: TrackerConfig) -> Self {
+        let keepalive = cfg
+            .config
+            .as_ref()
+            .and_then(|c| c.auto_reconnect)
+            .unwrap_or(false);
+        ResponseTracker {
+            cfg,
+            call_id: None,
+            connected: false,
+            begin_sent: false,
+            current: None,
+            keepalive,
+            last_ping: None,
+            last_sent_ping: None,
+            silent_reported: false,
+            tool_calls: BTreeSet::new(),
+            last_interrupt_id: 0,
+            out: VecDeque::new(),
+            stats: TrackerStats::default(),
+        }
+    }
+
+    /// Feeds one input at time `now`.
+    pub fn handle_input(&mut self, now: Instant, input: TrackerInput) -> Result<(), TrackerError> {
+        match input {
+            TrackerInput::Connected { call_id } => self.on_connected(now, call_id),
+            TrackerInput::Disconnected => {
+                self.on_disconnected();
+                Ok(())
+            }
+            TrackerInput::Received(ev) => {
+                self.on_received(now, ev);
+                Ok(())
+            }
+            TrackerInput::Send(ev) => self.on_send(now, ev),
+        }
+    }
+
+    /// Fires the timers due at `now`: keep-alives and the silence check.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.connected || !self.keepalive {
+            return;
+        }
+        let Some((ping_at, ts)) = self.last_ping else {
+            return;
+        };
+        if !self.silent_reported && now >= ping_at + self.cfg.silence_timeout {
+            self.silent_reported = true;
+            self.out.push_back(TrackerOutput::RetellSilent);
+        }
+        if let Some(sent) = self.last_sent_ping
+            && now >= sent + self.cfg.ping_interval
+        {
+            // No wall clock here: extrapolate Retell's last timestamp.
+            let elapsed = u64::try_from(now.saturating_duration_since(ping_at).as_millis())
+                .unwrap_or(u64::MAX);
+            self.send_ping(now, ts.saturating_add(elapsed));
+            self.stats.keepalives_sent += 1;
+        }
+    }
+
+    /// The next thing to do, if any. Call until `None` after every input or timeout.
+    pub fn poll_output(&mut self) -> Option<TrackerOutput> {
+        self.out.pop_front()
+    }
+
+    /// When [`Self::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if !self.connected || !self.keepalive {
+            return None;
+        }
+        let (ping_at, _) = self.last_ping?;
+        let keepalive = self.last_sent_ping.map(|t| t + self.cfg.ping_interval);
+        let silence = (!self.silent_reported).then(|| ping_at + self.cfg.silence_timeout);
+        match (keepalive, silence) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The response id chunks should carry now, if a request is open.
+    pub fn current_response_id(&self) -> Option<u64> {
+        self.current
+            .filter(|c| !c.complete && !c.stopped)
+            .map(|c| c.id)
+    }
+
+    /// Whether chunks for `response_id` are still wanted.
+    pub fn is_current(&self, response_id: u64) -> bool {
+        self.current_response_id() == Some(response_id)
+    }
+
+    /// When Retell will give up on us if nothing more reaches it: 5 s after our last
+    /// `ping_pong` (only meaningful with `auto_reconnect`).
+    pub fn retell_gives_up_at(&self) -> Option<Instant> {
+        if !self.connected || !self.keepalive {
+            return None;
+        }
+        self.last_sent_ping.map(|t| t + self.cfg.silence_timeout)
+    }
+
+    /// Allocates an `interrupt_id` for a new [`crate::AgentInterrupt`] (reuse the previous id
+    /// to append to it).
+    pub fn next_interrupt_id(&mut self) -> u64 {
+        self.last_interrupt_id += 1;
+        self.last_interrupt_id
+    }
+
+    /// The call this tracker serves, once connected.
+    pub fn call_id(&self) -> Option<&str> {
+        self.call_id.as_deref()
+    }
+
+    /// Whether a socket is open.
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
+    fn on_connected(&mut self, now: Instant, call_id: String) -> Result<(), TrackerError> {
+        match &self.call_id {
+            Some(expected) if *expected != call_id => {
+                return Err(TrackerError::CallIdMismatch {
+                    expected: expected.clone(),
+                    got: call_id,
+                });
+            }
+            _ => {}
+        }
+        if self.connected {
+            // Retell opened a new socket before we saw the old one close.
+            self.on_disconnected();
+        }
+        let first = self.call_id.is_none();
+        self.call_id = Some(call_id);
+        self.connected = true;
+        self.stats.connections += 1;
+        self.last_ping = None;
+        self.last_sent_ping = Some(now);
+        self.silent_reported = false;
+        if let Some(c) = &self.cfg.config {
+            self.out
+                .push_back(TrackerOutput::Send(ServerEvent::Config(c.clone())));
+        }
+        if first {
+            match &self.cfg.begin {
+                BeginMessage::Immediately(text) => {
+                    let text = text.clone();
+                    self.send_begin(text);
+                }
+                BeginMessage::AfterCallDetails(_) => {}
+                BeginMessage::Manual => {
+                    self.current = Some(Current {
+                        id: 0,
+                        complete: false,
+                        stopped: false,
+                    });
+                    self.out.push_back(TrackerOutput::Generate(Generate {
+                        response_id: 0,
+                        kind: RequestKind::Begin,
+                        transcript: Vec::new(),
+                        transcript_with_tool_calls: None,
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_disconnected(&mut self) {
+        if !self.connected {
+            return;
+        }
+        self.connected = false;
+        // The socket that asked is gone; Retell asks again after reconnecting.
+        if let Some(c) = self.current.as_mut()
+            && !c.complete
+            && !c.stopped
+        {
+            c.stopped = true;
+            self.stats.responses_stopped += 1;
+            self.out
+                .push_back(TrackerOutput::Stop { response_id: c.id });
+        }
+    }
+
+    fn send_begin(&mut self, text: String) {
+        self.begin_sent = true;
+        self.out
+            .push_back(TrackerOutput::Send(ServerEvent::Response(Response::chunk(
+                0, text, true,
+            ))));
+    }
+
+    fn send_ping(&mut self, now: Instant, timestamp: u64) {
+        self.last_sent_ping = Some(now);
+        self.out
+            .push_back(TrackerOutput::Send(ServerEvent::PingPong(PingPong {
+                timestamp,
+            })));
+    }
+
+    fn on_received(&mut self, now: Instant, ev: RetellEvent) {
+        match ev {
+            RetellEvent::PingPong(p) => {
+                self.last_ping = Some((now, p.timestamp));
+                self.silent_reported = false;
+                // Retell pings even when our config did not ask; answering is always right.
+                self.send_ping(now, p.timestamp);
+                self.stats.pings_answered += 1;
+            }
+            RetellEvent::CallDetails(d) => {
+                if !self.begin_sent
+                    && let BeginMessage::AfterCallDetails(text) = &self.cfg.begin
+                    && self.current.is_none()
+                {
+                    let text = text.clone();
+                    self.send_begin(text);
+                }
+                self.out.push_back(TrackerOutput::CallDetails(d.call));
+            }
+            RetellEvent::UpdateOnly(u) => self.out.push_back(TrackerOutput::Update(u)),
+            RetellEvent::ResponseRequired(r) => self.on_request(r, RequestKind::Response),
+            RetellEvent::ReminderRequired(r) => self.on_request(r, RequestKind::Reminder),
+            RetellEvent::Unknown(u) => self.out.push_back(TrackerOutput::Unknown(u)),
+        }
+    }
+
+    fn on_request(&mut self, r: ResponseRequest, kind: RequestKind) {
+        if let Some(c) = self.current.as_mut() {
+            if c.id == r.response_id && !c.stopped {
+                // A repeat of a request we are answering (or answered): one answer is enough.
+                return;
+            }
+            if c.id != r.response_id && !c.complete && !c.stopped {
+                c.stopped = true;
+                self.stats.responses_stopped += 1;
+                self.out
+                    .push_back(TrackerOutput::Stop { response_id: c.id });
+            }
+        }
+        // A request means the conversation is under way: a pending begin is moot.
+        self.begin_sent = true;
+        // The latest request wins, even with a lower id (Retell restarting its counter).
+        self.current = Some(Current {
+            id: r.response_id,
+            complete: false,
+            stopped: false,
+        });
+        self.out.push_back(TrackerOutput::Generate(Generate {
+            response_id: r.response_id,
+            kind,
+            transcript: r.transcript,
+            transcript_with_tool_calls: r.transcript_with_tool_calls,
+        }));
+    }
+
+    fn on_send(&mut self, now: Instant, ev: ServerEvent) -> Result<(), TrackerError> {
+        if let ServerEvent::Response(r) = &ev {
+            let Some(c) = self.current.as_mut() else {
+                return Err(TrackerError::UnknownResponseId(r.response_id));
+            };
+            if r.response_id == c.id {
+                if c.stopped {
+                    self.stats.stale_chunks_dropped += 1;
+                    return Ok(());
+                }
+                if c.complete {
+                    return Err(TrackerError::ResponseAlreadyComplete(r.response_id));
+                }
+                if !self.connected {
+                    return Err(TrackerError::NotConnected);
+                }
+                c.complete = r.content_complete;
+                if c.id == 0 {
+                    self.begin_sent = true;
+                }
+            } else if r.response_id < c.id {
+                // The application raced the Stop output; that is expected, not a bug.
+                self.stats.stale_chunks_dropped += 1;
+                return Ok(());
+            } else {
+                return Err(TrackerError::UnknownResponseId(r.response_id));
+            }
+        } else if !self.connected {
+            return Err(TrackerError::NotConnected);
+        }
+        match &ev {
+            ServerEvent::ToolCallInvocation(t) => {
+                self.tool_calls.insert(t.tool_call_id.clone());
+            }
+            ServerEvent::ToolCallResult(t) if !self.tool_calls.contains(&t.tool_call_id) => {
+                return Err(TrackerError::UnknownToolCall(t.tool_call_id.clone()));
+            }
+            ServerEvent::AgentInterrupt(a) => {
+                self.last_interrupt_id = self.last_interrupt_id.max(a.interrupt_id);
+            }
+            ServerEvent::PingPong(_) => self.last_sent_ping = Some(now),
+            ServerEvent::Config(c) => {
+                self.keepalive = c.auto_reconnect.unwrap_or(self.keepalive);
+            }
+            _ => {}
+        }
+        self.out.push_back(TrackerOutput::Send(ev));
+        Ok(())
+    }
+}
