@@ -1,1 +1,5 @@
 //! Audio for voice agents without I/O: sample formats, streaming resampling, Opus, VAD, WAV and playback pacing.
+
+pub mod format;
+pub mod opus;
+pub mod resample;

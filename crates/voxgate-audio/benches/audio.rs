@@ -1,0 +1,2 @@
+//! Speed benchmarks (filled in below).
+fn main() {}
