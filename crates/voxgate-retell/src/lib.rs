@@ -24,3 +24,6 @@ pub use tracker::{
     BeginMessage, Generate, PING_INTERVAL, REMINDER_PROMPT, RequestKind, ResponseTracker,
     SILENCE_TIMEOUT, TrackerConfig, TrackerError, TrackerInput, TrackerOutput, TrackerStats,
 };
+
+mod driver;
+pub use driver::{DriverConfig, DriverInput, DriverOutput, EndReason, RetellDriver, Violation};

@@ -73,8 +73,9 @@ pub struct UnknownEvent {
 pub enum RetellEvent {
     /// `ping_pong`: keep-alive (only with `auto_reconnect`).
     PingPong(PingPong),
-    /// `call_details`: the call object (only with `call_details` in the config).
-    CallDetails(CallDetails),
+    /// `call_details`: the call object (only with `call_details` in the config). Boxed: the
+    /// call object is large and arrives once per call.
+    CallDetails(Box<CallDetails>),
     /// `update_only`: transcript and turn-taking news.
     UpdateOnly(UpdateOnly),
     /// `response_required`: the agent should answer now.
@@ -133,7 +134,7 @@ impl RetellEvent {
         }
         Ok(match tag.as_ref() {
             "ping_pong" => RetellEvent::PingPong(typed(bytes, "ping_pong")?),
-            "call_details" => RetellEvent::CallDetails(typed(bytes, "call_details")?),
+            "call_details" => RetellEvent::CallDetails(Box::new(typed(bytes, "call_details")?)),
             "update_only" => RetellEvent::UpdateOnly(typed(bytes, "update_only")?),
             "response_required" => {
                 RetellEvent::ResponseRequired(typed(bytes, "response_required")?)
