@@ -1,0 +1,3 @@
+//! Benchmarks (being written).
+
+fn main() {}
