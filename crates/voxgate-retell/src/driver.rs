@@ -175,6 +175,7 @@ pub struct RetellDriver {
     streaming: Option<Streaming>,
     completed: BTreeSet<u64>,
     begin_done: bool,
+    details_sent: bool,
     interrupt: Option<(u64, String)>,
     tool_calls: BTreeSet<String>,
     last_ping_sent: Option<Instant>,
@@ -201,6 +202,7 @@ impl RetellDriver {
             streaming: None,
             completed: BTreeSet::new(),
             begin_done: false,
+            details_sent: false,
             interrupt: None,
             tool_calls: BTreeSet::new(),
             last_ping_sent: None,
@@ -352,9 +354,10 @@ impl RetellDriver {
     fn on_connected(&mut self, now: Instant) {
         self.start.get_or_insert(now);
         self.connected = true;
-        // Each socket starts unconfigured: the server sends its config again.
-        self.server_config = ConfigBody::default();
-        self.last_ping_sent = None;
+        // The call keeps its config across reconnects (so pinging resumes at once); the
+        // server may still send a new one, and call details go out once per socket.
+        self.details_sent = false;
+        self.last_ping_sent = self.pinging().then_some(now);
         self.last_heard = Some(now);
     }
 
@@ -402,12 +405,13 @@ impl RetellDriver {
         let words: Vec<Word> = text
             .split_whitespace()
             .map(|w| {
-                let start = t;
+                // Millisecond precision, like Retell's own timings (and exact through JSON).
+                let start = (t * 1000.0).round() / 1000.0;
                 t += self.cfg.seconds_per_word;
                 Word {
                     word: w.to_owned(),
                     start,
-                    end: t,
+                    end: (t * 1000.0).round() / 1000.0,
                 }
             })
             .collect();
@@ -463,10 +467,10 @@ impl RetellDriver {
         match ev {
             ServerEvent::Config(c) => {
                 let was_pinging = self.pinging();
-                let details =
-                    c.call_details == Some(true) && self.server_config.call_details != Some(true);
+                let details = c.call_details == Some(true) && !self.details_sent;
                 self.server_config = c;
                 if details {
+                    self.details_sent = true;
                     self.send(RetellEvent::CallDetails(Box::new(CallDetails {
                         call: self.cfg.call.clone(),
                     })));

@@ -16,6 +16,11 @@ pub const REMINDER_PROMPT: &str = "(Now the user has not responded in a while, y
 /// Retell pings every 2 s once `auto_reconnect` is on, and expects the same from us.
 pub const PING_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long after our last `ping_pong` the tracker sends one unprompted: longer than Retell's
+/// 2 s cadence so keep-alives only fill gaps in Retell's pings (never double the answers),
+/// shorter than its 5 s give-up.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+
 /// Retell closes the socket after 5 s without a `ping_pong` (and reconnects at most twice).
 pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -41,8 +46,8 @@ pub struct TrackerConfig {
     pub config: Option<ConfigBody>,
     /// The begin message policy.
     pub begin: BeginMessage,
-    /// How often we send a keep-alive when Retell's pings do not prompt one.
-    pub ping_interval: Duration,
+    /// Silence on our side after which we send a keep-alive that no ping prompted.
+    pub keepalive_interval: Duration,
     /// Silence after which each side considers the other gone.
     pub silence_timeout: Duration,
 }
@@ -57,7 +62,7 @@ impl Default for TrackerConfig {
                 ..ConfigBody::default()
             }),
             begin: BeginMessage::Immediately(String::new()),
-            ping_interval: PING_INTERVAL,
+            keepalive_interval: KEEPALIVE_INTERVAL,
             silence_timeout: SILENCE_TIMEOUT,
         }
     }
@@ -276,7 +281,7 @@ impl ResponseTracker {
             self.out.push_back(TrackerOutput::RetellSilent);
         }
         if let Some(sent) = self.last_sent_ping
-            && now >= sent + self.cfg.ping_interval
+            && now >= sent + self.cfg.keepalive_interval
         {
             // No wall clock here: extrapolate Retell's last timestamp.
             let elapsed = u64::try_from(now.saturating_duration_since(ping_at).as_millis())
@@ -297,7 +302,7 @@ impl ResponseTracker {
             return None;
         }
         let (ping_at, _) = self.last_ping?;
-        let keepalive = self.last_sent_ping.map(|t| t + self.cfg.ping_interval);
+        let keepalive = self.last_sent_ping.map(|t| t + self.cfg.keepalive_interval);
         let silence = (!self.silent_reported).then(|| ping_at + self.cfg.silence_timeout);
         match (keepalive, silence) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -417,6 +422,11 @@ impl ResponseTracker {
 
     fn send_begin(&mut self, text: String) {
         self.begin_sent = true;
+        self.current = Some(Current {
+            id: 0,
+            complete: true,
+            stopped: false,
+        });
         self.out
             .push_back(TrackerOutput::Send(ServerEvent::Response(Response::chunk(
                 0, text, true,

@@ -1,5 +1,8 @@
 //! Every golden message decoded and re-encoded; the snapshots pin the JSON shapes we emit.
 
+// Helpers outside #[test] fns fail loudly too: a missing golden file is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::fs;
 use std::path::Path;
 
