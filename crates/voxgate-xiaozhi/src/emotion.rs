@@ -279,8 +279,9 @@ pub fn contains_emoji(text: &str) -> bool {
 
 /// Removes every emoji from `text`, for speech synthesis and subtitles.
 ///
-/// Punctuation, digits and CJK text are kept. Where removing an emoji would leave two spaces, one
-/// is kept, and the result is trimmed; a text without emoji is returned borrowed and unchanged.
+/// Punctuation, digits and CJK text are kept. Where removing an emoji would leave two spaces, or a
+/// space before closing punctuation, the extra space goes too, and the result is trimmed; a text
+/// without emoji is returned borrowed and unchanged.
 ///
 /// ```
 /// use voxgate_xiaozhi::emotion::strip_emoji;
@@ -305,6 +306,10 @@ pub fn strip_emoji(text: &str) -> Cow<'_, str> {
         if removed_last && c.is_whitespace() && out.ends_with(char::is_whitespace) {
             // The emoji sat between two spaces: keep only the first.
         } else {
+            if removed_last && is_closing_punctuation(c) {
+                // "hearts ❤️!" reads "hearts!", not "hearts !".
+                out.truncate(out.trim_end().len());
+            }
             out.push(c);
             removed_last = false;
         }
@@ -316,6 +321,32 @@ pub fn strip_emoji(text: &str) -> Cow<'_, str> {
     } else {
         Cow::Owned(trimmed.to_owned())
     }
+}
+
+fn is_closing_punctuation(c: char) -> bool {
+    matches!(
+        c,
+        '!' | '?'
+            | ','
+            | '.'
+            | ';'
+            | ':'
+            | ')'
+            | ']'
+            | '}'
+            | '…'
+            | '，'
+            | '。'
+            | '！'
+            | '？'
+            | '；'
+            | '：'
+            | '）'
+            | '」'
+            | '』'
+            | '】'
+            | '、'
+    )
 }
 
 /// Which faces the device may show, and the face used when a reply has no allowed one.
