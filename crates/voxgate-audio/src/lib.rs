@@ -2,4 +2,7 @@
 
 pub mod format;
 pub mod opus;
+pub mod pacer;
 pub mod resample;
+pub mod vad;
+pub mod wav;

@@ -526,16 +526,13 @@ impl OpusDecoder {
                 n
             }
             #[cfg(feature = "libopus")]
-            DecoderImpl::Libopus(d) => {
-                let n = if want_f32 {
-                    d.decode_float(packet, &mut self.pcm_f32, false)
-                } else {
-                    d.decode(packet, &mut self.pcm_i16, false)
-                }
-                .map_err(|e| OpusError::Corrupt(e.to_string()))?
-                .min(max);
-                n
+            DecoderImpl::Libopus(d) => if want_f32 {
+                d.decode_float(packet, &mut self.pcm_f32, false)
+            } else {
+                d.decode(packet, &mut self.pcm_i16, false)
             }
+            .map_err(|e| OpusError::Corrupt(e.to_string()))?
+            .min(max),
         };
         self.last_frame = n;
         Ok(n)

@@ -1,0 +1,590 @@
+//! Voice activity detection on `earshot` with the realtime protocol's `VadConfiguration` rules.
+//!
+//! earshot scores 16 ms frames (256 samples at 16 kHz) from 0 to 1. [`Vad`] resamples any input
+//! rate to 16 kHz, scores each frame, measures its volume, and runs a four-state hysteresis:
+//!
+//! ```text
+//!            speech frame                  start_duration of speech
+//! SILENCE ────────────────▶ SPEECH_STARTING ─────────────────────────▶ SPEECH
+//!    ▲        (a silent frame goes back)                                 │ silent frame
+//!    │                                                                   ▼
+//!    └──────────────── stop_duration of silence ─────────────────── SPEECH_ENDING
+//!                            (a speech frame goes back to SPEECH)
+//! ```
+//!
+//! A frame counts as speech when its confidence reaches `confidence_threshold` and its volume
+//! reaches `min_volume`. Every transition is reported with sample positions in the caller's
+//! input rate, and the detector keeps the last `backbuffer_duration` (plus the start window) of
+//! input so the audio from just before speech was declared can be handed to a recogniser.
+//!
+//! The drive loop: feed samples with [`Vad::process`] (any chunk size), then drain
+//! [`Vad::poll_output`] until it returns `None`. Time is the sample count, so the detector needs
+//! no clock.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::resample::{ResampleError, Resampler};
+
+/// Samples per earshot frame at 16 kHz.
+pub const FRAME_SAMPLES: usize = 256;
+/// The rate earshot's model runs at.
+pub const MODEL_RATE: u32 = 16_000;
+const FRAME_MICROS: u64 = 16_000;
+/// `volume` = dBFS of the frame's RMS mapped linearly from this floor (0.0) to 0 dBFS (1.0).
+pub const VOLUME_FLOOR_DBFS: f32 = -60.0;
+
+/// Detector settings, with the realtime protocol's `VadConfiguration` meaning.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VadConfig {
+    /// Model score (0..=1) a frame needs to count as speech.
+    pub confidence_threshold: f32,
+    /// Volume (0..=1, see [`VOLUME_FLOOR_DBFS`]) a frame needs to count as speech, so quiet
+    /// background talk or breath noise does not open a turn.
+    pub min_volume: f32,
+    /// Speech needed, without a silent frame, to go from `SPEECH_STARTING` to `SPEECH`.
+    pub start_duration: Duration,
+    /// Silence needed, without a speech frame, to go from `SPEECH_ENDING` to `SILENCE`.
+    pub stop_duration: Duration,
+    /// Audio kept from before the speech onset and returned with it.
+    pub backbuffer_duration: Duration,
+}
+
+impl Default for VadConfig {
+    /// Tuned on the crate's fixtures: faster than Pipecat's 0.2 s start and LiveKit's 0.55 s
+    /// silence, yet it ignores silence and low-level noise and holds speech at 10 dB SNR.
+    /// (Endpointing, the wait before a turn ends, belongs to the turn machine, not here.)
+    fn default() -> Self {
+        Self {
+            confidence_threshold: 0.5,
+            min_volume: 0.3,
+            start_duration: Duration::from_millis(96),
+            stop_duration: Duration::from_millis(240),
+            backbuffer_duration: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A configuration or rate the detector cannot use (a caller bug).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum VadError {
+    /// A threshold outside 0..=1 or not a number.
+    #[error("{0} must be within 0..=1")]
+    OutOfRange(&'static str),
+    /// A duration longer than 60 s (the buffers are sized from them).
+    #[error("{0} must be at most 60 s")]
+    TooLong(&'static str),
+    /// The input rate cannot be resampled to 16 kHz.
+    #[error(transparent)]
+    Rate(#[from] ResampleError),
+}
+
+/// The detector's state, as the realtime protocol's `VadState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum VadState {
+    /// No speech.
+    #[default]
+    Silence,
+    /// Speech frames seen, not yet `start_duration` of them.
+    SpeechStarting,
+    /// Speech declared.
+    Speech,
+    /// Silent frames seen during speech, not yet `stop_duration` of them.
+    SpeechEnding,
+}
+
+/// Telemetry for one 16 ms model frame.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VadFrame {
+    /// Frame number from the start of the stream.
+    pub index: u64,
+    /// Input-rate sample position of the frame's end.
+    pub end: u64,
+    /// Model score, 0..=1.
+    pub confidence: f32,
+    /// Volume, 0..=1.
+    pub volume: f32,
+    /// State after this frame.
+    pub state: VadState,
+}
+
+/// A state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VadTransition {
+    /// State before.
+    pub from: VadState,
+    /// State after.
+    pub to: VadState,
+    /// Input-rate sample position where the change was decided (the end of the deciding frame).
+    pub position: u64,
+    /// Input-rate sample position where the evidence for the new state began: the first speech
+    /// frame for `SPEECH_STARTING`/`SPEECH`, the first silent frame for `SPEECH_ENDING`/`SILENCE`
+    /// (so for `SILENCE` it is where the speech ended).
+    pub onset: u64,
+    /// For `SPEECH_STARTING`/`SPEECH`: `onset` minus the backbuffer, the first sample worth
+    /// passing to a recogniser (copy it with [`Vad::copy_audio`]); otherwise equal to `onset`.
+    pub audio_start: u64,
+}
+
+/// What the detector reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum VadOutput {
+    /// A state change.
+    Transition(VadTransition),
+    /// Per-frame telemetry (only with [`Vad::set_frame_telemetry`] on).
+    Frame(VadFrame),
+}
+
+/// Fixed-size history of input samples, addressed by absolute position.
+#[derive(Debug)]
+struct History {
+    buf: Vec<f32>,
+    written: u64,
+}
+
+impl History {
+    fn push(&mut self, samples: &[f32]) {
+        let cap = self.buf.len();
+        if cap == 0 {
+            return;
+        }
+        let samples = &samples[samples.len().saturating_sub(cap)..];
+        let at = usize::try_from(self.written % cap as u64).unwrap_or(0);
+        let first = (cap - at).min(samples.len());
+        self.buf[at..at + first].copy_from_slice(&samples[..first]);
+        let rest = &samples[first..];
+        self.buf[..rest.len()].copy_from_slice(rest);
+        self.written += samples.len() as u64;
+    }
+
+    fn oldest(&self) -> u64 {
+        self.written.saturating_sub(self.buf.len() as u64)
+    }
+
+    fn copy_from(&self, from: u64, out: &mut Vec<f32>) -> u64 {
+        let start = from.clamp(self.oldest(), self.written);
+        let cap = self.buf.len() as u64;
+        let mut pos = start;
+        while pos < self.written {
+            let at = usize::try_from(pos % cap).unwrap_or(0);
+            let run = usize::try_from((self.written - pos).min(cap - pos % cap)).unwrap_or(0);
+            out.extend_from_slice(&self.buf[at..at + run]);
+            pos += run as u64;
+        }
+        start
+    }
+}
+
+/// The streaming voice activity detector.
+pub struct Vad {
+    config: VadConfig,
+    input_rate: u32,
+    resampler: Resampler,
+    detector: Box<earshot::Detector>,
+    resampled: Vec<f32>,
+    frame_fill: usize,
+    /// Resampled samples already consumed into frames (model-rate position).
+    model_pos: u64,
+    /// Input samples consumed.
+    input_pos: u64,
+    frames: u64,
+    state: VadState,
+    /// Model-rate position where the current speech or silence run began.
+    run_start: u64,
+    /// Model-rate position of the first frame of the current utterance.
+    speech_start: u64,
+    run_frames: u64,
+    start_frames: u64,
+    stop_frames: u64,
+    backbuffer: u64,
+    history: History,
+    telemetry: bool,
+    last: Option<VadFrame>,
+    outputs: VecDeque<VadOutput>,
+}
+
+impl std::fmt::Debug for Vad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vad")
+            .field("config", &self.config)
+            .field("input_rate", &self.input_rate)
+            .field("state", &self.state)
+            .field("position", &self.input_pos)
+            .finish_non_exhaustive()
+    }
+}
+
+fn frames_for(d: Duration) -> u64 {
+    u64::try_from(d.as_micros())
+        .unwrap_or(u64::MAX)
+        .div_ceil(FRAME_MICROS)
+}
+
+fn check_unit(v: f32, name: &'static str) -> Result<(), VadError> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(VadError::OutOfRange(name))
+    }
+}
+
+impl Vad {
+    /// A detector for mono audio at `input_rate` Hz.
+    ///
+    /// # Errors
+    /// [`VadError`] for thresholds outside 0..=1, durations over 60 s or an unusable rate.
+    pub fn new(config: VadConfig, input_rate: u32) -> Result<Self, VadError> {
+        check_unit(config.confidence_threshold, "confidence_threshold")?;
+        check_unit(config.min_volume, "min_volume")?;
+        for (d, name) in [
+            (config.start_duration, "start_duration"),
+            (config.stop_duration, "stop_duration"),
+            (config.backbuffer_duration, "backbuffer_duration"),
+        ] {
+            if d > Duration::from_secs(60) {
+                return Err(VadError::TooLong(name));
+            }
+        }
+        let resampler = Resampler::new(input_rate, MODEL_RATE)?;
+        let to_input = |d: Duration| -> u64 {
+            u64::try_from(d.as_micros() * u128::from(input_rate) / 1_000_000).unwrap_or(u64::MAX)
+        };
+        let backbuffer = to_input(config.backbuffer_duration);
+        // Enough history to reach back from the SPEECH decision to onset minus the backbuffer,
+        // including the resampler's delay and one frame of slack.
+        let start = to_input(Duration::from_micros(
+            (frames_for(config.start_duration) + 2) * FRAME_MICROS,
+        ));
+        let delay_in = resampler.delay() as u64 * u64::from(input_rate) / u64::from(MODEL_RATE)
+            + resampler.block_input_samples() as u64;
+        let history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(0);
+        let resampled_cap = resampler.block_output_samples() + FRAME_SAMPLES;
+        Ok(Self {
+            config,
+            input_rate,
+            resampler,
+            detector: earshot::Detector::default_boxed(),
+            resampled: Vec::with_capacity(resampled_cap),
+            frame_fill: 0,
+            model_pos: 0,
+            input_pos: 0,
+            frames: 0,
+            state: VadState::Silence,
+            run_start: 0,
+            speech_start: 0,
+            run_frames: 0,
+            start_frames: frames_for(config.start_duration),
+            stop_frames: frames_for(config.stop_duration),
+            backbuffer,
+            history: History {
+                buf: vec![0.0; history_len],
+                written: 0,
+            },
+            telemetry: false,
+            last: None,
+            outputs: VecDeque::with_capacity(64),
+        })
+    }
+
+    /// The settings in force.
+    #[must_use]
+    pub const fn config(&self) -> &VadConfig {
+        &self.config
+    }
+
+    /// The input rate in Hz.
+    #[must_use]
+    pub const fn input_rate(&self) -> u32 {
+        self.input_rate
+    }
+
+    /// Current state.
+    #[must_use]
+    pub const fn state(&self) -> VadState {
+        self.state
+    }
+
+    /// Input samples consumed so far.
+    #[must_use]
+    pub const fn position(&self) -> u64 {
+        self.input_pos
+    }
+
+    /// The most recent frame's telemetry, whether or not frame outputs are on.
+    #[must_use]
+    pub const fn last_frame(&self) -> Option<VadFrame> {
+        self.last
+    }
+
+    /// Emit a [`VadOutput::Frame`] for every 16 ms frame (off by default).
+    pub fn set_frame_telemetry(&mut self, on: bool) {
+        self.telemetry = on;
+    }
+
+    /// Feeds mono samples in `-1.0..=1.0` (others are clamped).
+    pub fn process(&mut self, samples: &[f32]) {
+        self.history.push(samples);
+        self.input_pos += samples.len() as u64;
+        let mut resampled = std::mem::take(&mut self.resampled);
+        // Feed the resampler in slices so `resampled` never outgrows its first allocation.
+        for chunk in samples.chunks(self.resampler.block_input_samples().max(1)) {
+            self.resampler.process(chunk, &mut resampled);
+            self.consume(&mut resampled);
+        }
+        self.resampled = resampled;
+    }
+
+    /// Feeds mono `i16` samples.
+    pub fn process_i16(&mut self, samples: &[i16]) {
+        let mut buf = [0.0f32; 256];
+        for chunk in samples.chunks(buf.len()) {
+            for (d, &s) in buf.iter_mut().zip(chunk) {
+                *d = crate::format::i16_to_f32(s);
+            }
+            self.process(&buf[..chunk.len()]);
+        }
+    }
+
+    /// The next report, oldest first.
+    pub fn poll_output(&mut self) -> Option<VadOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// Appends the kept input audio from `from` (clamped to what is still held) up to the current
+    /// position to `out`; returns the position of the first sample copied.
+    pub fn copy_audio(&self, from: u64, out: &mut Vec<f32>) -> u64 {
+        self.history.copy_from(from, out)
+    }
+
+    /// Back to `SILENCE` at position 0 with fresh model state (a new stream).
+    pub fn reset(&mut self) {
+        self.resampler.reset();
+        self.detector.reset();
+        self.resampled.clear();
+        self.frame_fill = 0;
+        self.model_pos = 0;
+        self.input_pos = 0;
+        self.frames = 0;
+        self.state = VadState::Silence;
+        self.run_start = 0;
+        self.speech_start = 0;
+        self.run_frames = 0;
+        self.history.written = 0;
+        self.last = None;
+        self.outputs.clear();
+    }
+
+    fn consume(&mut self, resampled: &mut Vec<f32>) {
+        let mut start = 0;
+        while resampled.len() - start >= FRAME_SAMPLES {
+            let mut frame = [0.0f32; FRAME_SAMPLES];
+            for (d, &s) in frame
+                .iter_mut()
+                .zip(&resampled[start..start + FRAME_SAMPLES])
+            {
+                *d = if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) };
+            }
+            start += FRAME_SAMPLES;
+            self.on_frame(&frame);
+        }
+        resampled.drain(..start);
+    }
+
+    /// Model-rate position to input-rate position, undoing the resampler's delay.
+    fn to_input(&self, model_pos: u64) -> u64 {
+        let delayed = model_pos.saturating_sub(self.resampler.delay() as u64);
+        delayed * u64::from(self.input_rate) / u64::from(MODEL_RATE)
+    }
+
+    fn on_frame(&mut self, frame: &[f32; FRAME_SAMPLES]) {
+        let confidence = self.detector.predict_f32(frame).clamp(0.0, 1.0);
+        let energy: f32 = frame.iter().map(|s| s * s).sum::<f32>() / FRAME_SAMPLES as f32;
+        let dbfs = 10.0 * energy.max(1e-12).log10();
+        let volume = ((dbfs - VOLUME_FLOOR_DBFS) / -VOLUME_FLOOR_DBFS).clamp(0.0, 1.0);
+        let frame_start = self.model_pos;
+        self.model_pos += FRAME_SAMPLES as u64;
+        let frame_end = self.model_pos;
+        let speech =
+            confidence >= self.config.confidence_threshold && volume >= self.config.min_volume;
+
+        match (self.state, speech) {
+            (VadState::Silence, true) => {
+                self.run_start = frame_start;
+                self.speech_start = frame_start;
+                self.run_frames = 1;
+                self.transition(VadState::SpeechStarting, frame_end);
+                if self.run_frames >= self.start_frames {
+                    self.transition(VadState::Speech, frame_end);
+                }
+            }
+            (VadState::SpeechStarting, true) => {
+                self.run_frames += 1;
+                if self.run_frames >= self.start_frames {
+                    self.transition(VadState::Speech, frame_end);
+                }
+            }
+            (VadState::SpeechStarting, false) => {
+                self.run_start = frame_start;
+                self.transition(VadState::Silence, frame_end);
+            }
+            (VadState::Speech, false) => {
+                self.run_start = frame_start;
+                self.run_frames = 1;
+                self.transition(VadState::SpeechEnding, frame_end);
+                if self.run_frames >= self.stop_frames {
+                    self.transition(VadState::Silence, frame_end);
+                }
+            }
+            (VadState::SpeechEnding, false) => {
+                self.run_frames += 1;
+                if self.run_frames >= self.stop_frames {
+                    self.transition(VadState::Silence, frame_end);
+                }
+            }
+            (VadState::SpeechEnding, true) => {
+                // The pause was part of the speech: onset goes back to before it began.
+                self.transition(VadState::Speech, frame_end);
+            }
+            (VadState::Silence, false) | (VadState::Speech, true) => {}
+        }
+
+        let report = VadFrame {
+            index: self.frames,
+            end: self.to_input(frame_end),
+            confidence,
+            volume,
+            state: self.state,
+        };
+        self.frames += 1;
+        self.last = Some(report);
+        if self.telemetry {
+            self.outputs.push_back(VadOutput::Frame(report));
+        }
+    }
+
+    fn transition(&mut self, to: VadState, decided_at: u64) {
+        let from = self.state;
+        self.state = to;
+        let (onset, audio_start) = match to {
+            VadState::SpeechStarting | VadState::Speech => {
+                let onset = self.to_input(self.speech_start);
+                (onset, onset.saturating_sub(self.backbuffer))
+            }
+            _ => {
+                let onset = self.to_input(self.run_start);
+                (onset, onset)
+            }
+        };
+        self.outputs.push_back(VadOutput::Transition(VadTransition {
+            from,
+            to,
+            position: self.to_input(decided_at),
+            onset,
+            audio_start,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_config() {
+        let mut c = VadConfig {
+            confidence_threshold: 1.5,
+            ..VadConfig::default()
+        };
+        assert_eq!(
+            Vad::new(c, 16_000).unwrap_err(),
+            VadError::OutOfRange("confidence_threshold")
+        );
+        c.confidence_threshold = 0.5;
+        c.min_volume = f32::NAN;
+        assert!(Vad::new(c, 16_000).is_err());
+        c.min_volume = 0.1;
+        c.stop_duration = Duration::from_secs(61);
+        assert_eq!(
+            Vad::new(c, 16_000).unwrap_err(),
+            VadError::TooLong("stop_duration")
+        );
+        assert!(Vad::new(VadConfig::default(), 0).is_err());
+    }
+
+    #[test]
+    fn history_wraps_and_clamps() {
+        let mut h = History {
+            buf: vec![0.0; 4],
+            written: 0,
+        };
+        h.push(&[1.0, 2.0, 3.0]);
+        h.push(&[4.0, 5.0, 6.0]);
+        let mut out = Vec::new();
+        assert_eq!(h.copy_from(0, &mut out), 2);
+        assert_eq!(out, vec![3.0, 4.0, 5.0, 6.0]);
+        out.clear();
+        assert_eq!(h.copy_from(5, &mut out), 5);
+        assert_eq!(out, vec![6.0]);
+        h.push(&[7.0, 8.0, 9.0, 10.0, 11.0]);
+        out.clear();
+        h.copy_from(0, &mut out);
+        assert_eq!(out, vec![8.0, 9.0, 10.0, 11.0]);
+    }
+
+    /// With a zero threshold and volume every frame is speech, so the machine walks
+    /// SILENCE -> STARTING -> SPEECH after exactly `start_duration`.
+    #[test]
+    fn hysteresis_counts_frames() {
+        let cfg = VadConfig {
+            confidence_threshold: 0.0,
+            min_volume: 0.0,
+            start_duration: Duration::from_millis(48),
+            ..VadConfig::default()
+        };
+        let mut vad = Vad::new(cfg, 16_000).unwrap();
+        vad.set_frame_telemetry(true);
+        vad.process(&vec![0.01; FRAME_SAMPLES * 3]);
+        let outs: Vec<_> = std::iter::from_fn(|| vad.poll_output()).collect();
+        let transitions: Vec<_> = outs
+            .iter()
+            .filter_map(|o| match o {
+                VadOutput::Transition(t) => Some((t.to, t.position, t.onset)),
+                VadOutput::Frame(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            transitions,
+            vec![
+                (VadState::SpeechStarting, 256, 0),
+                (VadState::Speech, 768, 0)
+            ]
+        );
+        let frames = outs
+            .iter()
+            .filter(|o| matches!(o, VadOutput::Frame(_)))
+            .count();
+        assert_eq!(frames, 3);
+        assert_eq!(vad.last_frame().unwrap().index, 2);
+    }
+
+    #[test]
+    fn volume_scale() {
+        let mut vad = Vad::new(VadConfig::default(), 16_000).unwrap();
+        // A full-scale square wave is 0 dBFS; one at 1/1000 is -60 dBFS.
+        let sq: Vec<f32> = (0..FRAME_SAMPLES)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        vad.process(&sq);
+        assert!((vad.last_frame().unwrap().volume - 1.0).abs() < 1e-3);
+        let quiet: Vec<f32> = sq.iter().map(|s| s * 0.001).collect();
+        vad.process(&quiet);
+        assert!(vad.last_frame().unwrap().volume < 1e-3);
+        vad.process(&[f32::NAN; FRAME_SAMPLES]);
+        assert_eq!(vad.last_frame().unwrap().volume, 0.0);
+    }
+}

@@ -1,0 +1,236 @@
+//! VAD on the committed fixtures (regenerate with tests/fixtures/make-fixtures.sh).
+// Helpers outside #[test] fns may unwrap too: a failure is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use voxgate_audio::resample::Resampler;
+use voxgate_audio::vad::{Vad, VadConfig, VadOutput, VadState, VadTransition};
+use voxgate_audio::wav::read_wav;
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn load(name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(fixture_dir().join(name)).unwrap();
+    let wav = read_wav(&bytes).unwrap();
+    assert_eq!((wav.sample_rate, wav.channels), (16_000, 1), "{name}");
+    wav.to_mono()
+}
+
+/// Speech bounds written by the fixture script.
+fn bounds() -> (u64, u64) {
+    let text = std::fs::read_to_string(fixture_dir().join("fixtures.txt")).unwrap();
+    let get = |key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (get("speech_start"), get("speech_end"))
+}
+
+fn resample(samples: &[f32], to: u32) -> Vec<f32> {
+    let mut r = Resampler::new(16_000, to).unwrap();
+    let mut out = Vec::new();
+    r.process(samples, &mut out);
+    let delay = r.delay();
+    r.flush(&mut out);
+    out.drain(..delay);
+    out
+}
+
+/// Runs the VAD over `samples` in 60 ms chunks (the Xiaozhi uplink frame) and returns its
+/// transitions.
+fn transitions(samples: &[f32], rate: u32, config: VadConfig) -> Vec<VadTransition> {
+    let mut vad = Vad::new(config, rate).unwrap();
+    let mut out = Vec::new();
+    for chunk in samples.chunks(rate as usize * 60 / 1000) {
+        vad.process(chunk);
+        while let Some(o) = vad.poll_output() {
+            if let VadOutput::Transition(t) = o {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+fn to_ms(samples: u64, rate: u32) -> i64 {
+    i64::try_from(samples * 1000 / u64::from(rate)).unwrap()
+}
+
+/// First SPEECH onset and last end of speech, in ms.
+fn speech_span(ts: &[VadTransition], rate: u32) -> (i64, i64) {
+    let start = ts
+        .iter()
+        .find(|t| t.to == VadState::Speech)
+        .expect("speech was detected");
+    let end = ts
+        .iter()
+        .rev()
+        .find(|t| t.to == VadState::Silence && t.from == VadState::SpeechEnding)
+        .expect("speech ended");
+    (to_ms(start.onset, rate), to_ms(end.onset, rate))
+}
+
+fn describe(ts: &[VadTransition], rate: u32) -> String {
+    ts.iter()
+        .map(|t| {
+            format!(
+                "{:?}@{}ms(onset {}ms)",
+                t.to,
+                to_ms(t.position, rate),
+                to_ms(t.onset, rate)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Tolerances: onset and end within 100 ms of the script's bounds (the model sees 16 ms
+/// frames and soft consonants at the edges are legitimately ambiguous).
+const TOL_MS: i64 = 100;
+
+#[test]
+fn speech_bounds_at_every_input_rate() {
+    let (start, end) = bounds();
+    let (start_ms, end_ms) = (to_ms(start, 16_000), to_ms(end, 16_000));
+    let speech = load("speech.wav");
+    for rate in [8000, 16_000, 24_000, 44_100, 48_000] {
+        let input = if rate == 16_000 {
+            speech.clone()
+        } else {
+            resample(&speech, rate)
+        };
+        let ts = transitions(&input, rate, VadConfig::default());
+        eprintln!("{rate} Hz: {}", describe(&ts, rate));
+        let (on, off) = speech_span(&ts, rate);
+        assert!(
+            (on - start_ms).abs() <= TOL_MS,
+            "{rate} Hz onset {on} ms, want {start_ms}"
+        );
+        assert!(
+            (off - end_ms).abs() <= TOL_MS,
+            "{rate} Hz end {off} ms, want {end_ms}"
+        );
+        // It ends in silence, and SPEECH is declared within the start window after onset.
+        assert_eq!(ts.last().unwrap().to, VadState::Silence);
+        let declared = ts.iter().find(|t| t.to == VadState::Speech).unwrap();
+        let lag = to_ms(declared.position, rate) - to_ms(declared.onset, rate);
+        assert!(
+            lag <= 96 + 2 * 16,
+            "{rate} Hz: SPEECH declared {lag} ms after onset"
+        );
+    }
+}
+
+#[test]
+fn never_fires_on_silence_or_low_noise() {
+    for name in ["silence.wav", "noise.wav"] {
+        let ts = transitions(&load(name), 16_000, VadConfig::default());
+        assert!(
+            ts.iter().all(|t| t.to != VadState::Speech),
+            "{name}: {}",
+            describe(&ts, 16_000)
+        );
+    }
+    // Even with the volume gate off, the model alone rejects the noise.
+    let open = VadConfig {
+        min_volume: 0.0,
+        ..VadConfig::default()
+    };
+    let ts = transitions(&load("noise.wav"), 16_000, open);
+    assert!(
+        ts.iter().all(|t| t.to != VadState::Speech),
+        "{}",
+        describe(&ts, 16_000)
+    );
+}
+
+#[test]
+fn catches_speech_in_noise_at_10_db_snr() {
+    let (start, end) = bounds();
+    let (start_ms, end_ms) = (to_ms(start, 16_000), to_ms(end, 16_000));
+    let ts = transitions(&load("speech_noise_10db.wav"), 16_000, VadConfig::default());
+    eprintln!("noisy: {}", describe(&ts, 16_000));
+    let (on, off) = speech_span(&ts, 16_000);
+    assert!(
+        (on - start_ms).abs() <= TOL_MS,
+        "onset {on} ms, want {start_ms}"
+    );
+    assert!(
+        (off - end_ms).abs() <= 2 * TOL_MS,
+        "end {off} ms, want {end_ms}"
+    );
+}
+
+#[test]
+fn backbuffer_returns_audio_from_before_the_onset() {
+    let speech = load("speech.wav");
+    let mut vad = Vad::new(VadConfig::default(), 16_000).unwrap();
+    for chunk in speech.chunks(960) {
+        vad.process(chunk);
+        while let Some(o) = vad.poll_output() {
+            if let VadOutput::Transition(t) = o {
+                if t.to == VadState::Speech {
+                    assert_eq!(t.audio_start, t.onset - 8000, "500 ms backbuffer");
+                    let mut audio = Vec::new();
+                    let first = vad.copy_audio(t.audio_start, &mut audio);
+                    assert_eq!(first, t.audio_start);
+                    let first = usize::try_from(first).unwrap();
+                    assert_eq!(audio, speech[first..first + audio.len()]);
+                    assert_eq!(
+                        first + audio.len(),
+                        usize::try_from(vad.position()).unwrap()
+                    );
+                    return;
+                }
+            }
+        }
+    }
+    panic!("no speech detected");
+}
+
+#[test]
+fn frame_telemetry_covers_the_stream() {
+    let speech = load("speech.wav");
+    let mut vad = Vad::new(VadConfig::default(), 16_000).unwrap();
+    vad.set_frame_telemetry(true);
+    let mut frames = Vec::new();
+    for chunk in speech.chunks(320) {
+        vad.process(chunk);
+        while let Some(o) = vad.poll_output() {
+            if let VadOutput::Frame(f) = o {
+                frames.push(f);
+            }
+        }
+    }
+    assert_eq!(frames.len(), speech.len() / 256);
+    assert!(
+        frames
+            .windows(2)
+            .all(|w| w[1].index == w[0].index + 1 && w[1].end == w[0].end + 256)
+    );
+    let (start, end) = bounds();
+    let inside = |f: &&voxgate_audio::vad::VadFrame| f.end > start + 1600 && f.end < end - 1600;
+    let speechy = frames
+        .iter()
+        .filter(inside)
+        .filter(|f| f.confidence >= 0.5)
+        .count();
+    let total = frames.iter().filter(inside).count();
+    assert!(
+        speechy * 2 > total,
+        "{speechy}/{total} frames inside speech score as speech"
+    );
+    assert!(
+        frames
+            .iter()
+            .filter(|f| f.end < start)
+            .all(|f| f.volume == 0.0),
+        "digital silence has zero volume"
+    );
+}
