@@ -426,8 +426,9 @@ impl TurnMachine {
                 }
                 let seq = r.playback.push(now, text, audio);
                 self.begin(turn);
-                // The state reflects the delivery before the host sees the chunk go out.
-                self.update(now);
+                // Output goes to the client only while the system is Speaking; a text-only
+                // chunk during a tool call is spoken, then the state settles back to Action.
+                self.set_state(State::Speaking);
                 self.outputs.push_back(Output::Deliver { turn, seq });
                 self.emit_first_audio_latency();
             }
