@@ -121,6 +121,10 @@ impl RetellEvent {
                 Ok(_) => Err(DecodeError::NotAnObject),
             };
         }
+        // Retell writes the tag first: decode in one pass, and only scan twice otherwise.
+        if let Ok(Some(ev)) = serde_json::from_slice::<TagFirst>(bytes).map(|t| t.0) {
+            return Ok(ev);
+        }
         let peek: Peek<'_> =
             serde_json::from_slice(bytes).map_err(|e| classify(e, INTERACTION_TYPE))?;
         let Some(tag) = peek.interaction_type else {
@@ -201,5 +205,114 @@ impl Serialize for RetellEvent {
             RetellEvent::ReminderRequired(b) => Tagged::ReminderRequired(b).serialize(s),
             RetellEvent::Unknown(u) => serialize_unknown(s, INTERACTION_TYPE, u),
         }
+    }
+}
+
+/// One-pass decode of a frame whose first key is `interaction_type`; `None` when it is not
+/// (the caller then takes the two-pass path, which also produces the precise errors).
+struct TagFirst(Option<RetellEvent>);
+
+/// Which event a tag names, read without allocating for the known ones.
+enum Kind {
+    PingPong,
+    CallDetails,
+    UpdateOnly,
+    ResponseRequired,
+    ReminderRequired,
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Kind;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an event type")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Kind, E> {
+                Ok(match v {
+                    "ping_pong" => Kind::PingPong,
+                    "call_details" => Kind::CallDetails,
+                    "update_only" => Kind::UpdateOnly,
+                    "response_required" => Kind::ResponseRequired,
+                    "reminder_required" => Kind::ReminderRequired,
+                    other => Kind::Other(other.to_owned()),
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A map key compared with `interaction_type` without allocating.
+struct IsTag(bool);
+
+impl<'de> Deserialize<'de> for IsTag {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = IsTag;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<IsTag, E> {
+                Ok(IsTag(v == INTERACTION_TYPE))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for TagFirst {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = TagFirst;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an event object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TagFirst, A::Error> {
+                use serde::de::IgnoredAny;
+                use serde::de::value::MapAccessDeserializer as Rest;
+                let tag_first = matches!(map.next_key::<IsTag>()?, Some(IsTag(true)));
+                let kind = if tag_first {
+                    map.next_value::<Option<Kind>>()?
+                } else {
+                    None
+                };
+                let Some(kind) = kind else {
+                    // Not our shape: finish the object so serde_json stays happy, then fall back.
+                    if !tag_first {
+                        map.next_value::<IgnoredAny>().ok();
+                    }
+                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                    return Ok(TagFirst(None));
+                };
+                let rest = Rest::new(map);
+                Ok(TagFirst(Some(match kind {
+                    Kind::PingPong => RetellEvent::PingPong(PingPong::deserialize(rest)?),
+                    Kind::CallDetails => {
+                        RetellEvent::CallDetails(Box::new(CallDetails::deserialize(rest)?))
+                    }
+                    Kind::UpdateOnly => RetellEvent::UpdateOnly(UpdateOnly::deserialize(rest)?),
+                    Kind::ResponseRequired => {
+                        RetellEvent::ResponseRequired(ResponseRequest::deserialize(rest)?)
+                    }
+                    Kind::ReminderRequired => {
+                        RetellEvent::ReminderRequired(ResponseRequest::deserialize(rest)?)
+                    }
+                    Kind::Other(tag) => {
+                        let mut fields = serde_json::Map::deserialize(rest)?;
+                        fields.remove(INTERACTION_TYPE);
+                        RetellEvent::Unknown(UnknownEvent { tag, fields })
+                    }
+                })))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
