@@ -62,7 +62,12 @@ fn generate(proto_dir: &Path) -> anyhow::Result<String> {
     config
         .out_dir(&out)
         // Audio payloads are sliced out of the received frame, never copied.
-        .bytes(["."]);
+        .bytes(["."])
+        // Map fields encode in key order, so re-encoding a message reproduces the bytes of the
+        // reference client's deterministic serialization (and equal maps encode equally).
+        .btree_map(["."])
+        // Comments in realtime.proto become the rustdoc of the generated items.
+        .format(true);
     config
         .compile_fds(descriptors)
         .context("running prost-build")?;
