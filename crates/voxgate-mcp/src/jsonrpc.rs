@@ -439,6 +439,7 @@ impl Serialize for Message {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
     use serde_json::json;
 
     use super::*;
@@ -551,5 +552,66 @@ mod tests {
             m.to_vec(),
             br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec()
         );
+    }
+
+    fn arb_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[ -~\u{e9}\u{1F600}\n\"\\\\]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn arb_id() -> impl Strategy<Value = Id> {
+        prop_oneof![
+            any::<i64>().prop_map(Id::Number),
+            "[a-z0-9-]{0,8}".prop_map(Id::String)
+        ]
+    }
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        let error = (
+            proptest::option::of(any::<i64>()),
+            "[ -~]{0,20}",
+            proptest::option::of(arb_value()),
+        )
+            .prop_map(|(code, message, data)| ErrorObject {
+                code,
+                message,
+                data,
+            });
+        prop_oneof![
+            (arb_id(), "[a-z/_]{1,16}", proptest::option::of(arb_value()))
+                .prop_map(|(id, m, p)| Message::request(id, m, p)),
+            ("[a-z/_]{1,16}", proptest::option::of(arb_value()))
+                .prop_map(|(m, p)| Message::notification(m, p)),
+            (arb_id(), arb_value()).prop_map(|(id, v)| Message::result(id, v)),
+            (arb_id(), error).prop_map(|(id, e)| Message::error(id, e)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn encode_decode_round_trip(m in arb_message()) {
+            let d = decode(&m.to_vec()).unwrap();
+            prop_assert!(!d.repaired);
+            prop_assert_eq!(d.payload, Payload::Single(m.clone()));
+            prop_assert_eq!(decode_value(m.to_value()).unwrap(), Payload::Single(m));
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes);
+        }
     }
 }
