@@ -66,6 +66,12 @@ fn generate(proto_dir: &Path) -> anyhow::Result<String> {
         // Map fields encode in key order, so re-encoding a message reproduces the bytes of the
         // reference client's deterministic serialization (and equal maps encode equally).
         .btree_map(["."])
+        // prost would encode this message's oneof (fields 1 and 3) before field 2, unlike the
+        // reference implementation; the crate implements it by hand in field-number order.
+        .extern_path(
+            ".eu.deepslate.realtime.speeq.HostedTtsConfiguration",
+            "crate::hosted_tts::HostedTtsConfiguration",
+        )
         // Comments in realtime.proto become the rustdoc of the generated items.
         .format(true);
     config

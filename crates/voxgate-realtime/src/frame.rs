@@ -4,7 +4,7 @@
 //! is a reference-counted slice of the frame rather than a copy. Encoding writes into any
 //! [`BufMut`] the caller owns, so a sender can reuse one buffer for every frame.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 use prost::Message;
 
 use crate::error::{Error, MalformedFrame, ProtocolError, UsageError};
@@ -52,10 +52,8 @@ macro_rules! framing {
             /// Encodes the message into a new frame.
             #[must_use]
             pub fn to_frame(&self) -> Bytes {
-                let mut buf = BytesMut::with_capacity(self.encoded_len());
-                // A BytesMut sized up front never runs out of space.
-                self.encode_raw(&mut buf);
-                buf.freeze()
+                // Sized exactly, so converting to `Bytes` neither copies nor reallocates.
+                Bytes::from(self.encode_to_vec())
             }
         }
     };

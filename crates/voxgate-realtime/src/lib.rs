@@ -82,11 +82,14 @@ pub mod proto {
     //! default. `bytes` fields are [`bytes::Bytes`] and map fields are ordered `BTreeMap`s, so
     //! encoding is deterministic.
     include!("generated/eu.deepslate.realtime.speeq.rs");
+
+    pub use crate::hosted_tts::{HostedTtsConfiguration, hosted_tts_configuration};
 }
 
 pub mod config;
 pub mod error;
 mod frame;
+mod hosted_tts;
 pub mod json;
 mod messages;
 mod open;

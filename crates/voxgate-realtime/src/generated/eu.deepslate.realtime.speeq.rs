@@ -195,29 +195,6 @@ pub struct HostedVoiceCloneV1 {
     #[prost(string, tag = "3")]
     pub ref_text: ::prost::alloc::string::String,
 }
-/// Speech synthesis by the server itself.
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct HostedTtsConfiguration {
-    /// Quality/latency trade-off.
-    #[prost(enumeration = "HostedTtsMode", tag = "2")]
-    pub mode: i32,
-    /// The voice to speak with.
-    #[prost(oneof = "hosted_tts_configuration::Voice", tags = "1, 3")]
-    pub voice: ::core::option::Option<hosted_tts_configuration::Voice>,
-}
-/// Nested message and enum types in `HostedTtsConfiguration`.
-pub mod hosted_tts_configuration {
-    /// The voice to speak with.
-    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
-    pub enum Voice {
-        /// A voice the server already knows.
-        #[prost(message, tag = "1")]
-        VoiceRef(super::HostedVoiceRef),
-        /// A voice cloned from a reference recording.
-        #[prost(message, tag = "3")]
-        VoiceCloneV1(super::HostedVoiceCloneV1),
-    }
-}
 /// Text-to-speech provider. Without one the server streams text (`ModelTextFragment`) instead of
 /// audio (`ModelAudioChunk`).
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -236,7 +213,7 @@ pub mod tts_configuration {
         ElevenLabs(super::ElevenLabsTtsConfiguration),
         /// The server's own synthesis.
         #[prost(message, tag = "2")]
-        Hosted(super::HostedTtsConfiguration),
+        Hosted(crate::hosted_tts::HostedTtsConfiguration),
     }
 }
 /// Configures the session. Must be the first message and must be sent exactly once.
