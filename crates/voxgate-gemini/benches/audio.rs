@@ -5,7 +5,9 @@
 use std::hint::black_box;
 
 use divan::{AllocProfiler, Bencher};
-use voxgate_gemini::audio::{decode_audio_into, encode_pcm_base64, max_pcm_samples};
+use voxgate_gemini::audio::{
+    decode_audio_into, decode_pcm_scalar, encode_pcm_base64, max_pcm_samples,
+};
 
 #[global_allocator]
 static ALLOC: AllocProfiler = AllocProfiler::system();
@@ -40,6 +42,17 @@ fn decode_100ms(bencher: Bencher<'_, '_>, rate: u32) {
     bencher
         .counter(divan::counter::BytesCount::new(b64.len()))
         .bench_local(|| decode_audio_into(black_box(&b64), black_box(&mime), &mut pcm));
+}
+
+/// The portable scalar decoder on the same frame (what runs without the `simd` feature, and for
+/// non-canonical base64 such as line-wrapped text).
+#[divan::bench(args = [16_000, 24_000])]
+fn decode_100ms_scalar(bencher: Bencher<'_, '_>, rate: u32) {
+    let b64 = frame(rate);
+    let mut pcm = vec![0i16; max_pcm_samples(b64.len())];
+    bencher
+        .counter(divan::counter::BytesCount::new(b64.len()))
+        .bench_local(|| decode_pcm_scalar(black_box(&b64), &mut pcm));
 }
 
 /// The whole path for a client frame: bridge JSON parse, then decode into PCM.

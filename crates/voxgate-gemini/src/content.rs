@@ -545,11 +545,14 @@ struct RawRealtimeInput {
     audio_stream_end: bool,
     #[serde(
         alias = "media_chunks",
-        alias = "chunks",
         default,
         deserialize_with = "de::vec_skip_nulls"
     )]
     media_chunks: Vec<Blob>,
+    // A field of its own, not an alias: the Android client sends both as null, and aliases of
+    // one field present twice are a duplicate-field error.
+    #[serde(default, deserialize_with = "de::vec_skip_nulls")]
+    chunks: Vec<Blob>,
 }
 
 impl From<RawRealtimeInput> for RealtimeInput {
@@ -562,7 +565,8 @@ impl From<RawRealtimeInput> for RealtimeInput {
             activity_end: raw.activity_end,
             audio_stream_end: raw.audio_stream_end,
         };
-        if let Some(first) = raw.media_chunks.into_iter().next() {
+        let first = raw.media_chunks.into_iter().chain(raw.chunks).next();
+        if let Some(first) = first {
             let slot = if first.is_audio() {
                 &mut out.audio
             } else {
