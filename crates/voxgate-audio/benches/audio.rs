@@ -1,2 +1,227 @@
-//! Speed benchmarks (filled in below).
-fn main() {}
+//! Speed of the per-frame paths a voice server runs, for both Opus backends.
+//!
+//! `cargo bench -p voxgate-audio` (add `--features libopus` for the libopus column). Inputs are the
+//! committed speech fixture, so the codec and VAD see real speech.
+
+use std::time::{Duration, Instant};
+
+use divan::{Bencher, black_box};
+use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat, f32_to_i16};
+use voxgate_audio::opus::{
+    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
+};
+use voxgate_audio::pacer::{Pacer, PacerConfig};
+use voxgate_audio::resample::Resampler;
+use voxgate_audio::vad::{Vad, VadConfig};
+use voxgate_audio::wav::read_wav;
+
+fn main() {
+    divan::main();
+}
+
+const BACKENDS: &[&str] = &[
+    "opus-rs",
+    #[cfg(feature = "libopus")]
+    "libopus",
+];
+
+fn backend(name: &str) -> OpusBackend {
+    if name == "libopus" {
+        OpusBackend::Libopus
+    } else {
+        OpusBackend::Pure
+    }
+}
+
+fn speech_16k() -> Vec<f32> {
+    let wav = read_wav(include_bytes!("../tests/fixtures/speech.wav")).unwrap_or_else(|_| {
+        unreachable!("the committed fixture is a valid WAV");
+    });
+    wav.to_mono()
+}
+
+fn at_rate(rate: u32) -> Vec<f32> {
+    let speech = speech_16k();
+    let Ok(mut r) = Resampler::new(16_000, rate) else {
+        unreachable!("common rate");
+    };
+    let mut out = Vec::new();
+    r.process(&speech, &mut out);
+    r.flush(&mut out);
+    out
+}
+
+fn packets(rate: u32, fd: FrameDuration, b: OpusBackend) -> Vec<Vec<u8>> {
+    let pcm: Vec<i16> = at_rate(rate).into_iter().map(f32_to_i16).collect();
+    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+        frame_duration: fd,
+        backend: b,
+        ..OpusEncoderConfig::voice(rate)
+    }) else {
+        unreachable!("valid config");
+    };
+    pcm.chunks_exact(enc.frame_samples())
+        .filter_map(|f| enc.encode(f).ok().map(<[u8]>::to_vec))
+        .collect()
+}
+
+/// Xiaozhi uplink: decode one 60 ms Opus packet at 16 kHz and run the VAD over it.
+#[divan::bench(args = BACKENDS)]
+fn uplink_60ms_decode_and_vad(bencher: Bencher<'_, '_>, name: &str) {
+    let b = backend(name);
+    let packets = packets(16_000, FrameDuration::Ms60, b);
+    let Ok(mut dec) = OpusDecoder::new(16_000, b) else {
+        unreachable!()
+    };
+    let Ok(mut vad) = Vad::new(VadConfig::default(), 16_000) else {
+        unreachable!()
+    };
+    let mut k = 0;
+    bencher.bench_local(|| {
+        if let Ok(pcm) = dec.decode(&packets[k % packets.len()]) {
+            vad.process_i16(pcm);
+        }
+        while black_box(vad.poll_output()).is_some() {}
+        k += 1;
+    });
+}
+
+/// Xiaozhi downlink: resample 60 ms of TTS audio to 24 kHz and Opus-encode a 60 ms frame at
+/// complexity 5 (plus the pacer bookkeeping).
+#[divan::bench(args = BACKENDS, consts = [22_050, 24_000])]
+fn downlink_60ms_resample_and_encode<const TTS_RATE: u32>(bencher: Bencher<'_, '_>, name: &str) {
+    let tts = at_rate(TTS_RATE);
+    let Ok(mut resampler) = Resampler::new(TTS_RATE, 24_000) else {
+        unreachable!()
+    };
+    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+        backend: backend(name),
+        ..OpusEncoderConfig::voice(24_000)
+    }) else {
+        unreachable!()
+    };
+    let frame = enc.frame_samples();
+    let chunk = TTS_RATE as usize * 60 / 1000;
+    let mut pending = Vec::with_capacity(frame * 3);
+    let mut pacer = Pacer::new(PacerConfig::new(Duration::from_millis(60), 5, 64));
+    let t0 = Instant::now();
+    let mut k = 0usize;
+    bencher.bench_local(|| {
+        let at = (k * chunk) % (tts.len() - chunk);
+        resampler.process(&tts[at..at + chunk], &mut pending);
+        while pending.len() >= frame {
+            if let Ok(p) = enc.encode_f32(&pending[..frame]) {
+                black_box(p);
+            }
+            pending.drain(..frame);
+            let _ = pacer.handle_input(t0, k);
+        }
+        pacer.handle_timeout(t0 + Duration::from_millis(60 * k as u64));
+        while black_box(pacer.poll_output()).is_some() {}
+        k += 1;
+    });
+}
+
+/// One 20 ms frame through the streaming resampler, for the common conversions.
+#[divan::bench(args = [
+    (24_000, 16_000),
+    (48_000, 16_000),
+    (8_000, 16_000),
+    (44_100, 16_000),
+    (22_050, 24_000),
+    (16_000, 24_000),
+    (24_000, 48_000),
+    (16_000, 16_000),
+])]
+fn resample_20ms(bencher: Bencher<'_, '_>, (from, to): (u32, u32)) {
+    let input = at_rate(from);
+    let Ok(mut r) = Resampler::new(from, to) else {
+        unreachable!()
+    };
+    let n = from as usize / 50;
+    let mut out = Vec::with_capacity(r.block_output_samples() * 4);
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let at = (k * n) % (input.len() - n);
+        out.clear();
+        r.process(&input[at..at + n], &mut out);
+        black_box(&out);
+        k += 1;
+    });
+}
+
+/// The pieces on their own.
+#[divan::bench(args = BACKENDS)]
+fn opus_decode_60ms_16k(bencher: Bencher<'_, '_>, name: &str) {
+    let b = backend(name);
+    let packets = packets(16_000, FrameDuration::Ms60, b);
+    let Ok(mut dec) = OpusDecoder::new(16_000, b) else {
+        unreachable!()
+    };
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let _ = black_box(dec.decode(&packets[k % packets.len()]));
+        k += 1;
+    });
+}
+
+/// Encoder alone: one 60 ms frame at 24 kHz, complexity 5.
+#[divan::bench(args = BACKENDS)]
+fn opus_encode_60ms_24k(bencher: Bencher<'_, '_>, name: &str) {
+    let pcm: Vec<i16> = at_rate(24_000).into_iter().map(f32_to_i16).collect();
+    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+        backend: backend(name),
+        ..OpusEncoderConfig::voice(24_000)
+    }) else {
+        unreachable!()
+    };
+    let n = enc.frame_samples();
+    let frames: Vec<&[i16]> = pcm.chunks_exact(n).collect();
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let _ = black_box(enc.encode(frames[k % frames.len()]));
+        k += 1;
+    });
+}
+
+/// VAD alone over 60 ms at 16 kHz (3.75 model frames).
+#[divan::bench]
+fn vad_60ms_16k(bencher: Bencher<'_, '_>) {
+    let speech = speech_16k();
+    let Ok(mut vad) = Vad::new(VadConfig::default(), 16_000) else {
+        unreachable!()
+    };
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let at = (k * 960) % (speech.len() - 960);
+        vad.process(&speech[at..at + 960]);
+        while black_box(vad.poll_output()).is_some() {}
+        k += 1;
+    });
+}
+
+/// Realtime-protocol uplink: 20 ms of 48 kHz stereo s16 bytes to mono, resampled into the VAD.
+#[divan::bench]
+fn realtime_uplink_20ms_48k_stereo(bencher: Bencher<'_, '_>) {
+    let wide = at_rate(48_000);
+    let Ok(format) = PcmFormat::new(48_000, 2, SampleFormat::Signed16) else {
+        unreachable!()
+    };
+    let mut bytes = Vec::new();
+    PcmEncoder::new(format).encode_f32(&wide, &mut bytes);
+    let mut pcm = PcmDecoder::new(format);
+    let Ok(mut vad) = Vad::new(VadConfig::default(), 48_000) else {
+        unreachable!()
+    };
+    let packet = 48 * 20 * 4;
+    let mut samples = Vec::with_capacity(4096);
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let at = (k * packet) % (bytes.len() - packet);
+        samples.clear();
+        pcm.decode_f32(&bytes[at..at + packet], &mut samples);
+        vad.process(&samples);
+        while black_box(vad.poll_output()).is_some() {}
+        k += 1;
+    });
+}

@@ -1,0 +1,189 @@
+//! Steady state allocates nothing per frame: a counting global allocator watches the uplink
+//! (Opus decode + VAD, and raw PCM + resample + VAD) and downlink (resample + Opus encode +
+//! pacer) paths after a warm-up.
+#![allow(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat};
+use voxgate_audio::opus::{OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig};
+use voxgate_audio::pacer::{Pacer, PacerConfig};
+use voxgate_audio::resample::Resampler;
+use voxgate_audio::vad::{Vad, VadConfig};
+use voxgate_audio::wav::read_wav;
+
+struct Counting;
+
+thread_local! {
+    // Per thread, so tests running in parallel do not see each other's allocations.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to the system allocator unchanged; the counter is a plain thread-local Cell.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+fn speech() -> Vec<f32> {
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/speech.wav"
+    ))
+    .unwrap();
+    read_wav(&bytes).unwrap().to_mono()
+}
+
+fn backends() -> Vec<OpusBackend> {
+    [OpusBackend::Pure, OpusBackend::Libopus]
+        .into_iter()
+        .filter(|b| b.is_available())
+        .collect()
+}
+
+/// Runs `frame(k)` for warm-up frames, then asserts the next ones allocate nothing.
+fn assert_steady_state(name: &str, mut frame: impl FnMut(usize)) {
+    for k in 0..30 {
+        frame(k);
+    }
+    let before = allocations();
+    for k in 30..230 {
+        frame(k);
+    }
+    let n = allocations() - before;
+    assert_eq!(
+        n, 0,
+        "{name}: {n} allocations over 200 frames in steady state"
+    );
+}
+
+#[test]
+fn xiaozhi_uplink_opus_then_vad() {
+    let speech = speech();
+    for backend in backends() {
+        // Real packets, encoded up front (encoding is not part of this path).
+        let mut enc = OpusEncoder::new(OpusEncoderConfig {
+            backend,
+            ..OpusEncoderConfig::voice(16_000)
+        })
+        .unwrap();
+        let pcm: Vec<i16> = speech
+            .iter()
+            .map(|&s| voxgate_audio::format::f32_to_i16(s))
+            .collect();
+        let packets: Vec<Vec<u8>> = pcm
+            .chunks_exact(960)
+            .map(|f| enc.encode(f).unwrap().to_vec())
+            .collect();
+        let mut dec = OpusDecoder::new(16_000, backend).unwrap();
+        let mut vad = Vad::new(VadConfig::default(), 16_000).unwrap();
+        vad.set_frame_telemetry(true);
+        assert_steady_state(&format!("uplink {backend:?}"), |k| {
+            let pcm = dec.decode(&packets[k % packets.len()]).unwrap();
+            vad.process_i16(pcm);
+            while vad.poll_output().is_some() {}
+            if k % 10 == 9 {
+                // A lost packet now and then.
+                let n = dec.last_frame_samples();
+                vad.process_i16(dec.conceal(n).unwrap());
+            }
+        });
+    }
+}
+
+#[test]
+fn realtime_uplink_pcm_resample_vad() {
+    let speech = speech();
+    let mut to48 = Resampler::new(16_000, 48_000).unwrap();
+    let mut wide = Vec::new();
+    to48.process(&speech, &mut wide);
+    let format = PcmFormat::new(48_000, 2, SampleFormat::Signed16).unwrap();
+    let mut bytes = Vec::new();
+    PcmEncoder::new(format).encode_f32(&wide, &mut bytes);
+    let mut pcm = PcmDecoder::new(format);
+    let mut vad = Vad::new(VadConfig::default(), 48_000).unwrap();
+    let mut samples = Vec::with_capacity(4096);
+    // 20 ms packets cut one byte off the frame grid, so carries happen every time.
+    let packet = 48 * 20 * 4 + 1;
+    assert_steady_state("realtime uplink", |k| {
+        let at = (k * packet) % (bytes.len() - packet);
+        samples.clear();
+        pcm.decode_f32(&bytes[at..at + packet], &mut samples);
+        vad.process(&samples);
+        while vad.poll_output().is_some() {}
+    });
+}
+
+#[test]
+fn xiaozhi_downlink_resample_encode_pace() {
+    let speech = speech();
+    for backend in backends() {
+        for tts_rate in [22_050, 24_000] {
+            let mut to_tts = Resampler::new(16_000, tts_rate).unwrap();
+            let mut tts = Vec::new();
+            to_tts.process(&speech, &mut tts);
+            let mut resampler = Resampler::new(tts_rate, 24_000).unwrap();
+            let mut enc = OpusEncoder::new(OpusEncoderConfig {
+                backend,
+                ..OpusEncoderConfig::voice(24_000)
+            })
+            .unwrap();
+            let frame = enc.frame_samples();
+            let mut pending: Vec<f32> = Vec::with_capacity(frame * 3);
+            let mut pacer = Pacer::new(PacerConfig::new(Duration::from_millis(60), 5, 64));
+            let t0 = Instant::now();
+            let chunk = tts_rate as usize * 60 / 1000;
+            let mut bytes_out = 0usize;
+            assert_steady_state(&format!("downlink {backend:?} {tts_rate}"), |k| {
+                let at = (k * chunk) % (tts.len() - chunk);
+                resampler.process(&tts[at..at + chunk], &mut pending);
+                while pending.len() >= frame {
+                    let packet = enc.encode_f32(&pending[..frame]).unwrap();
+                    bytes_out += packet.len();
+                    pending.drain(..frame);
+                    let _ = pacer.handle_input(t0, k);
+                }
+                let now = t0 + Duration::from_millis(60 * k as u64);
+                pacer.handle_timeout(now);
+                while pacer.poll_output().is_some() {}
+            });
+            assert!(bytes_out > 0);
+        }
+    }
+}
+
+/// The counter itself works (otherwise the tests above would pass vacuously).
+#[test]
+fn counter_sees_allocations() {
+    let before = allocations();
+    let v = std::hint::black_box(vec![0u8; 64]);
+    assert_eq!(allocations() - before, 1);
+    drop(v);
+    let mut out = Vec::new();
+    let mut r = Resampler::new(24_000, 16_000).unwrap();
+    let before = allocations();
+    r.process(&[0.0; 480], &mut out);
+    assert!(allocations() > before, "a fresh output Vec must grow");
+}
