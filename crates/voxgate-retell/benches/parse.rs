@@ -14,9 +14,17 @@ fn main() {
     divan::main();
 }
 
-/// The benchmark the issue asks for: a 10-utterance transcript with word timings.
+/// The benchmark the issue asks for: a 10-utterance transcript with word timings, from a
+/// `&str` (what a WebSocket text frame is).
 #[divan::bench]
 fn response_required_10_utterances() -> RetellEvent {
+    RetellEvent::from_json(divan::black_box(TEN_UTTERANCES))
+        .unwrap_or_else(|e| unreachable!("golden file decodes: {e}"))
+}
+
+/// The same from raw bytes, which adds UTF-8 validation.
+#[divan::bench]
+fn response_required_10_utterances_from_bytes() -> RetellEvent {
     RetellEvent::from_slice(divan::black_box(TEN_UTTERANCES.as_bytes()))
         .unwrap_or_else(|e| unreachable!("golden file decodes: {e}"))
 }

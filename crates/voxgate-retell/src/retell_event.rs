@@ -103,7 +103,13 @@ impl RetellEvent {
     ///
     /// Explicit `null`s count as absent, unknown fields are ignored and unknown event types
     /// become [`RetellEvent::Unknown`]. Never panics.
+    ///
+    /// Prefer this over [`Self::from_slice`] when the frame is already a `&str` (WebSocket
+    /// text frames are): it skips a second UTF-8 validation.
     pub fn from_json(text: &str) -> Result<Self, DecodeError> {
+        if let Ok(TagFirst(Some(ev))) = serde_json::from_str::<TagFirst>(text) {
+            return Ok(ev);
+        }
         Self::from_slice(text.as_bytes())
     }
 

@@ -96,8 +96,48 @@ pub struct Utterance {
     #[serde(default, deserialize_with = "null_default")]
     pub content: String,
     /// Word timings, when Retell includes them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "words",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub words: Option<Vec<Word>>,
+}
+
+/// Reads word lists with room for a typical utterance up front: JSON gives no length, and
+/// growing from empty costs several reallocations per utterance on the hottest path.
+fn words<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Word>>, D::Error> {
+    struct Seq;
+    impl<'de> Visitor<'de> for Seq {
+        type Value = Vec<Word>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of words")
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Word>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(16).min(1024));
+            while let Some(w) = seq.next_element()? {
+                out.push(w);
+            }
+            Ok(out)
+        }
+    }
+    struct Opt;
+    impl<'de> Visitor<'de> for Opt {
+        type Value = Option<Vec<Word>>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of words or null")
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(Seq).map(Some)
+        }
+    }
+    d.deserialize_option(Opt)
 }
 
 impl Utterance {
