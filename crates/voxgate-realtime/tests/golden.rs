@@ -1,6 +1,12 @@
 //! Golden vectors serialized by the reference Python client (`cargo xtask golden`): every one
 //! decodes to the expected values, validates, and re-encodes to the very same bytes.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test helpers: a panic is a failed assertion"
+)]
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
@@ -48,7 +54,7 @@ fn client(name: &str) -> C {
 /// The generator's deterministic audio (see `pcm` in realtime_golden.py).
 fn pcm(len: usize, seed: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| ((i * 31 + seed * 17 + (i >> 3)) & 0xff) as u8)
+        .map(|i| ((i * 31 + seed * 17 + (i >> 3)) & 0xff).to_le_bytes()[0])
         .collect()
 }
 
