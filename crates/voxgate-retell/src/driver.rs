@@ -624,3 +624,144 @@ enum RequestKindWire {
     Response,
     Reminder,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server_event::ToolCallResult;
+
+    fn drain(d: &mut RetellDriver) -> Vec<DriverOutput> {
+        std::iter::from_fn(|| d.poll_output()).collect()
+    }
+
+    fn recv(d: &mut RetellDriver, now: Instant, json: &str) -> Vec<DriverOutput> {
+        d.handle_input(
+            now,
+            DriverInput::Received(ServerEvent::from_json(json).unwrap()),
+        );
+        drain(d)
+    }
+
+    fn violations(out: &[DriverOutput]) -> Vec<Violation> {
+        out.iter()
+            .filter_map(|o| match o {
+                DriverOutput::Violation(v) => Some(v.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn asked(now: Instant) -> RetellDriver {
+        let mut d = RetellDriver::new(DriverConfig::default());
+        d.handle_input(now, DriverInput::Connected);
+        d.handle_input(now, DriverInput::UserSaid("hello there".into()));
+        drain(&mut d);
+        d
+    }
+
+    #[test]
+    fn server_protocol_violations_are_reported() {
+        let now = Instant::now();
+        let mut d = asked(now);
+        let out = recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":9,"content":"?","content_complete":true}"#,
+        );
+        assert_eq!(violations(&out), [Violation::UnknownResponseId(9)]);
+        // The pre-2024 untagged form is still a response.
+        let out = recv(
+            &mut d,
+            now,
+            r#"{"response_id":1,"content":"Hi!","content_complete":true}"#,
+        );
+        assert!(out.contains(&DriverOutput::AgentSpoke {
+            response_id: 1,
+            content: "Hi!".into()
+        }));
+        let out = recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":1,"content":"more","content_complete":false}"#,
+        );
+        assert_eq!(violations(&out), [Violation::ContentAfterComplete(1)]);
+        d.handle_input(
+            now,
+            DriverInput::Received(ServerEvent::ToolCallResult(ToolCallResult {
+                tool_call_id: "nope".into(),
+                content: String::new(),
+            })),
+        );
+        assert_eq!(
+            violations(&drain(&mut d)),
+            [Violation::ToolResultWithoutInvocation("nope".into())]
+        );
+    }
+
+    #[test]
+    fn stale_chunks_are_counted_not_spoken() {
+        let now = Instant::now();
+        let mut d = asked(now);
+        d.handle_input(now, DriverInput::RequestResponse);
+        drain(&mut d);
+        let out = recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":1,"content":"old","content_complete":true}"#,
+        );
+        assert!(out.is_empty());
+        assert_eq!(d.stale_chunks(), 1);
+        assert_eq!(d.last_requested(), Some(2));
+    }
+
+    #[test]
+    fn transfer_and_digits_follow_the_spoken_response() {
+        let now = Instant::now();
+        let mut d = asked(now);
+        let out = recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":1,"content":"Connecting you.","content_complete":true,"transfer_number":"+15550100","digit_to_press":"12"}"#,
+        );
+        assert!(
+            matches!(&out[..], [DriverOutput::Send(_), DriverOutput::AgentSpoke { .. }, DriverOutput::Transfer { number }, DriverOutput::PressDigits { digits }] if number == "+15550100" && digits == "12")
+        );
+    }
+
+    #[test]
+    fn without_auto_reconnect_there_are_no_pings_and_a_close_ends_the_call() {
+        let now = Instant::now();
+        let mut d = RetellDriver::new(DriverConfig {
+            reminder_trigger: None,
+            ..DriverConfig::default()
+        });
+        d.handle_input(now, DriverInput::Connected);
+        recv(
+            &mut d,
+            now,
+            r#"{"response_type":"config","config":{"call_details":true}}"#,
+        );
+        assert_eq!(d.poll_timeout(), None);
+        d.handle_input(now, DriverInput::Disconnected);
+        assert_eq!(
+            drain(&mut d),
+            [DriverOutput::CallEnded(EndReason::ServerClosed)]
+        );
+        assert!(d.is_ended());
+    }
+
+    #[test]
+    fn call_details_go_out_once_per_socket_when_asked() {
+        let now = Instant::now();
+        let mut d = RetellDriver::new(DriverConfig::default());
+        d.handle_input(now, DriverInput::Connected);
+        let cfg =
+            r#"{"response_type":"config","config":{"call_details":true,"auto_reconnect":true}}"#;
+        let out = recv(&mut d, now, cfg);
+        assert!(
+            matches!(&out[..], [DriverOutput::Send(RetellEvent::CallDetails(c))] if c.call.call_id == "call_test")
+        );
+        assert!(recv(&mut d, now, cfg).is_empty());
+        assert_eq!(d.poll_timeout(), Some(now + PING_INTERVAL));
+    }
+}

@@ -546,3 +546,233 @@ impl ResponseTracker {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server_event::{ToolCallInvocation, ToolCallResult};
+
+    fn request(id: u64) -> TrackerInput {
+        TrackerInput::Received(RetellEvent::ResponseRequired(ResponseRequest {
+            response_id: id,
+            ..ResponseRequest::default()
+        }))
+    }
+
+    fn chunk(id: u64, done: bool) -> TrackerInput {
+        TrackerInput::Send(ServerEvent::Response(Response::chunk(id, "x", done)))
+    }
+
+    fn drain(t: &mut ResponseTracker) -> Vec<TrackerOutput> {
+        std::iter::from_fn(|| t.poll_output()).collect()
+    }
+
+    fn connected(cfg: TrackerConfig) -> (ResponseTracker, Instant) {
+        let now = Instant::now();
+        let mut t = ResponseTracker::new(cfg);
+        t.handle_input(
+            now,
+            TrackerInput::Connected {
+                call_id: "c1".into(),
+            },
+        )
+        .unwrap();
+        drain(&mut t);
+        (t, now)
+    }
+
+    fn generated(out: &[TrackerOutput]) -> Vec<u64> {
+        out.iter()
+            .filter_map(|o| match o {
+                TrackerOutput::Generate(g) => Some(g.response_id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn config_then_begin_on_first_connection_only() {
+        let now = Instant::now();
+        let mut t = ResponseTracker::new(TrackerConfig::default());
+        t.handle_input(
+            now,
+            TrackerInput::Connected {
+                call_id: "c1".into(),
+            },
+        )
+        .unwrap();
+        let tags: Vec<_> = drain(&mut t)
+            .into_iter()
+            .map(|o| match o {
+                TrackerOutput::Send(ev) => ev.tag().to_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(tags, ["config", "response"]);
+        t.handle_input(now, TrackerInput::Disconnected).unwrap();
+        t.handle_input(
+            now,
+            TrackerInput::Connected {
+                call_id: "c1".into(),
+            },
+        )
+        .unwrap();
+        let out = drain(&mut t);
+        assert!(matches!(
+            out.as_slice(),
+            [TrackerOutput::Send(ServerEvent::Config(_))]
+        ));
+        assert_eq!(t.stats().connections, 2);
+    }
+
+    #[test]
+    fn a_repeated_request_is_answered_once_unless_it_was_stopped() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        t.handle_input(now, request(1)).unwrap();
+        t.handle_input(now, request(1)).unwrap();
+        assert_eq!(generated(&drain(&mut t)), [1]);
+        // The socket drops mid-answer; after the reconnect Retell asks with the same id.
+        t.handle_input(now, TrackerInput::Disconnected).unwrap();
+        assert_eq!(drain(&mut t), [TrackerOutput::Stop { response_id: 1 }]);
+        t.handle_input(
+            now,
+            TrackerInput::Connected {
+                call_id: "c1".into(),
+            },
+        )
+        .unwrap();
+        t.handle_input(now, request(1)).unwrap();
+        assert_eq!(generated(&drain(&mut t)), [1]);
+        assert!(t.is_current(1));
+    }
+
+    #[test]
+    fn the_latest_request_wins_even_with_a_lower_id() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        t.handle_input(now, request(5)).unwrap();
+        t.handle_input(now, request(2)).unwrap();
+        let out = drain(&mut t);
+        assert!(out.contains(&TrackerOutput::Stop { response_id: 5 }));
+        assert_eq!(t.current_response_id(), Some(2));
+    }
+
+    #[test]
+    fn completed_responses_are_not_stopped_by_newer_requests() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        t.handle_input(now, request(1)).unwrap();
+        t.handle_input(now, chunk(1, true)).unwrap();
+        t.handle_input(now, request(2)).unwrap();
+        let out = drain(&mut t);
+        assert!(!out.iter().any(|o| matches!(o, TrackerOutput::Stop { .. })));
+    }
+
+    #[test]
+    fn caller_bugs_are_typed_errors() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        assert_eq!(
+            t.handle_input(now, chunk(3, false)),
+            Err(TrackerError::UnknownResponseId(3))
+        );
+        t.handle_input(now, request(3)).unwrap();
+        t.handle_input(now, chunk(3, true)).unwrap();
+        let again = t.handle_input(now, chunk(3, false));
+        assert_eq!(again, Err(TrackerError::ResponseAlreadyComplete(3)));
+        assert_eq!(again.unwrap_err().blame(), Blame::Caller);
+        let result = ServerEvent::ToolCallResult(ToolCallResult {
+            tool_call_id: "t9".into(),
+            content: String::new(),
+        });
+        assert_eq!(
+            t.handle_input(now, TrackerInput::Send(result)),
+            Err(TrackerError::UnknownToolCall("t9".into()))
+        );
+        let other = TrackerInput::Connected {
+            call_id: "c2".into(),
+        };
+        assert!(matches!(
+            t.handle_input(now, other),
+            Err(TrackerError::CallIdMismatch { .. })
+        ));
+        t.handle_input(now, TrackerInput::Disconnected).unwrap();
+        let invocation = ServerEvent::ToolCallInvocation(ToolCallInvocation::default());
+        assert_eq!(
+            t.handle_input(now, TrackerInput::Send(invocation)),
+            Err(TrackerError::NotConnected)
+        );
+    }
+
+    #[test]
+    fn keepalive_needs_auto_reconnect_and_a_first_ping() {
+        let (mut t, now) = connected(TrackerConfig {
+            config: None,
+            ..TrackerConfig::default()
+        });
+        assert_eq!(t.poll_timeout(), None);
+        // Pings are answered even when our config did not ask for them.
+        let ping = RetellEvent::PingPong(PingPong { timestamp: 7 });
+        t.handle_input(now, TrackerInput::Received(ping.clone()))
+            .unwrap();
+        assert_eq!(
+            drain(&mut t),
+            [TrackerOutput::Send(ServerEvent::PingPong(PingPong {
+                timestamp: 7
+            }))]
+        );
+        assert_eq!(t.poll_timeout(), None);
+
+        let (mut t, now) = connected(TrackerConfig::default());
+        assert_eq!(
+            t.poll_timeout(),
+            None,
+            "no clock reference before Retell's first ping"
+        );
+        t.handle_input(now, TrackerInput::Received(ping)).unwrap();
+        assert_eq!(t.poll_timeout(), Some(now + KEEPALIVE_INTERVAL));
+        assert_eq!(t.retell_gives_up_at(), Some(now + SILENCE_TIMEOUT));
+    }
+
+    #[test]
+    fn unknown_events_and_updates_pass_through_without_touching_the_request() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        t.handle_input(now, request(1)).unwrap();
+        drain(&mut t);
+        let unknown = RetellEvent::Unknown(UnknownEvent {
+            tag: "new".into(),
+            ..UnknownEvent::default()
+        });
+        t.handle_input(now, TrackerInput::Received(unknown))
+            .unwrap();
+        t.handle_input(
+            now,
+            TrackerInput::Received(RetellEvent::UpdateOnly(UpdateOnly::default())),
+        )
+        .unwrap();
+        let out = drain(&mut t);
+        assert!(matches!(
+            out.as_slice(),
+            [TrackerOutput::Unknown(_), TrackerOutput::Update(_)]
+        ));
+        assert!(t.is_current(1));
+    }
+
+    #[test]
+    fn reminder_transcripts_get_the_synthetic_turn() {
+        let g = Generate {
+            response_id: 4,
+            kind: RequestKind::Reminder,
+            transcript: vec![Utterance::new(Role::Agent, "Anything else?")],
+            transcript_with_tool_calls: None,
+        };
+        let t = g.llm_transcript();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (t[1].role.clone(), t[1].content.as_str()),
+            (Role::User, REMINDER_PROMPT)
+        );
+        let plain = Generate {
+            kind: RequestKind::Response,
+            ..g
+        };
+        assert_eq!(plain.llm_transcript().len(), 1);
+    }
+}
