@@ -135,5 +135,8 @@ mod macros;
 pub mod ota;
 pub mod token;
 
+/// The `bytes` crate, re-exported because [`frame::SharedFrame`] and [`FrameCodec::encode`]
+/// speak its types.
+pub use bytes;
 pub use control::{DeviceMessage, ParseError, ServerMessage};
 pub use frame::{Frame, FrameCodec, ProtocolVersion};
