@@ -20,7 +20,9 @@ fn main() {
 const OPUS_LEN: usize = 120;
 
 fn opus() -> Vec<u8> {
-    (0..OPUS_LEN).map(|i| (i * 37 + 11) as u8).collect()
+    std::iter::successors(Some(11u8), |b| Some(b.wrapping_add(37)))
+        .take(OPUS_LEN)
+        .collect()
 }
 
 fn stamp(version: ProtocolVersion) -> u32 {

@@ -2,6 +2,8 @@
 //!
 //! Control messages are snapshotted as the compact text sent on the wire (key order and all),
 //! because the firmware's and third-party clients' parsers are the judges of that text.
+// Test helpers outside #[test] fns are not covered by clippy.toml's test exemptions.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::json;
 use voxgate_xiaozhi::control::{

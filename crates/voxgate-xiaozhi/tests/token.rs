@@ -1,4 +1,6 @@
 //! Device tokens: issue, verify, expiry, tampering and identity binding.
+// Test helpers outside #[test] fns are not covered by clippy.toml's test exemptions.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
