@@ -16,6 +16,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         assert!(again.is_ok(), "re-encoded client message must decode");
     }
     if let Ok(text) = std::str::from_utf8(data) {
+        // The raw input as an audio blob too: base64, whitespace, WAV headers, odd lengths.
+        let _ = voxgate_gemini::audio::decode_audio_into(text, "audio/pcm;rate=16000", &mut pcm);
         if let Ok(msg) = ServerMessage::decode(text) {
             if let ServerMessage::ContentMessage(content) = &msg {
                 for blob in content.audio() {

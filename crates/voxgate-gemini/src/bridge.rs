@@ -719,7 +719,10 @@ impl ServerMessage {
             }
             "CONTENT_MESSAGE" => {
                 let p: ContentIn = payload(k, raw)?;
-                let mut content = p.server_content.unwrap_or_default();
+                let mut content = match p.server_content {
+                    Some(c) => c,
+                    None => payload(k, raw)?,
+                };
                 if content.grounding_metadata.is_none() {
                     content.grounding_metadata = p.grounding_metadata;
                 }

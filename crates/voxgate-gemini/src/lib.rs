@@ -68,3 +68,8 @@ pub use content::{
 pub use error::{AudioError, Blame, DecodeError};
 pub use live::{LiveClientMessage, LiveServerEvent, LiveServerMessage};
 pub use translate::BridgeForwarder;
+
+// The README's example is compiled and run with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
