@@ -182,3 +182,39 @@ fn strip_emoji_borrows_when_nothing_changes() {
     let text = "Nothing to strip, 没有表情。";
     assert!(matches!(strip_emoji(text), std::borrow::Cow::Borrowed(t) if t == text));
 }
+
+proptest::proptest! {
+    #[test]
+    fn text_without_emoji_is_untouched(text in "[a-zA-Z0-9 ,.!?'\"#*()\u{4e00}-\u{9fff}\u{3000}-\u{3029}\u{ff01}-\u{ff5e}]{0,40}") {
+        proptest::prop_assert_eq!(strip_emoji(&text), text.as_str());
+    }
+
+    #[test]
+    fn stripped_text_never_contains_emoji(text in any_text_with_emoji()) {
+        let stripped = strip_emoji(&text);
+        proptest::prop_assert!(!contains_emoji(&stripped), "{:?} -> {:?}", text, stripped);
+    }
+}
+
+fn any_text_with_emoji() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let piece = prop_oneof![
+        "[a-z ,.!]{0,5}",
+        "[\u{4e00}-\u{4e20}，。]{0,3}",
+        prop::sample::select(vec![
+            "😊",
+            "❤️",
+            "👍🏽",
+            "👩‍💻",
+            "🇨🇳",
+            "1️⃣",
+            "\u{FE0F}",
+            "\u{200D}",
+            "©\u{FE0F}",
+            "⭐"
+        ])
+        .prop_map(str::to_owned),
+        any::<char>().prop_map(String::from),
+    ];
+    prop::collection::vec(piece, 0..10).prop_map(|pieces| pieces.concat())
+}
