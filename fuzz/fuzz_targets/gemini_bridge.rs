@@ -18,7 +18,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
         // The raw input as an audio blob too: base64, whitespace, WAV headers, odd lengths.
         let _ = voxgate_gemini::audio::decode_audio_into(text, "audio/pcm;rate=16000", &mut pcm);
-        if let Ok(msg) = ServerMessage::decode(text) {
+        if let Ok(msg) = ServerMessage::decode_slice(data) {
             if let ServerMessage::ContentMessage(content) = &msg {
                 for blob in content.audio() {
                     let _ = blob.decode_pcm_into(&mut pcm);

@@ -384,6 +384,12 @@ fn split(text: &str) -> Result<(String, Option<&RawValue>), DecodeError> {
     Ok((kind.into_owned(), env.payload))
 }
 
+fn utf8(bytes: &[u8]) -> Result<&str, DecodeError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        DecodeError::Json(serde::de::Error::custom(format_args!("invalid UTF-8: {e}")))
+    })
+}
+
 /// Parses a payload; an absent or `null` payload reads as `{}` so all-default types decode.
 fn payload<T: DeserializeOwned>(kind: &str, raw: Option<&RawValue>) -> Result<T, DecodeError> {
     let text = raw.map_or("{}", |r| match r.get() {
@@ -513,9 +519,7 @@ impl ClientMessage {
 
     /// Decodes one frame given as bytes (fails on invalid UTF-8 like any bad JSON).
     pub fn decode_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
-        Self::decode(std::str::from_utf8(bytes).map_err(|e| {
-            DecodeError::Json(serde::de::Error::custom(format_args!("invalid UTF-8: {e}")))
-        })?)
+        Self::decode(utf8(bytes)?)
     }
 
     /// The wire `type` string.
@@ -768,6 +772,11 @@ impl ServerMessage {
                 kind,
             },
         })
+    }
+
+    /// Decodes one frame given as bytes (fails on invalid UTF-8 like any bad JSON).
+    pub fn decode_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode(utf8(bytes)?)
     }
 
     /// The wire `type` string.

@@ -191,6 +191,11 @@ impl LiveClientMessage {
         serde_json::from_str(text).map_err(|e| classify(e, "live client message"))
     }
 
+    /// Decodes one frame given as bytes.
+    pub fn decode_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
+        serde_json::from_slice(bytes).map_err(|e| classify(e, "live client message"))
+    }
+
     /// Encodes as one text frame.
     pub fn encode(&self) -> String {
         // Serializing these types cannot fail: every map key is a string.

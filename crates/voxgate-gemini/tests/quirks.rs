@@ -438,3 +438,54 @@ fn live_unknown_keys_usage_only_and_errors() {
     assert!(!r.activity_end);
     assert!(!r.audio_stream_end);
 }
+
+/// Kotlin serialization writes every unset field as `null`: each type decodes with every
+/// field of its payload (and of nested objects) null.
+#[test]
+fn every_payload_field_null() {
+    let client = [
+        r#"{"type":"CONNECT_GEMINI","payload":{"initialConfig":null}}"#,
+        r#"{"type":"CONNECT_GEMINI","payload":{"initialConfig":{"model":null,"systemInstruction":null,"generationConfig":null,"tools":null,"safetySettings":null,"realtimeInputConfig":null,"sessionResumption":null,"inputAudioTranscription":null,"outputAudioTranscription":null}}}"#,
+        r#"{"type":"SEND_MESSAGE","payload":{"parts":null,"turnComplete":null}}"#,
+        r#"{"type":"SEND_MESSAGE","payload":{"parts":[{"text":null,"inlineData":null,"functionCall":null,"functionResponse":null,"fileData":null,"executableCode":null,"codeExecutionResult":null,"thought":null,"thoughtSignature":null,"videoMetadata":null}]}}"#,
+        r#"{"type":"SEND_REALTIME_INPUT","payload":{"text":null,"audio":null,"video":null,"chunks":null,"mediaChunks":null,"activityStart":null,"activityEnd":null,"audioStreamEnd":null}}"#,
+        r#"{"type":"SEND_REALTIME_INPUT","payload":{"audio":{"mimeType":null,"data":null}}}"#,
+        r#"{"type":"SEND_TOOL_RESPONSE","payload":{"toolResponse":null}}"#,
+        r#"{"type":"SEND_TOOL_RESPONSE","payload":{"toolResponse":{"functionResponses":[{"id":null,"name":null,"response":null,"willContinue":null,"scheduling":null}]}}}"#,
+        r#"{"type":"UPDATE_CONFIG","payload":{"generationConfig":{"temperature":null,"topK":null,"topP":null,"maxOutputTokens":null,"candidateCount":null,"stopSequences":null,"responseModalities":null,"speechConfig":{"voiceConfig":{"prebuiltVoiceConfig":{"voiceName":null}},"languageCode":null}}}}"#,
+        r#"{"type":"UPDATE_CONFIG","payload":{"tools":[{"functionDeclarations":[{"name":null,"description":null,"parameters":null,"behavior":null}],"googleSearch":null,"codeExecution":null}]}}"#,
+        r#"{"type":"UPDATE_CONFIG","payload":null}"#,
+        r#"{"type":"WEBRTC_OFFER","payload":{"sdp":null}}"#,
+        r#"{"type":"WEBRTC_ICE_CANDIDATE","payload":{"candidate":null,"sdpMid":null,"sdpMLineIndex":null,"usernameFragment":null}}"#,
+        r#"{"type":"WEBRTC_ICE_CANDIDATE","payload":{"candidate":{"candidate":null,"sdpMid":null,"sdpMLineIndex":null}}}"#,
+        r#"{"type":"GENERATE_IMAGE","payload":{"text":null,"imageData":null}}"#,
+    ];
+    for text in client {
+        ClientMessage::decode(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+    let server = [
+        r#"{"type":"GEMINI_DISCONNECTED","payload":{"reason":null}}"#,
+        r#"{"type":"GEMINI_ERROR","payload":{"message":null,"details":null}}"#,
+        r#"{"type":"CONTENT_MESSAGE","payload":{"serverContent":{"modelTurn":null,"turnComplete":null,"interrupted":null,"generationComplete":null,"inputTranscription":null,"outputTranscription":{"text":null,"finished":null},"groundingMetadata":null,"urlContextMetadata":null,"turnCompleteReason":null,"waitingForInput":null,"usageMetadata":null}}}"#,
+        r#"{"type":"TOOL_CALL","payload":{"toolCall":{"functionCalls":[{"id":null,"name":null,"args":null},null]}}}"#,
+        r#"{"type":"TOOL_CALL_CANCELLATION","payload":{"toolCallCancellation":{"ids":[null,"a"]}}}"#,
+        r#"{"type":"SETUP_COMPLETE","payload":{"setupComplete":{"success":null,"error":null}}}"#,
+        r#"{"type":"SETUP_COMPLETE","payload":{"setupComplete":{"success":false,"error":{"code":null,"message":null,"details":null}}}}"#,
+        r#"{"type":"AUDIO_CHUNK","payload":{"data":null}}"#,
+        r#"{"type":"ASSISTANT_SPEAKING","payload":{"speaking":null}}"#,
+        r#"{"type":"WEBRTC_ANSWER","payload":{"sdp":null}}"#,
+        r#"{"type":"LOG_MESSAGE","payload":{"date":null,"type":null,"message":null,"details":null}}"#,
+        r#"{"type":"IMAGE_GENERATION_RESULT","payload":{"success":null,"imageUrl":null,"imageData":null,"error":null}}"#,
+    ];
+    for text in server {
+        ServerMessage::decode(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+    let live = [
+        r#"{"sessionResumptionUpdate":{"newHandle":null,"resumable":null,"lastConsumedClientMessageIndex":null},"usageMetadata":null}"#,
+        r#"{"goAway":{"timeLeft":null}}"#,
+        r#"{"usageMetadata":{"promptTokenCount":null,"totalTokenCount":null,"promptTokensDetails":null}}"#,
+    ];
+    for text in live {
+        LiveServerMessage::decode(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+}
