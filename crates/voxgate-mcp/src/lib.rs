@@ -102,3 +102,6 @@ pub mod server;
 
 pub use input::{Input, PeerFault};
 pub use repair::repair_json;
+/// The JSON library of this crate's API (`Value` everywhere), re-exported so users name the
+/// same version.
+pub use serde_json;
