@@ -1,5 +1,5 @@
 //! Bridge frames from either side: decoding never panics, and whatever decodes re-encodes to
-//! a frame that decodes to the same message. Audio blobs are decoded too.
+//! a frame that decodes again. Audio blobs, and the raw input as base64 audio, are decoded too.
 #![no_main]
 
 use voxgate_gemini::{ClientMessage, ServerMessage};
