@@ -396,32 +396,39 @@ pub fn parse_wav_header(bytes: &[u8]) -> Result<Option<WavHeader>, AudioError> {
     }
     let le16 = |at: usize| {
         bytes
-            .get(at..at + 2)
+            .get(at..at.saturating_add(2))
             .map(|b| u16::from_le_bytes([b[0], b[1]]))
     };
     let le32 = |at: usize| {
         bytes
-            .get(at..at + 4)
+            .get(at..at.saturating_add(4))
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     };
     let mut fmt: Option<(u16, u16, u32, u16)> = None;
     let mut pos = 12usize;
     loop {
-        let (Some(id), Some(size)) = (bytes.get(pos..pos + 4), le32(pos + 4)) else {
+        let (Some(id), Some(size)) = (
+            bytes.get(pos..pos.saturating_add(4)),
+            le32(pos.saturating_add(4)),
+        ) else {
             return Err(AudioError::BadWav("no data chunk in the header"));
         };
-        let body = pos + 8;
+        let body = pos.saturating_add(8);
         let size = usize::try_from(size).unwrap_or(usize::MAX);
         match id {
             b"fmt " => {
-                let (Some(mut tag), Some(channels), Some(rate), Some(bits)) =
-                    (le16(body), le16(body + 2), le32(body + 4), le16(body + 14))
-                else {
+                let (Some(mut tag), Some(channels), Some(rate), Some(bits)) = (
+                    le16(body),
+                    le16(body.saturating_add(2)),
+                    le32(body.saturating_add(4)),
+                    le16(body.saturating_add(14)),
+                ) else {
                     return Err(AudioError::BadWav("fmt chunk too short"));
                 };
                 if tag == 0xFFFE && size >= 40 {
                     // WAVE_FORMAT_EXTENSIBLE: the real tag starts the sub-format GUID.
-                    tag = le16(body + 24).ok_or(AudioError::BadWav("fmt chunk too short"))?;
+                    tag = le16(body.saturating_add(24))
+                        .ok_or(AudioError::BadWav("fmt chunk too short"))?;
                 }
                 if channels == 0 || rate == 0 {
                     return Err(AudioError::BadWav("zero channels or sample rate"));
