@@ -311,9 +311,6 @@ pub enum UsageError {
     /// A conversation query needs a prompt, instructions, or both.
     #[error("a conversation query needs a prompt or instructions")]
     EmptyConversationQuery,
-    /// A value that the typed configuration rejects.
-    #[error(transparent)]
-    Config(ConfigError),
 }
 
 impl UsageError {
@@ -358,4 +355,101 @@ pub enum StructError {
         /// The JSON type found instead.
         found: &'static str,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::client_bound_message::Payload;
+
+    #[test]
+    fn each_blame_maps_to_its_category() {
+        let cause =
+            <crate::ServiceBoundMessage as prost::Message>::decode(&[0xff][..]).unwrap_err();
+        let malformed: Error = MalformedFrame::new("ServiceBoundMessage", cause).into();
+        let config: Error = ConfigError::new(
+            "input_audio_line.sample_rate",
+            ConfigProblem::OutOfRange {
+                value: "0".into(),
+                accepted: "8000..=192000",
+            },
+        )
+        .into();
+        let cases = [
+            (malformed, SessionErrorCategory::ErrorProtocol, true),
+            (
+                ProtocolError::EmptyConversationQuery.into(),
+                SessionErrorCategory::ErrorProtocol,
+                true,
+            ),
+            (
+                ProtocolError::AlreadyInitialized.into(),
+                SessionErrorCategory::ErrorSession,
+                true,
+            ),
+            (
+                ProtocolError::NotInitialized {
+                    message: "user_input",
+                }
+                .into(),
+                SessionErrorCategory::ErrorSession,
+                true,
+            ),
+            (config, SessionErrorCategory::ErrorConfiguration, true),
+            (
+                UsageError::EmptyConversationQuery.into(),
+                SessionErrorCategory::ErrorInternal,
+                false,
+            ),
+        ];
+        for (error, category, peer) in cases {
+            assert_eq!(error.category(), category, "{error}");
+            assert_eq!(error.is_peer_fault(), peer, "{error}");
+            let n = error.to_notification();
+            assert_eq!(n.category_open(), crate::Open::Known(category));
+            assert_eq!(n.trace_id, None);
+        }
+    }
+
+    #[test]
+    fn notifications_carry_the_message() {
+        let err = Error::from(ConfigError::new(
+            "vad_configuration.min_volume",
+            ConfigProblem::NotFinite,
+        ));
+        let msg = err.to_client_message();
+        let Some(Payload::Error(n)) = msg.payload else {
+            panic!("{msg:?}");
+        };
+        assert_eq!(
+            n.message,
+            "vad_configuration.min_volume: must be a finite number"
+        );
+        assert_eq!(n.category, SessionErrorCategory::ErrorConfiguration as i32);
+        // A local bug's details stay local.
+        let err = Error::from(UsageError::BufferTooSmall {
+            required: 10,
+            remaining: 2,
+        });
+        assert_eq!(err.to_notification().message, "internal error");
+        assert_eq!(
+            err.to_string(),
+            "buffer too small: 10 bytes required, 2 remaining"
+        );
+    }
+
+    #[test]
+    fn config_paths_nest() {
+        let err = ConfigError::new("sample_rate", ConfigProblem::Missing)
+            .within("input_audio_line")
+            .within("reconfigure_session_request");
+        assert_eq!(
+            err.field(),
+            "reconfigure_session_request.input_audio_line.sample_rate"
+        );
+        assert_eq!(
+            err.to_string(),
+            "reconfigure_session_request.input_audio_line.sample_rate: missing"
+        );
+    }
 }

@@ -207,9 +207,16 @@ fn from_json(
     let kind = match json {
         serde_json::Value::Null => Kind::NullValue(NullValue::NullValue.into()),
         serde_json::Value::Bool(b) => Kind::BoolValue(*b),
-        // serde_json numbers are always finite; as_f64 only fails with arbitrary_precision,
-        // where the nearest f64 is what protobuf would store anyway.
-        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        // Always finite without serde_json's `arbitrary_precision`; with it, a huge literal can
+        // round to infinity, which protobuf's JSON parser rejects too.
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(f) if f.is_finite() => Kind::NumberValue(f),
+            _ => {
+                return Err(StructError::NonFiniteNumber {
+                    pointer: pointer.clone(),
+                });
+            }
+        },
         serde_json::Value::String(s) => Kind::StringValue(s.clone()),
         serde_json::Value::Array(items) => {
             check_depth(pointer, depth)?;

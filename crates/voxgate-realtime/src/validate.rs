@@ -238,3 +238,223 @@ fn chat_message(path: &str, message: &ChatMessage) -> Result<(), ProtocolError> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use prost_types::value::Kind;
+    use prost_types::{Struct, Timestamp, Value};
+
+    use super::*;
+    use crate::error::ConfigProblem;
+    use crate::proto::{
+        ChatMessageContent, ConversationQuery, InferenceTriggerMode, ToolCallResponse,
+        ToolDefinition, TurnSnapshot, UpdateToolDefinitionsRequest, UserInput, VadAnalysisFrame,
+    };
+
+    fn nan_struct() -> Struct {
+        let mut s = Struct::default();
+        s.fields.insert(
+            "x".into(),
+            Value {
+                kind: Some(Kind::NumberValue(f64::NAN)),
+            },
+        );
+        s
+    }
+
+    fn protocol(result: Result<(), Error>) -> ProtocolError {
+        match result {
+            Err(Error::Protocol(p)) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn service_bound_rules() {
+        assert_eq!(
+            protocol(ServiceBoundMessage::default().validate()),
+            ProtocolError::MissingPayload {
+                message: "ServiceBoundMessage"
+            }
+        );
+        let no_input = ServiceBoundMessage::from(UserInput {
+            packet_id: 1,
+            mode: 99,
+            input: None,
+        });
+        assert_eq!(
+            protocol(no_input.validate()),
+            ProtocolError::MissingField {
+                field: "user_input.input".into()
+            }
+        );
+        // Unknown trigger modes are data, not errors.
+        let mut future = ServiceBoundMessage::user_text(1, InferenceTriggerMode::Queue, "hi");
+        if let Some(service_bound_message::Payload::UserInput(u)) = &mut future.payload {
+            u.mode = 99;
+        }
+        future.validate().unwrap();
+
+        assert_eq!(
+            protocol(ServiceBoundMessage::from(ConversationQuery::default()).validate()),
+            ProtocolError::EmptyConversationQuery
+        );
+        ServiceBoundMessage::from(ConversationQuery {
+            prompt: Some(String::new()),
+            instructions: None,
+        })
+        .validate()
+        .unwrap();
+        assert_eq!(
+            protocol(ServiceBoundMessage::from(ToolCallResponse::default()).validate()),
+            ProtocolError::EmptyField {
+                field: "tool_call_response.id".into()
+            }
+        );
+    }
+
+    #[test]
+    fn tool_definitions() {
+        let tool = |name: &str, parameters| ToolDefinition {
+            name: name.into(),
+            description: None,
+            parameters,
+        };
+        let update = |tools| {
+            ServiceBoundMessage::from(UpdateToolDefinitionsRequest {
+                tool_definitions: tools,
+            })
+            .validate()
+        };
+        update(vec![tool("a", None), tool("b", Some(Struct::default()))]).unwrap();
+        assert_eq!(
+            protocol(update(vec![tool("a", None), tool("a", None)])),
+            ProtocolError::DuplicateTool { name: "a".into() }
+        );
+        assert_eq!(
+            protocol(update(vec![tool("a", None), tool("", None)])),
+            ProtocolError::EmptyField {
+                field: "update_tool_definitions_request.tool_definitions[1].name".into()
+            }
+        );
+        assert!(matches!(
+            protocol(update(vec![tool("a", Some(nan_struct()))])),
+            ProtocolError::InvalidStruct { field, .. }
+                if field == "update_tool_definitions_request.tool_definitions[0].parameters"
+        ));
+    }
+
+    #[test]
+    fn configurations_are_parsed() {
+        let msg = ServiceBoundMessage::from(crate::proto::InitializeSessionRequest::default());
+        match msg.validate() {
+            Err(Error::Config(e)) => {
+                assert_eq!(e.field(), "initialize_session_request.input_audio_line");
+                assert_eq!(e.problem(), &ConfigProblem::Missing);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn client_bound_rules() {
+        assert!(matches!(
+            protocol(ClientBoundMessage::default().validate()),
+            ProtocolError::MissingPayload { .. }
+        ));
+        let call = ToolCallRequest {
+            id: "1".into(),
+            name: String::new(),
+            parameters: None,
+            turn_id: None,
+        };
+        assert_eq!(
+            protocol(ClientBoundMessage::tool_call_request(call).validate()),
+            ProtocolError::EmptyField {
+                field: "tool_call_request.name".into()
+            }
+        );
+        assert_eq!(
+            protocol(ClientBoundMessage::from(crate::proto::ModelAudioChunk::default()).validate()),
+            ProtocolError::MissingField {
+                field: "model_audio_chunk.audio".into()
+            }
+        );
+        assert_eq!(
+            protocol(ClientBoundMessage::from(TurnSnapshot::default()).validate()),
+            ProtocolError::MissingField {
+                field: "turn_snapshot.message".into()
+            }
+        );
+        let frame = VadAnalysisFrame {
+            session_time: Some(crate::proto::Duration {
+                seconds: 0,
+                nanos: 1_000_000_000,
+            }),
+            ..Default::default()
+        };
+        assert!(matches!(
+            protocol(ClientBoundMessage::from(frame).validate()),
+            ProtocolError::InvalidDuration {
+                nanos: 1_000_000_000,
+                ..
+            }
+        ));
+        ClientBoundMessage::model_audio_chunk(Bytes::new(), None)
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn chat_history_rules() {
+        let history = |message: ChatMessage| {
+            ClientBoundMessage::chat_history(vec![ChatMessage::default(), message]).validate()
+        };
+        let with = |content: Vec<ChatMessageContent>| ChatMessage {
+            content,
+            ..Default::default()
+        };
+        history(with(vec![ChatMessageContent::thoughts("hm")])).unwrap();
+        assert_eq!(
+            protocol(history(with(vec![
+                ChatMessageContent::thoughts("hm"),
+                ChatMessageContent::default()
+            ]))),
+            ProtocolError::MissingField {
+                field: "chat_history.messages[1].content[1].content".into()
+            }
+        );
+        let audio_without_format = ChatAudioData {
+            audio: Some(crate::proto::AudioData::default()),
+            format: None,
+            transcription: String::new(),
+        };
+        assert_eq!(
+            protocol(history(with(vec![ChatMessageContent::text(
+                "t",
+                Some(audio_without_format)
+            )]))),
+            ProtocolError::MissingField {
+                field: "chat_history.messages[1].content[0].text_content.tts_audio.format".into()
+            }
+        );
+        assert_eq!(
+            protocol(history(with(vec![ChatMessageContent::tool_result(
+                ToolCallResponse::default()
+            )]))),
+            ProtocolError::EmptyField {
+                field: "chat_history.messages[1].content[0].tool_result.id".into()
+            }
+        );
+        let mut bad_time = with(vec![]);
+        bad_time.created_at = Some(Timestamp {
+            seconds: 0,
+            nanos: -1,
+        });
+        assert!(matches!(
+            protocol(history(bad_time)),
+            ProtocolError::InvalidTimestamp { nanos: -1, .. }
+        ));
+    }
+}
