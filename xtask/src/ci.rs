@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::{codegen, deps, fuzz, util};
+use crate::{codegen, deps, fuzz, golden, util};
 
 /// Options for `cargo xtask ci`.
 #[derive(clap::Args)]
@@ -48,6 +48,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 .args(["doc", "--workspace", "--no-deps", "--all-features"])
                 .env("RUSTDOCFLAGS", "-D warnings"),
         )
+    })?;
+    step("golden vectors match the published clients", || {
+        golden::run(&golden::Args { check: true })
     })?;
     if args.skip_fuzz {
         eprintln!("== fuzz smoke: skipped (--skip-fuzz)");

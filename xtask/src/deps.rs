@@ -153,9 +153,9 @@ mod tests {
     }
 
     fn metadata(
-        packages: Vec<serde_json::Value>,
+        packages: &[serde_json::Value],
         members: &[&str],
-        nodes: Vec<serde_json::Value>,
+        nodes: &[serde_json::Value],
     ) -> serde_json::Value {
         json!({ "packages": packages, "workspace_members": members, "resolve": { "nodes": nodes } })
     }
@@ -163,13 +163,13 @@ mod tests {
     #[test]
     fn transitive_tokio_in_a_pure_crate_is_reported_with_its_chain() {
         let m = metadata(
-            vec![
+            &[
                 pkg("turn", Some("pure")),
                 pkg("helper", None),
                 pkg("tokio", None),
             ],
             &["turn"],
-            vec![
+            &[
                 node("turn", &[("helper", None)]),
                 node("helper", &[("tokio", None)]),
                 node("tokio", &[]),
@@ -185,13 +185,13 @@ mod tests {
     #[test]
     fn dev_dependencies_and_io_crates_may_use_tokio() {
         let m = metadata(
-            vec![
+            &[
                 pkg("turn", Some("pure")),
                 pkg("server", Some("io")),
                 pkg("tokio", None),
             ],
             &["turn", "server"],
-            vec![
+            &[
                 node("turn", &[("tokio", Some("dev"))]),
                 node("server", &[("tokio", None)]),
                 node("tokio", &[]),
@@ -203,13 +203,13 @@ mod tests {
     #[test]
     fn codecs_must_not_depend_on_each_other_and_layers_are_required() {
         let m = metadata(
-            vec![
+            &[
                 pkg("a", Some("codec")),
                 pkg("b", Some("codec")),
                 pkg("c", None),
             ],
             &["a", "b", "c"],
-            vec![node("a", &[("b", None)]), node("b", &[]), node("c", &[])],
+            &[node("a", &[("b", None)]), node("b", &[]), node("c", &[])],
         );
         let v = check(&m).unwrap();
         assert_eq!(
