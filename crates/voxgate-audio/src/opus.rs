@@ -505,14 +505,9 @@ impl OpusDecoder {
     }
 
     fn decode_inner(&mut self, packet: &[u8], want_f32: bool) -> Result<usize, OpusError> {
-        // Zero- and one-byte packets mean "lost" to both libraries; from a peer they are
-        // malformed, and concealment is a separate, explicit call.
-        if packet.len() < 2 {
-            return Err(OpusError::Corrupt(format!(
-                "{}-byte packet is too short",
-                packet.len()
-            )));
-        }
+        // An empty packet means "lost" to both libraries; from a peer it is malformed, and
+        // concealment is a separate, explicit call. (A lone TOC byte is legal: a DTX frame.)
+        validate_packet(packet).map_err(|e| OpusError::Corrupt(e.to_owned()))?;
         let max = self.pcm_f32.len();
         let n = match &mut self.inner {
             DecoderImpl::Pure(d) => {
@@ -537,6 +532,101 @@ impl OpusDecoder {
         self.last_frame = n;
         Ok(n)
     }
+}
+
+/// Checks a packet against RFC 6716 section 3.2 (frame packing) before a backend sees it:
+/// every frame at most 1275 bytes, code-3 frame counts 1..=48 and at most 120 ms of audio, and
+/// lengths and padding that fit the packet. libopus does the same in `opus_packet_parse`;
+/// `opus-rs` 0.1.40 does not reject oversized frames and can panic on them, so both backends get
+/// this gate.
+fn validate_packet(packet: &[u8]) -> Result<(), &'static str> {
+    const MAX_FRAME: usize = 1275;
+    let (&toc, mut rest) = packet.split_first().ok_or("empty packet")?;
+    // Frame duration in units of 2.5 ms, from the TOC's configuration number (RFC 6716 table 2).
+    let config = toc >> 3;
+    let units: usize = match config {
+        0..=11 => [4, 8, 16, 24][usize::from(config % 4)],
+        12..=15 => [4, 8][usize::from(config % 2)],
+        _ => [1, 2, 4, 8][usize::from(config % 4)],
+    };
+    let frame_len = |rest: &mut &[u8]| -> Result<usize, &'static str> {
+        match *rest {
+            [b0 @ 0..=251, tail @ ..] => {
+                *rest = tail;
+                Ok(usize::from(*b0))
+            }
+            [b0, b1, tail @ ..] => {
+                *rest = tail;
+                Ok(usize::from(*b0) + 4 * usize::from(*b1))
+            }
+            _ => Err("truncated frame length"),
+        }
+    };
+    match toc & 3 {
+        0 => {
+            if rest.len() > MAX_FRAME {
+                return Err("frame longer than 1275 bytes");
+            }
+        }
+        1 => {
+            if rest.len() % 2 != 0 || rest.len() / 2 > MAX_FRAME {
+                return Err("code 1 frames of unequal or excessive size");
+            }
+        }
+        2 => {
+            let first = frame_len(&mut rest)?;
+            if first > rest.len() || first > MAX_FRAME || rest.len() - first > MAX_FRAME {
+                return Err("code 2 frame lengths do not fit");
+            }
+        }
+        _ => {
+            let (&count_byte, tail) = rest.split_first().ok_or("code 3 without frame count")?;
+            rest = tail;
+            let count = usize::from(count_byte & 0x3f);
+            if count == 0 || count * units > 48 {
+                return Err("code 3 frame count is zero or over 120 ms");
+            }
+            if count_byte & 0x40 != 0 {
+                let mut padding = 0usize;
+                loop {
+                    let (&p, tail) = rest.split_first().ok_or("truncated padding length")?;
+                    rest = tail;
+                    padding += if p == 255 { 254 } else { usize::from(p) };
+                    if p != 255 {
+                        break;
+                    }
+                }
+                rest = rest
+                    .get(
+                        ..rest
+                            .len()
+                            .checked_sub(padding)
+                            .ok_or("padding longer than packet")?,
+                    )
+                    .ok_or("padding longer than packet")?;
+            }
+            if count_byte & 0x80 != 0 {
+                let mut total = 0usize;
+                for _ in 1..count {
+                    let n = frame_len(&mut rest)?;
+                    if n > MAX_FRAME {
+                        return Err("frame longer than 1275 bytes");
+                    }
+                    total += n;
+                }
+                let last = rest
+                    .len()
+                    .checked_sub(total)
+                    .ok_or("frame lengths exceed packet")?;
+                if last > MAX_FRAME {
+                    return Err("frame longer than 1275 bytes");
+                }
+            } else if rest.len() % count != 0 || rest.len() / count > MAX_FRAME {
+                return Err("code 3 CBR frames of unequal or excessive size");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn to_i16(src: &[f32], dst: &mut [i16]) {
@@ -664,7 +754,8 @@ mod tests {
     fn corrupt_packets_are_errors() {
         let mut dec = OpusDecoder::new(16_000, OpusBackend::Pure).unwrap();
         assert!(matches!(dec.decode(&[]), Err(OpusError::Corrupt(_))));
-        assert!(matches!(dec.decode(&[0x78]), Err(OpusError::Corrupt(_))));
+        // A lone TOC byte is a DTX frame: concealed, not an error.
+        assert_eq!(dec.decode(&[0x78]).unwrap().len(), 320);
         // Code 3 with a frame count of zero.
         assert!(matches!(
             dec.decode(&[0x7b, 0x00]),
@@ -672,5 +763,48 @@ mod tests {
         ));
         // Code 3 claiming 48 frames of 60 ms (2.88 s), over the 120 ms limit.
         assert!(dec.decode(&[0x7b, 48, 0, 0, 0]).is_err());
+        // Code 0 with a 1276-byte frame.
+        let mut big = vec![0x78];
+        big.resize(1277, 0x55);
+        assert!(matches!(dec.decode(&big), Err(OpusError::Corrupt(_))));
+        // Code 2 whose first frame claims more than the packet holds.
+        assert!(dec.decode(&[0x7a, 200, 1, 2]).is_err());
+        // Code 3 VBR with padding longer than the packet.
+        assert!(dec.decode(&[0x7b, 0xc2, 255, 255, 3, 1]).is_err());
+    }
+
+    #[test]
+    fn validator_accepts_what_encoders_produce() {
+        for rate in [8000, 16_000, 24_000, 48_000] {
+            for fd in [
+                FrameDuration::Ms20,
+                FrameDuration::Ms40,
+                FrameDuration::Ms60,
+            ] {
+                for application in [
+                    OpusApplication::Voip,
+                    OpusApplication::Audio,
+                    OpusApplication::LowDelay,
+                ] {
+                    let mut enc = OpusEncoder::new(OpusEncoderConfig {
+                        frame_duration: fd,
+                        application,
+                        bitrate: 64_000,
+                        ..OpusEncoderConfig::voice(rate)
+                    })
+                    .unwrap();
+                    for k in 0..3 {
+                        let pkt = enc
+                            .encode(&tone(rate, enc.frame_samples(), k * 960))
+                            .unwrap();
+                        assert_eq!(
+                            validate_packet(pkt),
+                            Ok(()),
+                            "{rate} {fd:?} {application:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
