@@ -2,6 +2,7 @@
 //! nothing may panic, and whatever decodes re-encodes to JSON that decodes to the same message.
 #![no_main]
 
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use voxgate_mcp::Input;
@@ -11,21 +12,7 @@ use voxgate_mcp::model::Tool;
 use voxgate_mcp::serde_json;
 use voxgate_mcp::server::{McpServer, ServerConfig};
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = voxgate_mcp::repair_json(data);
-    if let Ok(decoded) = jsonrpc::decode(data) {
-        let messages = match decoded.payload {
-            Payload::Single(m) => vec![m],
-            Payload::Batch(items) => items.into_iter().flatten().collect(),
-            _ => Vec::new(),
-        };
-        for m in messages {
-            let again = jsonrpc::decode(&m.to_vec()).expect("our encoding must decode");
-            assert!(!again.repaired, "our encoding must be valid JSON");
-            assert_eq!(again.payload, Payload::Single(m));
-        }
-    }
-
+static MACHINES: LazyLock<(Instant, McpServer, McpClient)> = LazyLock::new(|| {
     let now = Instant::now();
     let mut server = McpServer::new(ServerConfig {
         page_bytes: 200,
@@ -52,11 +39,6 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         now,
         Input::Bytes(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#),
     );
-    server.handle_input(now, Input::Bytes(data));
-    while server.poll_output().is_some() {}
-    server.handle_timeout(now + std::time::Duration::from_secs(60));
-    while server.poll_output().is_some() {}
-
     let mut client = McpClient::new(ClientConfig::default());
     let _ = client.start(now);
     client.handle_input(now, Input::Bytes(br#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2024-11-05","capabilities":{"tools":{}},"serverInfo":{"name":"d","version":"1"}}}"#));
@@ -65,6 +47,33 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         "self.audio_speaker.set_volume",
         serde_json::json!({"volume": 1}),
     );
+    while server.poll_output().is_some() {}
+    while client.poll_output().is_some() {}
+    (now, server, client)
+});
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _ = voxgate_mcp::repair_json(data);
+    if let Ok(decoded) = jsonrpc::decode(data) {
+        let messages = match decoded.payload {
+            Payload::Single(m) => vec![m],
+            Payload::Batch(items) => items.into_iter().flatten().collect(),
+            _ => Vec::new(),
+        };
+        for m in messages {
+            let again = jsonrpc::decode(&m.to_vec()).expect("our encoding must decode");
+            assert!(!again.repaired, "our encoding must be valid JSON");
+            assert_eq!(again.payload, Payload::Single(m));
+        }
+    }
+
+    // Compiling schemas is slow; build the machines once and fuzz clones of them.
+    let (now, mut server, mut client) = MACHINES.clone();
+    server.handle_input(now, Input::Bytes(data));
+    while server.poll_output().is_some() {}
+    server.handle_timeout(now + std::time::Duration::from_secs(60));
+    while server.poll_output().is_some() {}
+
     client.handle_input(now, Input::Bytes(data));
     while client.poll_output().is_some() {}
     client.handle_timeout(now + std::time::Duration::from_secs(60));

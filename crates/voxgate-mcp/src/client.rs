@@ -183,7 +183,7 @@ struct Listing {
 }
 
 /// The sans-IO MCP client. See the crate docs for the drive loop.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct McpClient {
     config: ClientConfig,
     phase: Phase,

@@ -104,7 +104,7 @@ struct ServedTool {
 }
 
 /// The sans-IO MCP server. See the crate docs for the drive loop.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct McpServer {
     config: ServerConfig,
     tools: Vec<ServedTool>,
