@@ -511,10 +511,25 @@ impl OpusDecoder {
         let max = self.pcm_f32.len();
         let n = match &mut self.inner {
             DecoderImpl::Pure(d) => {
-                let n = d
-                    .decode(packet, max, &mut self.pcm_f32)
-                    .map_err(|e| OpusError::Corrupt(e.to_owned()))?
-                    .min(max);
+                // Second line of defence after `validate_packet`: a panic inside opus-rs on a
+                // packet that passes the framing rules becomes a corrupt-packet error and a
+                // fresh decoder, not a crashed server. (The fuzz target aborts on panics, so
+                // any such case still shows up there.)
+                let pcm = &mut self.pcm_f32;
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    d.decode(packet, max, pcm)
+                }));
+                let n = match result {
+                    Ok(r) => r.map_err(|e| OpusError::Corrupt(e.to_owned()))?,
+                    Err(_) => {
+                        let rate = i32::try_from(self.sample_rate).unwrap_or(0);
+                        if let Ok(fresh) = opus_rs::OpusDecoder::new(rate, 1) {
+                            **d = fresh;
+                        }
+                        return Err(OpusError::Corrupt("opus-rs panicked on this packet".into()));
+                    }
+                }
+                .min(max);
                 if !want_f32 {
                     to_i16(&self.pcm_f32[..n], &mut self.pcm_i16[..n]);
                 }
