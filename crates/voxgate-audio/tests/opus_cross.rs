@@ -128,3 +128,43 @@ fn libopus_conceals_and_rejects_garbage() {
     assert_eq!(dec.conceal(960).unwrap().len(), 960);
     assert!(dec.decode(&[0x7b, 0x00]).is_err());
 }
+
+/// CELT-only (low delay) and general-audio packets cross-decode too, not just SILK/hybrid speech.
+#[test]
+fn celt_and_audio_modes_cross_decode() {
+    use voxgate_audio::opus::OpusApplication;
+    for application in [OpusApplication::LowDelay, OpusApplication::Audio] {
+        for enc_backend in [OpusBackend::Pure, OpusBackend::Libopus] {
+            let mut enc = OpusEncoder::new(OpusEncoderConfig {
+                application,
+                backend: enc_backend,
+                bitrate: 64_000,
+                frame_duration: FrameDuration::Ms20,
+                ..OpusEncoderConfig::voice(48_000)
+            })
+            .unwrap();
+            let mut pure = OpusDecoder::new(48_000, OpusBackend::Pure).unwrap();
+            let mut c = OpusDecoder::new(48_000, OpusBackend::Libopus).unwrap();
+            let input = speechlike(48_000, 960 * 20, 0);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for frame in input.chunks_exact(960) {
+                let pkt = enc.encode(frame).unwrap().to_vec();
+                a.extend_from_slice(pure.decode(&pkt).unwrap());
+                b.extend_from_slice(c.decode(&pkt).unwrap());
+            }
+            let agree = snr_db(&b, &a, 0);
+            let vs_input = best_snr(&input, &b);
+            eprintln!(
+                "{application:?} from {enc_backend:?}: decoders agree to {agree:.1} dB, {vs_input:.1} dB vs input"
+            );
+            assert!(
+                agree > 60.0,
+                "{application:?} {enc_backend:?}: {agree:.1} dB"
+            );
+            assert!(
+                vs_input > 3.0,
+                "{application:?} {enc_backend:?}: {vs_input:.1} dB vs input"
+            );
+        }
+    }
+}
