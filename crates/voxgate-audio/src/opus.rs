@@ -828,4 +828,40 @@ mod tests {
             }
         }
     }
+
+    /// The framing gate agrees with libopus's own packet parser on arbitrary packets.
+    #[cfg(feature = "libopus")]
+    mod against_libopus {
+        use super::super::validate_packet;
+        use proptest::prelude::*;
+
+        fn packet() -> impl Strategy<Value = Vec<u8>> {
+            // Mostly short packets, every TOC code, and code-3 count bytes with the padding and
+            // VBR flags set often enough to matter.
+            (
+                any::<u8>(),
+                any::<u8>(),
+                proptest::collection::vec(any::<u8>(), 0..40),
+                0usize..1400,
+            )
+                .prop_map(|(toc, count, body, filler)| {
+                    let mut p = vec![toc, count];
+                    p.extend_from_slice(&body);
+                    if toc & 1 == 0 {
+                        p.resize(p.len() + filler, 0x11);
+                    }
+                    p
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+            #[test]
+            fn same_verdict_as_opus_packet_parse(p in packet()) {
+                let ours = validate_packet(&p).is_ok();
+                let theirs = ::opus::packet::parse(&p).is_ok();
+                prop_assert_eq!(ours, theirs, "packet {:02x?}", &p[..p.len().min(16)]);
+            }
+        }
+    }
 }
