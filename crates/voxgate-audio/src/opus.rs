@@ -211,7 +211,7 @@ pub struct OpusEncoder {
     frame_samples: usize,
     inner: EncoderImpl,
     packet: [u8; MAX_PACKET_BYTES],
-    // f32 staging for the libopus float path and i16 staging for the pure float path.
+    // `encode_f32` converts into this once, so both backends take their integer path.
     scratch_i16: Vec<i16>,
 }
 
