@@ -84,17 +84,21 @@ mod control {
     const ABORT: &str = r#"{"session_id":"a1b2c3d4","type":"abort","reason":"wake_word_detected"}"#;
     const HELLO: &str = r#"{"type":"hello","version":1,"features":{"aec":true,"mcp":true},"transport":"websocket","audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}"#;
     const MCP: &str = r#"{"session_id":"a1b2c3d4","type":"mcp","payload":{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"true"}],"isError":false}}}"#;
+    /// A tool result with escaped quotes and an escaped surrogate pair (an ASCII-only client):
+    /// the payload's escapes are checked for lone surrogates.
+    const MCP_ESCAPED: &str = r#"{"session_id":"a1b2c3d4","type":"mcp","payload":{"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"text","text":"\ud83d\udd0a {\"volume\":50,\"muted\":false}"}],"isError":false}}}"#;
 
     fn sample(name: &str) -> &'static str {
         match name {
             "listen" => LISTEN,
             "abort" => ABORT,
             "hello" => HELLO,
+            "mcp_escaped" => MCP_ESCAPED,
             _ => MCP,
         }
     }
 
-    #[divan::bench(args = ["listen", "abort", "hello", "mcp"])]
+    #[divan::bench(args = ["listen", "abort", "hello", "mcp", "mcp_escaped"])]
     fn parse_device(bencher: Bencher<'_, '_>, name: &str) {
         let json = sample(name);
         bencher.bench_local(|| DeviceMessage::from_slice(black_box(json.as_bytes())).is_ok());
@@ -103,6 +107,13 @@ mod control {
     #[divan::bench]
     fn parse_server_tts(bencher: Bencher<'_, '_>) {
         let json = r#"{"type":"tts","state":"sentence_start","text":"The weather is fine today."}"#;
+        bencher.bench_local(|| ServerMessage::from_slice(black_box(json.as_bytes())).is_ok());
+    }
+
+    /// A `tools/call` request to the device: the payload is kept as raw text, not a `Value`.
+    #[divan::bench]
+    fn parse_server_mcp(bencher: Bencher<'_, '_>) {
+        let json = r#"{"type":"mcp","session_id":"a1b2c3d4","payload":{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"self.audio_speaker.set_volume","arguments":{"volume":50}}}}"#;
         bencher.bench_local(|| ServerMessage::from_slice(black_box(json.as_bytes())).is_ok());
     }
 

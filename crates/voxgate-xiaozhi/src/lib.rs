@@ -81,17 +81,21 @@
 //!
 //! # MCP envelope
 //!
+//! The JSON-RPC payload is kept as raw JSON text: the envelope parse builds no tree for it, the
+//! JSON-RPC layer decodes the text straight into its own types, and it is written back verbatim.
+//!
 //! ```
 //! use serde_json::json;
 //! use voxgate_xiaozhi::control::{DeviceMessage, Mcp};
 //!
 //! let from_device = br#"{"session_id":"s","type":"mcp","payload":{"jsonrpc":"2.0","id":3,"result":{"isError":false}}}"#;
 //! let DeviceMessage::Mcp(envelope) = DeviceMessage::from_slice(from_device)? else { unreachable!() };
-//! assert_eq!(envelope.into_payload()["id"], 3);
+//! assert_eq!(envelope.payload_json(), r#"{"jsonrpc":"2.0","id":3,"result":{"isError":false}}"#);
+//! assert_eq!(envelope.payload_value()?["id"], 3); // only when a `Value` is really wanted
 //!
 //! let to_device = Mcp::wrap(json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}));
 //! assert!(to_device.session_id.is_none());
-//! # Ok::<(), voxgate_xiaozhi::control::ParseError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! # OTA, tokens and the upgrade request

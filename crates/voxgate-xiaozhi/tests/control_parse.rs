@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::json;
+use serde_json::value::RawValue;
 use voxgate_xiaozhi::control::{
     Abort, AbortReason, Alert, AudioFormat, AudioParams, DeviceMessage, Emotion, Event, Listen,
     ListenMode, ListenState, Mcp, ParseError, ServerHello, ServerMessage, Stt, SystemCommand,
@@ -155,11 +156,50 @@ fn mcp_with_broken_escaping_is_repaired() {
         panic!("not an mcp")
     };
     assert_eq!(mcp.session_id.as_deref(), Some("7f2c"));
-    assert_eq!(mcp.payload["id"], 3);
+    // The repaired text is what the payload keeps.
     assert_eq!(
-        mcp.payload["error"]["message"],
+        mcp.payload_json(),
+        "{\"jsonrpc\":\"2.0\",\"id\":3,\"error\":{\"message\":\"Unknown tool: self.light\\tbad \\\\x escape\\nand newline \\\\u12 \u{FFFD}\"}}"
+    );
+    let payload = mcp.payload_value().unwrap();
+    assert_eq!(payload["id"], 3);
+    assert_eq!(
+        payload["error"]["message"],
         "Unknown tool: self.light\tbad \\x escape\nand newline \\u12 \u{FFFD}"
     );
+}
+
+#[test]
+fn lone_surrogates_in_an_otherwise_valid_mcp_payload_are_repaired() {
+    // serde_json's syntax check of a raw value lets lone surrogate escapes through; the JSON-RPC
+    // layer would then fail to decode the payload.
+    for (json, text) in [
+        (
+            r#"{"type":"mcp","payload":{"m":"a\ud800b\uDC00c"}}"#,
+            "a\u{FFFD}b\u{FFFD}c",
+        ),
+        (r#"{"type":"mcp","payload":["\ud83d"]}"#, "\u{FFFD}"),
+    ] {
+        let DeviceMessage::Mcp(mcp) = device(json.as_bytes()) else {
+            panic!("not an mcp")
+        };
+        let value = mcp.payload_value().unwrap();
+        let found = value.get("m").unwrap_or_else(|| &value[0]);
+        assert_eq!(found, text, "{json}");
+    }
+    // Paired surrogates and escaped backslashes are valid and kept as sent.
+    for payload in [
+        r#"{"m":"\ud83d\ude00"}"#,
+        r#"{"m":"\\ud800"}"#,
+        r#"{"m":"\uD83D\uDE00 \u00e9"}"#,
+    ] {
+        let json = format!(r#"{{"type":"mcp","payload":{payload}}}"#);
+        let DeviceMessage::Mcp(mcp) = device(json.as_bytes()) else {
+            panic!("not an mcp")
+        };
+        assert_eq!(mcp.payload_json(), payload);
+        mcp.payload_value().unwrap();
+    }
 }
 
 #[test]
@@ -176,6 +216,68 @@ fn mcp_with_and_without_session_id() {
         )),
         ServerMessage::Mcp(Mcp::wrap(payload).with_session_id("s"))
     );
+}
+
+#[test]
+fn mcp_payload_is_kept_verbatim() {
+    // Spacing, key order, number spelling, escapes and duplicate keys are the JSON-RPC layer's
+    // business: the envelope keeps the text as sent and writes it back unchanged.
+    let payload = "{ \"jsonrpc\" : \"2.0\",\n  \"id\": 1.50, \"result\": {\"t\": \"caf\\u00e9 \\/\", \"t\": 1e400} }";
+    let json = format!(r#"{{"session_id":"s","type":"mcp","payload":  {payload} }}"#);
+    let DeviceMessage::Mcp(mcp) = device(json.as_bytes()) else {
+        panic!("not an mcp")
+    };
+    assert_eq!(mcp.payload_json(), payload);
+    assert_eq!(
+        ServerMessage::from(mcp.clone()).to_json(),
+        format!(r#"{{"type":"mcp","session_id":"s","payload":{payload}}}"#)
+    );
+    // 1e400 does not fit an f64: the text is kept, but it has no `Value`.
+    assert!(mcp.payload_value().is_err());
+
+    // Equality is textual.
+    let spaced = Mcp::from_raw(RawValue::from_string(r#"{"id": 1}"#.to_owned()).unwrap());
+    let compact = Mcp::wrap(json!({"id": 1}));
+    assert_eq!(compact.payload_json(), r#"{"id":1}"#);
+    assert_ne!(spaced, compact);
+    assert_eq!(
+        spaced.payload_value().unwrap(),
+        compact.payload_value().unwrap()
+    );
+    assert_eq!(
+        spaced.clone().with_session_id("s"),
+        spaced.with_session_id("s")
+    );
+}
+
+#[test]
+fn mcp_wraps_values_serializable_types_and_raw_text() {
+    #[derive(serde::Serialize)]
+    struct Call<'a> {
+        jsonrpc: &'a str,
+        id: u32,
+        method: &'a str,
+    }
+    let typed = Mcp::try_wrap(&Call {
+        jsonrpc: "2.0",
+        id: 7,
+        method: "tools/list",
+    })
+    .unwrap();
+    assert_eq!(
+        typed.payload_json(),
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#
+    );
+    let raw = RawValue::from_string(typed.payload_json().to_owned()).unwrap();
+    assert_eq!(Mcp::from_raw(raw), typed);
+    assert_eq!(
+        typed.into_raw().get(),
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/list"}"#
+    );
+    let map_with_int_keys: std::collections::BTreeMap<u8, u8> = [(1, 2)].into();
+    assert!(Mcp::try_wrap(&map_with_int_keys).is_ok());
+    let map_with_tuple_keys: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+    assert!(Mcp::try_wrap(&map_with_tuple_keys).is_err());
 }
 
 #[test]

@@ -4,6 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use proptest::prelude::*;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use voxgate_xiaozhi::control::{
     Abort, AbortReason, Alert, AudioFormat, AudioParams, DeviceHello, DeviceMessage, Emotion,
@@ -168,10 +170,31 @@ fn unknown(known: &'static [&'static str]) -> impl Strategy<Value = UnknownMessa
         })
 }
 
+/// JSON text for `value`: compact, pretty-printed, or with spacing after every separator.
+fn json_text(value: &Value, style: u8) -> String {
+    match style % 3 {
+        0 => value.to_string(),
+        1 => serde_json::to_string_pretty(value).unwrap(),
+        _ => {
+            let mut out = Vec::new();
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(b"");
+            value
+                .serialize(&mut serde_json::Serializer::with_formatter(
+                    &mut out, formatter,
+                ))
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        }
+    }
+}
+
 fn mcp() -> impl Strategy<Value = Mcp> {
-    (opt_text(), json_value()).prop_map(|(session_id, payload)| Mcp {
-        session_id,
-        payload,
+    (opt_text(), json_value(), any::<u8>()).prop_map(|(session_id, payload, style)| {
+        let raw = RawValue::from_string(json_text(&payload, style)).unwrap();
+        Mcp {
+            session_id,
+            payload: raw,
+        }
     })
 }
 
@@ -320,11 +343,44 @@ proptest! {
     }
 
     #[test]
+    fn mcp_payload_text_is_kept_verbatim(
+        session_id in opt_text(),
+        payload in json_value(),
+        style in any::<u8>(),
+        spacing in "[ \t\r\n]{0,3}",
+    ) {
+        let text = json_text(&payload, style);
+        let session = session_id
+            .as_ref()
+            .map(|id| format!(r#""session_id":{},"#, Value::from(id.as_str())))
+            .unwrap_or_default();
+        let json = format!(r#"{{{session}"type":"mcp","payload":{spacing}{text}{spacing}}}"#);
+        let DeviceMessage::Mcp(mcp) = DeviceMessage::from_slice(json.as_bytes()).unwrap() else {
+            panic!("not an mcp: {json}")
+        };
+        prop_assert_eq!(mcp.payload_json(), text.as_str());
+        prop_assert_eq!(&mcp.payload_value().unwrap(), &payload);
+        prop_assert_eq!(&Mcp::wrap(payload.clone()).payload_value().unwrap(), &payload);
+        let again = ServerMessage::from(mcp.clone()).to_json();
+        let ServerMessage::Mcp(back) = ServerMessage::from_slice(again.as_bytes()).unwrap() else {
+            panic!("not an mcp: {again}")
+        };
+        prop_assert_eq!(back, mcp);
+    }
+
+    #[test]
     fn raw_control_characters_and_bad_escapes_in_strings_are_repaired(
-        text in "([a-z\u{0}-\u{1f}]|\\\\[xq'])*",
+        text in "([a-z\u{0}-\u{1f}]|\\\\[xq']|\\\\u[dD][0-9a-fA-F]{3})*",
     ) {
         let json = format!(r#"{{"type":"listen","state":"detect","text":"{text}"}}"#);
         let parsed = DeviceMessage::from_slice(json.as_bytes());
         prop_assert!(parsed.is_ok(), "{json:?}");
+
+        // The same inside an MCP payload: the repaired text is kept and decodes.
+        let json = format!(r#"{{"type":"mcp","payload":{{"error":{{"message":"{text}"}}}}}}"#);
+        let Ok(DeviceMessage::Mcp(mcp)) = DeviceMessage::from_slice(json.as_bytes()) else {
+            panic!("not an mcp: {json:?}")
+        };
+        prop_assert!(mcp.payload_value().is_ok(), "{json:?} -> {}", mcp.payload_json());
     }
 }

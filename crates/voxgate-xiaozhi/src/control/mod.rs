@@ -5,7 +5,8 @@
 //! escaped or unescaped Unicode, a missing `session_id`, loosely typed numbers, and strings with
 //! broken escaping (raw control characters, invalid escapes, lone surrogates) are repaired and
 //! retried rather than rejected. A `type` this crate does not know is kept as
-//! [`UnknownMessage`], so nothing a newer peer sends is lost.
+//! [`UnknownMessage`], so nothing a newer peer sends is lost. The JSON-RPC payload of an
+//! [`Mcp`] envelope is kept as raw JSON text, exactly as received.
 //!
 //! Serialization is exact and stable: `type` first, then `session_id` when set, then the fields
 //! in the order the firmware documents them. Fields the firmware depends on are always written
@@ -34,6 +35,7 @@ mod sanitize;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 pub use crate::emotion::Emotion;
@@ -416,30 +418,69 @@ pub struct Abort {
 
 /// `mcp`: a JSON-RPC 2.0 message for or from the device's MCP server, kept opaque here.
 ///
+/// The payload is kept as raw JSON text ([`RawValue`]), exactly as received: parsing the
+/// envelope checks the payload's syntax but builds no tree, and serialization writes it back
+/// verbatim. Hand [`payload_json`](Self::payload_json) to the JSON-RPC layer, which decodes it
+/// straight into its own types; [`payload_value`](Self::payload_value) builds a
+/// [`Value`] when one is really wanted.
+///
+/// Equality compares the session id and the payload *text*: the same message spelled with other
+/// spacing or key order is not equal. Compare [`payload_value`](Self::payload_value)s for that.
+///
 /// ```
 /// use serde_json::json;
-/// use voxgate_xiaozhi::control::{Mcp, ServerMessage};
+/// use voxgate_xiaozhi::control::{DeviceMessage, Mcp, ServerMessage};
 ///
+/// // Sending: wrap a `Value`, or anything `Serialize`, or JSON text you already have.
 /// let call = Mcp::wrap(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
 /// let json = ServerMessage::from(call.with_session_id("s1")).to_json();
 /// assert_eq!(json, r#"{"type":"mcp","session_id":"s1","payload":{"id":1,"jsonrpc":"2.0","method":"tools/list"}}"#);
+///
+/// // Receiving: the payload text is kept as sent, spacing included.
+/// let message = DeviceMessage::from_slice(br#"{"type":"mcp","payload": {"jsonrpc": "2.0", "id": 1, "result": {}}}"#)?;
+/// let DeviceMessage::Mcp(reply) = message else { unreachable!() };
+/// assert_eq!(reply.payload_json(), r#"{"jsonrpc": "2.0", "id": 1, "result": {}}"#);
+/// assert_eq!(reply.payload_value()?["id"], 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Mcp {
     /// The session, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
-    /// The JSON-RPC message.
-    pub payload: Value,
+    /// The JSON-RPC message, as JSON text.
+    pub payload: Box<RawValue>,
 }
 
 impl Mcp {
-    /// Wraps a JSON-RPC message, without a session id.
-    pub fn wrap(payload: Value) -> Self {
+    /// Wraps JSON-RPC text, without a session id. It is written out verbatim.
+    ///
+    /// A [`RawValue`] is valid JSON by construction: [`RawValue::from_string`] checks text you
+    /// hold (such as an encoded JSON-RPC message); [`Mcp::try_wrap`] serializes a typed message.
+    pub fn from_raw(payload: Box<RawValue>) -> Self {
         Self {
             session_id: None,
             payload,
         }
+    }
+
+    /// Wraps a JSON-RPC message held as a [`Value`], without a session id.
+    // By value, as before the payload became text: callers hand over the `Value` they built.
+    #[allow(clippy::needless_pass_by_value)]
+    pub fn wrap(payload: Value) -> Self {
+        // Cannot fail: a `Value` always serializes (its map keys are strings).
+        Self::try_wrap(&payload).unwrap_or_else(|_| Self::from_raw(RawValue::NULL.to_owned()))
+    }
+
+    /// Wraps any serializable JSON-RPC message, without a session id and without building a
+    /// [`Value`] first.
+    ///
+    /// # Errors
+    ///
+    /// When `payload` has no JSON form (a map key that is not a string, number or bool) or its
+    /// `Serialize` impl fails.
+    pub fn try_wrap<T: Serialize + ?Sized>(payload: &T) -> Result<Self, serde_json::Error> {
+        serde_json::value::to_raw_value(payload).map(Self::from_raw)
     }
 
     /// Sets the session id.
@@ -449,11 +490,35 @@ impl Mcp {
         self
     }
 
-    /// The JSON-RPC message.
-    pub fn into_payload(self) -> Value {
+    /// The JSON-RPC message as JSON text, exactly as received (or as serialized by
+    /// [`wrap`](Self::wrap)).
+    pub fn payload_json(&self) -> &str {
+        self.payload.get()
+    }
+
+    /// The JSON-RPC message as a [`Value`] tree.
+    ///
+    /// # Errors
+    ///
+    /// The text is always valid JSON, but a [`Value`] cannot hold all of it: nesting deeper than
+    /// serde_json's recursion limit (128) and numbers outside the range of `f64` are errors.
+    pub fn payload_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(self.payload.get())
+    }
+
+    /// The JSON-RPC message as raw JSON text.
+    pub fn into_raw(self) -> Box<RawValue> {
         self.payload
     }
 }
+
+impl PartialEq for Mcp {
+    fn eq(&self, other: &Self) -> bool {
+        self.session_id == other.session_id && self.payload.get() == other.payload.get()
+    }
+}
+
+impl Eq for Mcp {}
 
 /// `iot`: a legacy message from old clients; accepted and kept, not interpreted.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

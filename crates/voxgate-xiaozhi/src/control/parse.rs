@@ -3,7 +3,8 @@
 //! A serde internally tagged enum buffers the whole object into an intermediate tree before it
 //! can pick a variant; peeking at `type` with a borrowed probe and then deserializing straight
 //! into the variant's struct is several times faster and keeps control messages well under a
-//! microsecond.
+//! microsecond. The `mcp` payload is only syntax-checked and copied as raw text, never built into
+//! a tree: the JSON-RPC layer decodes it into its own types.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -101,6 +102,25 @@ fn body<T: DeserializeOwned>(json: &[u8], message_type: &'static str) -> Result<
     })
 }
 
+/// An `mcp` envelope, its payload kept as raw text.
+///
+/// A raw value is only checked for syntax, and serde_json's syntax check accepts lone UTF-16
+/// surrogate escapes that it rejects when decoding a string, so they would surface later in the
+/// JSON-RPC layer. Repair them here, as the whole-message repair does for every other string.
+fn mcp(json: &[u8]) -> Result<super::Mcp, ParseError> {
+    let mut mcp: super::Mcp = body(json, "mcp")?;
+    if sanitize::has_lone_surrogate(mcp.payload.get())
+        && let Some(repaired) = sanitize::repair(mcp.payload.get().as_bytes())
+    {
+        mcp.payload =
+            RawValue::from_string(repaired).map_err(|source| ParseError::InvalidMessage {
+                message_type: "mcp",
+                source,
+            })?;
+    }
+    Ok(mcp)
+}
+
 fn unknown(kind: &str, json: &[u8]) -> Result<UnknownMessage, ParseError> {
     let mut fields: Map<String, Value> =
         serde_json::from_slice(json).map_err(ParseError::Malformed)?;
@@ -116,7 +136,7 @@ pub(super) fn device(kind: &str, json: &[u8]) -> Result<DeviceMessage, ParseErro
         "hello" => DeviceMessage::Hello(body(json, "hello")?),
         "listen" => DeviceMessage::Listen(body(json, "listen")?),
         "abort" => DeviceMessage::Abort(body(json, "abort")?),
-        "mcp" => DeviceMessage::Mcp(body(json, "mcp")?),
+        "mcp" => DeviceMessage::Mcp(mcp(json)?),
         "iot" => {
             let mut iot: super::Iot = body(json, "iot")?;
             iot.fields.remove("type");
@@ -133,7 +153,7 @@ pub(super) fn server(kind: &str, json: &[u8]) -> Result<ServerMessage, ParseErro
         "stt" => ServerMessage::Stt(body(json, "stt")?),
         "tts" => ServerMessage::Tts(body(json, "tts")?),
         "llm" => ServerMessage::Llm(body(json, "llm")?),
-        "mcp" => ServerMessage::Mcp(body(json, "mcp")?),
+        "mcp" => ServerMessage::Mcp(mcp(json)?),
         "system" => ServerMessage::System(body(json, "system")?),
         "alert" => ServerMessage::Alert(body(json, "alert")?),
         other => ServerMessage::Unknown(unknown(other, json)?),

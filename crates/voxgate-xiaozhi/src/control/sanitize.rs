@@ -52,6 +52,47 @@ pub(super) fn repair(json: &[u8]) -> Option<String> {
     (out.as_bytes() != json).then_some(out)
 }
 
+/// Whether valid JSON text holds a `\uD800`-`\uDFFF` escape that is not half of a surrogate
+/// pair: syntax checks (a raw value) let these through, decoding a string rejects them.
+///
+/// Outside strings valid JSON has no backslash, so escapes are found without tracking strings.
+/// Allocation-free; the search for backslashes is a `memchr`.
+pub(super) fn has_lone_surrogate(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    // The end of the last escape read: a backslash before it is that escape's second character.
+    let mut escaped_to = 0;
+    for (at, _) in json.match_indices('\\') {
+        if at < escaped_to {
+            continue;
+        }
+        escaped_to = at
+            + match bytes.get(at..).unwrap_or_default() {
+                [b'\\', b'u', a, b, c, d, tail @ ..] => match hex_unit([*a, *b, *c, *d]) {
+                    Some(0xD800..=0xDBFF) => match tail {
+                        [b'\\', b'u', a, b, c, d, ..]
+                            if matches!(hex_unit([*a, *b, *c, *d]), Some(0xDC00..=0xDFFF)) =>
+                        {
+                            12
+                        }
+                        _ => return true,
+                    },
+                    Some(0xDC00..=0xDFFF) => return true,
+                    _ => 6,
+                },
+                _ => 2,
+            };
+    }
+    false
+}
+
+/// The value of four ASCII hex digits.
+fn hex_unit(digits: [u8; 4]) -> Option<u16> {
+    digits.iter().try_fold(0u16, |unit, &digit| {
+        let value = char::from(digit).to_digit(16)?;
+        Some((unit << 4) | u16::try_from(value).ok()?)
+    })
+}
+
 /// Reads four hex digits, returning their value and their spelling.
 fn hex4(chars: &mut impl Iterator<Item = char>) -> Option<(u16, [char; 4])> {
     let mut unit = 0u16;
@@ -113,7 +154,7 @@ fn push_control(out: &mut String, c: char) {
 
 #[cfg(test)]
 mod tests {
-    use super::repair;
+    use super::{has_lone_surrogate, repair};
 
     #[test]
     fn valid_json_is_left_alone() {
@@ -133,6 +174,54 @@ mod tests {
         let fixed = repair(b"{\"m\":\"a\\ud800b\\udc00c\xff\"}").unwrap();
         let value: serde_json::Value = serde_json::from_str(&fixed).unwrap();
         assert_eq!(value["m"], "a\u{FFFD}b\u{FFFD}c\u{FFFD}");
+    }
+
+    #[test]
+    fn lone_surrogates_are_found_exactly() {
+        for lone in [
+            r#"{"m":"\ud800"}"#,
+            r#"{"m":"\uDBFFx"}"#,
+            r#"{"m":"\udc00"}"#,
+            r#"{"m":"a\ud83d\u0041"}"#,
+            r#"{"m":"\ud83d\ude00\ude00"}"#,
+            r#"["\\", "\ud800"]"#,
+            r#""\ud83d""#,
+        ] {
+            assert!(has_lone_surrogate(lone), "{lone}");
+            assert!(repair(lone.as_bytes()).is_some(), "{lone}");
+        }
+        for fine in [
+            r#"{"m":"plain"}"#,
+            r#"{"m":"\ud83d\ude00 \uD83D\uDE00"}"#,
+            r#"{"m":"\\ud800 \\\\udc00"}"#,
+            r#"{"m":"\u00e9\n\"\\\/\ue000\ud7ff"}"#,
+            r#"{"m":"\\"}"#,
+        ] {
+            assert!(!has_lone_surrogate(fine), "{fine}");
+            assert_eq!(repair(fine.as_bytes()), None, "{fine}");
+        }
+    }
+
+    proptest::proptest! {
+        /// On valid JSON, the only thing `repair` changes is a lone surrogate.
+        #[test]
+        fn lone_surrogate_check_agrees_with_repair(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                r"\ud83d", r"\uDE00", r"\udbff", r"\udc00", r"\\", r"\\u", r"\u0041", r"\n",
+                r"\/", "a", "u", "d800", "\u{e9}", "\u{1F600}",
+            ]), 0..12),
+        ) {
+            let json = format!(r#"{{"m":"{}"}}"#, parts.concat());
+            let value: serde_json::Value = match serde_json::from_str(&json) {
+                Ok(value) => value,
+                Err(_) => {
+                    proptest::prop_assert!(has_lone_surrogate(&json), "{}", json);
+                    return Ok(());
+                }
+            };
+            proptest::prop_assert!(!has_lone_surrogate(&json), "{} {}", json, value);
+            proptest::prop_assert_eq!(repair(json.as_bytes()), None);
+        }
     }
 
     #[test]
