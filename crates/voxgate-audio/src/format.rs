@@ -225,12 +225,12 @@ impl PcmDecoder {
     }
 
     fn decode_s16_mono(&mut self, mut bytes: &[u8], out: &mut Vec<i16>) {
-        if let [carried] = self.carry.as_slice() {
-            if let [first, rest @ ..] = bytes {
-                out.push(i16::from_le_bytes([*carried, *first]));
-                self.carry.clear();
-                bytes = rest;
-            }
+        if let [carried] = self.carry.as_slice()
+            && let [first, rest @ ..] = bytes
+        {
+            out.push(i16::from_le_bytes([*carried, *first]));
+            self.carry.clear();
+            bytes = rest;
         }
         let mut chunks = bytes.chunks_exact(2);
         out.extend(chunks.by_ref().map(|c| match c {

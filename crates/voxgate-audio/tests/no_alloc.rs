@@ -1,11 +1,8 @@
 //! Steady state allocates nothing per frame: a counting global allocator watches the uplink
 //! (Opus decode + VAD, and raw PCM + resample + VAD) and downlink (resample + Opus encode +
 //! pacer) paths after a warm-up.
-#![allow(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat};
@@ -14,37 +11,13 @@ use voxgate_audio::pacer::{Pacer, PacerConfig};
 use voxgate_audio::resample::Resampler;
 use voxgate_audio::vad::{Vad, VadConfig};
 use voxgate_audio::wav::read_wav;
-
-struct Counting;
-
-thread_local! {
-    // Per thread, so tests running in parallel do not see each other's allocations.
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator unchanged; the counter is a plain thread-local Cell.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use voxgate_test_support::CountingAllocator;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 fn allocations() -> u64 {
-    ALLOCS.with(Cell::get)
+    voxgate_test_support::allocations().count
 }
 
 fn speech() -> Vec<f32> {

@@ -174,20 +174,20 @@ fn backbuffer_returns_audio_from_before_the_onset() {
     for chunk in speech.chunks(960) {
         vad.process(chunk);
         while let Some(o) = vad.poll_output() {
-            if let VadOutput::Transition(t) = o {
-                if t.to == VadState::Speech {
-                    assert_eq!(t.audio_start, t.onset - 8000, "500 ms backbuffer");
-                    let mut audio = Vec::new();
-                    let first = vad.copy_audio(t.audio_start, &mut audio);
-                    assert_eq!(first, t.audio_start);
-                    let first = usize::try_from(first).unwrap();
-                    assert_eq!(audio, speech[first..first + audio.len()]);
-                    assert_eq!(
-                        first + audio.len(),
-                        usize::try_from(vad.position()).unwrap()
-                    );
-                    return;
-                }
+            if let VadOutput::Transition(t) = o
+                && t.to == VadState::Speech
+            {
+                assert_eq!(t.audio_start, t.onset - 8000, "500 ms backbuffer");
+                let mut audio = Vec::new();
+                let first = vad.copy_audio(t.audio_start, &mut audio);
+                assert_eq!(first, t.audio_start);
+                let first = usize::try_from(first).unwrap();
+                assert_eq!(audio, speech[first..first + audio.len()]);
+                assert_eq!(
+                    first + audio.len(),
+                    usize::try_from(vad.position()).unwrap()
+                );
+                return;
             }
         }
     }

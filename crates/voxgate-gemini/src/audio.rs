@@ -525,16 +525,16 @@ pub fn decode_audio_into(
     } else {
         None
     };
-    if wav.is_none() {
-        if let Some((samples, odd_byte_dropped)) = simd_decode(input, out) {
-            return Ok(DecodedAudio {
-                samples,
-                sample_rate: announced.sample_rate,
-                channels: announced.channels.unwrap_or(1),
-                wav: None,
-                odd_byte_dropped,
-            });
-        }
+    if wav.is_none()
+        && let Some((samples, odd_byte_dropped)) = simd_decode(input, out)
+    {
+        return Ok(DecodedAudio {
+            samples,
+            sample_rate: announced.sample_rate,
+            channels: announced.channels.unwrap_or(1),
+            wav: None,
+            odd_byte_dropped,
+        });
     }
     let (skip, remaining) = match &wav {
         Some(h) => {

@@ -285,11 +285,11 @@ impl McpServer {
                                 _ => None,
                             });
                     // Cancelling something already answered is normal (the race is inherent).
-                    if let Some(id) = id {
-                        if self.pending.remove(&id).is_some() {
-                            self.outputs
-                                .push_back(ServerOutput::CallCancelled { request: id });
-                        }
+                    if let Some(id) = id
+                        && self.pending.remove(&id).is_some()
+                    {
+                        self.outputs
+                            .push_back(ServerOutput::CallCancelled { request: id });
                     }
                 }
                 _ => self.outputs.push_back(ServerOutput::Notification(n)),

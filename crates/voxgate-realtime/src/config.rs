@@ -913,7 +913,7 @@ impl VoiceClone {
         ref_text: impl Into<String>,
     ) -> Result<Self, ConfigError> {
         let frame = format.bytes_per_frame();
-        if audio.is_empty() || audio.len() % frame != 0 {
+        if audio.is_empty() || !audio.len().is_multiple_of(frame) {
             return Err(ConfigError::new(
                 "audio_data",
                 ConfigProblem::AudioLength {

@@ -1,14 +1,7 @@
 //! Audio frames are decoded and encoded without heap allocations beyond the frame buffer, and
 //! decoded audio shares the frame's memory.
-//!
-//! A counting global allocator needs `unsafe`, which the workspace denies everywhere else; it
-//! lives alone in this test binary.
 
-#![allow(unsafe_code, reason = "the counting global allocator")]
 #![allow(clippy::unwrap_used, clippy::panic, reason = "test code")]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
 use bytes::{Bytes, BytesMut};
 use voxgate_realtime::proto::InferenceTriggerMode;
@@ -16,54 +9,15 @@ use voxgate_realtime::proto::client_bound_message::Payload as C;
 use voxgate_realtime::proto::service_bound_message::Payload as S;
 use voxgate_realtime::proto::user_input::Input;
 use voxgate_realtime::{ClientBoundMessage, ServiceBoundMessage};
-
-/// Counts allocations per thread, so tests running in parallel do not see each other's.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count() {
-    // `try_with`: the slot is gone while the thread is being torn down.
-    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every method forwards to `System` unchanged; counting touches only a thread-local
-// `Cell` with a const initializer, which never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use voxgate_test_support::{CountingAllocator, measure};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 /// Runs `f` and returns its result with the number of allocations it made on this thread.
-fn allocations<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let before = ALLOCATIONS.with(Cell::get);
-    let out = f();
-    (out, ALLOCATIONS.with(Cell::get) - before)
+fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let (out, stats) = measure(f);
+    (out, stats.count)
 }
 
 fn audio() -> Vec<u8> {

@@ -327,15 +327,14 @@ impl TurnMachine {
             consider(self.endpoint_deadline());
             consider(self.user.as_ref().and_then(|u| u.listen_deadline));
         }
-        if self.state == State::Speaking {
-            if let Some(r) = &self.response {
-                if r.generation_ended || !r.tools.is_empty() {
-                    consider(r.playback.finish_deadline(
-                        self.config.playback_reports,
-                        self.config.playback_report_grace,
-                    ));
-                }
-            }
+        if self.state == State::Speaking
+            && let Some(r) = &self.response
+            && (r.generation_ended || !r.tools.is_empty())
+        {
+            consider(r.playback.finish_deadline(
+                self.config.playback_reports,
+                self.config.playback_report_grace,
+            ));
         }
         best
     }
@@ -433,14 +432,14 @@ impl TurnMachine {
                 self.emit_first_audio_latency();
             }
             Input::ResponseEnd { turn, awaits_user } => {
-                if let Some(r) = self.current_mut(turn) {
-                    if !r.generation_ended {
-                        r.generation_ended = true;
-                        r.awaits_user = awaits_user;
-                        r.follow_up = !r.tools.is_empty();
-                        if r.begun {
-                            self.outputs.push_back(Output::GenerationEnded { turn });
-                        }
+                if let Some(r) = self.current_mut(turn)
+                    && !r.generation_ended
+                {
+                    r.generation_ended = true;
+                    r.awaits_user = awaits_user;
+                    r.follow_up = !r.tools.is_empty();
+                    if r.begun {
+                        self.outputs.push_back(Output::GenerationEnded { turn });
                     }
                 }
             }
@@ -506,11 +505,12 @@ impl TurnMachine {
     }
 
     fn begin(&mut self, turn: TurnId) {
-        if let Some(r) = &mut self.response {
-            if r.turn == turn && !r.begun {
-                r.begun = true;
-                self.outputs.push_back(Output::ResponseBegun { turn });
-            }
+        if let Some(r) = &mut self.response
+            && r.turn == turn
+            && !r.begun
+        {
+            r.begun = true;
+            self.outputs.push_back(Output::ResponseBegun { turn });
         }
     }
 
@@ -564,12 +564,11 @@ impl TurnMachine {
 
     fn speech_stopped(&mut self, now: Instant) {
         self.user_speaking = false;
-        if self.state == State::Listening {
-            if let Some(u) = &mut self.user {
-                if u.active {
-                    u.speech_ended_at = Some(now);
-                }
-            }
+        if self.state == State::Listening
+            && let Some(u) = &mut self.user
+            && u.active
+        {
+            u.speech_ended_at = Some(now);
         }
         if let Some(c) = &mut self.candidate {
             if c.vad && !c.speech_ok && now >= c.started_at + self.config.min_interruption_speech {

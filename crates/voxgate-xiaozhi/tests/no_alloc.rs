@@ -1,49 +1,13 @@
 //! The audio path does not allocate: decoding and encoding frames into reserved buffers is
 //! checked with a counting global allocator.
-#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use bytes::{Bytes, BytesMut};
+use voxgate_test_support::{CountingAllocator, allocations_during};
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
-struct Counting;
-
-thread_local! {
-    // Per thread, so the test harness's own threads do not disturb the count.
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: every method forwards to `System` unchanged; the counter is a thread-local `Cell`
-// whose access does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations_during(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 #[test]
 fn frame_decode_and_encode_do_not_allocate() {

@@ -1,0 +1,108 @@
+//! Test helpers shared by the voxgate crates. Used only as a dev-dependency.
+//!
+//! [`CountingAllocator`] proves the "no heap allocation on the audio path" invariant of
+//! ARCHITECTURE.md: install it as the global allocator of one integration-test binary and
+//! measure a closure with [`allocations_during`].
+//!
+//! ```
+//! use voxgate_test_support::{CountingAllocator, allocations_during};
+//!
+//! #[global_allocator]
+//! static GLOBAL: CountingAllocator = CountingAllocator;
+//!
+//! # fn main() {
+//! let mut buf = Vec::with_capacity(64);
+//! assert_eq!(allocations_during(|| buf.extend_from_slice(b"fits")), 0);
+//! assert_eq!(allocations_during(|| drop(vec![0u8; 4096])), 1);
+//! # }
+//! ```
+//!
+//! Counts are per thread, so tests running in parallel in the same binary do not see each
+//! other's allocations. Allocations made by C code through its own `malloc` (libopus) are
+//! invisible to a Rust global allocator.
+
+// The one place in the workspace that needs `unsafe`: a `GlobalAlloc` impl cannot be written
+// without it. Every method forwards to `System` unchanged.
+#![allow(unsafe_code, reason = "GlobalAlloc is an unsafe trait")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+thread_local! {
+    // A const-initialised `Cell` never allocates, so counting cannot recurse into the allocator.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    static BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count(size: usize) {
+    // `try_with`: the slot is gone while the thread is being torn down.
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+    let _ = BYTES.try_with(|c| c.set(c.get().saturating_add(size as u64)));
+}
+
+/// A global allocator that forwards to [`System`] and counts allocations and reallocations
+/// (not frees) per thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountingAllocator;
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; counting only
+// touches const-initialised thread-locals, which never allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// What one measured closure allocated on the current thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllocationStats {
+    /// Allocations plus reallocations.
+    pub count: u64,
+    /// Bytes requested by them (a reallocation counts its new size).
+    pub bytes: u64,
+}
+
+/// The allocations made on this thread so far. Only meaningful when [`CountingAllocator`] is the
+/// global allocator; otherwise always zero.
+pub fn allocations() -> AllocationStats {
+    AllocationStats {
+        count: ALLOCATIONS.with(Cell::get),
+        bytes: BYTES.with(Cell::get),
+    }
+}
+
+/// Runs `f` and returns its result with what it allocated on this thread.
+pub fn measure<R>(f: impl FnOnce() -> R) -> (R, AllocationStats) {
+    let before = allocations();
+    let result = f();
+    let after = allocations();
+    let stats = AllocationStats {
+        count: after.count - before.count,
+        bytes: after.bytes - before.bytes,
+    };
+    (result, stats)
+}
+
+/// How many allocations `f` made on this thread.
+pub fn allocations_during(f: impl FnOnce()) -> u64 {
+    measure(f).1.count
+}
