@@ -1,1 +1,96 @@
-//! One voice conversation as a sans-IO machine: turn-taking, tools, history, sentence splitting and emotion, asking providers for work through outputs.
+//! One voice conversation as a sans-IO machine: turn-taking, tools, history, sentence splitting
+//! and emotion, asking providers for work through outputs.
+//!
+//! An [`Engine`] composes the turn machine ([`voxgate_turn`]), the VAD
+//! ([`voxgate_audio::vad`]), the tool registry and the device MCP client ([`voxgate_mcp`]), the
+//! emotion channel ([`voxgate_xiaozhi::emotion`]), a streaming [`sentence::Splitter`] and the
+//! chat [`history`]. Every door (realtime, Xiaozhi, Gemini bridge, Retell) drives one engine per
+//! conversation and only translates: protocol messages become [`Input`]s, [`ClientEvent`]s
+//! become protocol messages, and [`ProviderRequest`]s go to LLM/ASR/TTS back ends whose
+//! answers come back as [`Input::Provider`] tagged with the engine's [`RequestId`].
+//!
+//! # Drive loop
+//! ```text
+//! engine = Engine::new(config, now)?
+//! loop {
+//!     wait for: client input, a provider event, or engine.poll_timeout()
+//!     client input   => engine.handle_input(now, input)        // Err: the client's fault
+//!     audio          => engine.handle_audio(now, &samples)     // no copy
+//!     provider event => engine.handle_input(now, Input::Provider(event))
+//!     deadline       => engine.handle_timeout(now)
+//!     while let Some(out) = engine.poll_output() {
+//!         Output::Client(event)     => send to the client
+//!         Output::Provider(request) => start it (Cancel: stop it; its late events are ignored)
+//!     }
+//! }
+//! ```
+//! Time is only ever the `now` passed in; the same inputs at the same instants give the same
+//! outputs, which is how the tests run whole conversations on a virtual clock.
+//!
+//! # A turn
+//! Audio goes through the VAD; at the end of speech the utterance (backbuffer included, 16 kHz)
+//! goes out as [`ProviderRequest::Transcribe`]. The transcript commits the user turn
+//! ([`ClientEvent::UserTranscription`]) and the turn machine asks for a reply:
+//! [`ProviderRequest::Generate`] with the context built from history and the tools of every
+//! source. Text deltas pass the emotion channel (the leading emoji becomes
+//! [`ClientEvent::Emotion`]), then either become [`ClientEvent::TextFragment`]s (no TTS) or are
+//! split into sentences, each synthesized by its own [`ProviderRequest::Synthesize`] and
+//! delivered in order as [`ClientEvent::SentenceStart`] + [`ClientEvent::AudioChunk`]s. Tool
+//! calls are validated against their schema and routed to the client
+//! ([`ClientEvent::ToolCallRequest`]) or to the device over MCP ([`ClientEvent::DeviceMcp`]);
+//! their results trigger a follow-up generation. Barge-in clears playback, cancels the
+//! provider requests and truncates the history entry to the words the user heard (from
+//! playback reports, or estimated from time).
+//!
+//! # Example
+//! ```
+//! use std::time::Instant;
+//! use voxgate_engine::{
+//!     ClientEvent, Engine, EngineConfig, Input, Output, ProviderEvent, ProviderRequest,
+//! };
+//! use voxgate_turn::TriggerMode;
+//!
+//! let now = Instant::now();
+//! let config = EngineConfig { output_audio: None, ..EngineConfig::default() };
+//! let mut engine = Engine::new(config, now)?;
+//! engine.handle_input(now, Input::Text { text: "Hi!".into(), mode: TriggerMode::Queue })?;
+//! let id = std::iter::from_fn(|| engine.poll_output())
+//!     .find_map(|o| match o {
+//!         Output::Provider(ProviderRequest::Generate { id, .. }) => Some(id),
+//!         _ => None,
+//!     })
+//!     .unwrap();
+//! for event in [
+//!     ProviderEvent::TextDelta { id, delta: "Hello there.".into() },
+//!     ProviderEvent::Done { id },
+//! ] {
+//!     engine.handle_input(now, Input::Provider(event))?;
+//! }
+//! let shown: String = std::iter::from_fn(|| engine.poll_output())
+//!     .filter_map(|o| match o {
+//!         Output::Client(ClientEvent::TextFragment { text, .. }) => Some(text),
+//!         _ => None,
+//!     })
+//!     .collect();
+//! assert_eq!(shown, "Hello there.");
+//! assert_eq!(engine.history()[1].text(), "Hello there.");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod capture;
+mod config;
+mod engine;
+pub mod history;
+mod playback;
+pub mod provider;
+pub mod sentence;
+mod types;
+
+pub use config::{EngineConfig, OutputAudio};
+pub use engine::Engine;
+pub use history::ChatMessage;
+pub use provider::{ProviderEvent, ProviderRequest};
+pub use types::{
+    ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
+    TurnId,
+};

@@ -1,0 +1,137 @@
+//! The VAD plus the audio of the utterance in progress, backbuffer included.
+
+use std::collections::VecDeque;
+
+use voxgate_audio::format::f32_to_i16;
+use voxgate_audio::resample::Resampler;
+use voxgate_audio::vad::{MODEL_RATE, Vad, VadConfig, VadError, VadOutput, VadState};
+
+/// What one block of audio produced.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum CaptureEvent {
+    /// A VAD state change: `(from, to, position)`.
+    Transition(VadState, VadState, u64),
+    /// Per-frame telemetry.
+    Frame(voxgate_audio::vad::VadFrame),
+    /// Speech was declared (after the VAD's start hysteresis).
+    SpeechStarted,
+    /// Speech ended; the utterance at 16 kHz, from the backbuffer to the end of speech.
+    SpeechEnded(Vec<i16>),
+}
+
+#[derive(Debug)]
+pub(crate) struct Capture {
+    vad: Vad,
+    rate: u32,
+    capturing: bool,
+    /// Input-rate samples of the utterance, starting at absolute position `buf_start`.
+    buf: Vec<f32>,
+    buf_start: u64,
+    max_samples: usize,
+    /// Samples dropped because an utterance outgrew `max_samples`.
+    pub(crate) dropped: u64,
+    events: VecDeque<CaptureEvent>,
+    scratch: Vec<f32>,
+}
+
+impl Capture {
+    pub(crate) fn new(
+        config: VadConfig,
+        rate: u32,
+        max_samples: usize,
+        telemetry: bool,
+    ) -> Result<Self, VadError> {
+        let mut vad = Vad::new(config, rate)?;
+        vad.set_frame_telemetry(telemetry);
+        // Fail here, not on the first utterance, if the rate cannot be brought to 16 kHz.
+        Resampler::new(rate, MODEL_RATE)?;
+        Ok(Self {
+            vad,
+            rate,
+            capturing: false,
+            buf: Vec::new(),
+            buf_start: 0,
+            max_samples,
+            dropped: 0,
+            events: VecDeque::with_capacity(8),
+            scratch: Vec::with_capacity(256),
+        })
+    }
+
+    pub(crate) fn process_i16(&mut self, samples: &[i16]) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        for chunk in samples.chunks(256) {
+            scratch.clear();
+            scratch.extend(chunk.iter().map(|&s| voxgate_audio::format::i16_to_f32(s)));
+            self.process(&scratch);
+        }
+        self.scratch = scratch;
+    }
+
+    pub(crate) fn process(&mut self, samples: &[f32]) {
+        if self.capturing {
+            self.append(samples);
+        }
+        self.vad.process(samples);
+        while let Some(out) = self.vad.poll_output() {
+            match out {
+                VadOutput::Frame(f) => self.events.push_back(CaptureEvent::Frame(f)),
+                VadOutput::Transition(t) => {
+                    self.events
+                        .push_back(CaptureEvent::Transition(t.from, t.to, t.position));
+                    match (t.from, t.to) {
+                        (VadState::SpeechStarting, VadState::Speech) if !self.capturing => {
+                            self.capturing = true;
+                            self.buf.clear();
+                            // Everything from the backbuffer up to the end of this block.
+                            self.buf_start = self.vad.copy_audio(t.audio_start, &mut self.buf);
+                            self.events.push_back(CaptureEvent::SpeechStarted);
+                        }
+                        (VadState::SpeechEnding, VadState::Silence) if self.capturing => {
+                            self.capturing = false;
+                            let keep = t.position.saturating_sub(self.buf_start);
+                            self.buf
+                                .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+                            let audio = self.take_utterance_16k();
+                            self.events.push_back(CaptureEvent::SpeechEnded(audio));
+                        }
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn append(&mut self, samples: &[f32]) {
+        let room = self.max_samples.saturating_sub(self.buf.len());
+        let take = room.min(samples.len());
+        self.buf.extend_from_slice(&samples[..take]);
+        self.dropped += (samples.len() - take) as u64;
+    }
+
+    fn take_utterance_16k(&mut self) -> Vec<i16> {
+        let samples = std::mem::take(&mut self.buf);
+        let resampled = if self.rate == MODEL_RATE {
+            samples
+        } else {
+            match Resampler::new(self.rate, MODEL_RATE) {
+                Ok(mut r) => {
+                    let mut out = Vec::with_capacity(samples.len() * 16_000 / self.rate as usize);
+                    r.process(&samples, &mut out);
+                    r.flush(&mut out);
+                    let delay = r.delay().min(out.len());
+                    out.drain(..delay);
+                    out
+                }
+                // Checked in `new`; unreachable in practice.
+                Err(_) => Vec::new(),
+            }
+        };
+        resampled.into_iter().map(f32_to_i16).collect()
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<CaptureEvent> {
+        self.events.pop_front()
+    }
+}

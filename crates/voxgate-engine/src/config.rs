@@ -1,0 +1,66 @@
+//! Engine settings.
+
+use std::time::Duration;
+
+use voxgate_audio::vad::VadConfig;
+use voxgate_xiaozhi::emotion::EmojiPolicy;
+
+/// How the client's output audio is counted, so playback reports (`bytes_played`) can be
+/// matched to the audio the engine delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputAudio {
+    /// Bytes per second of audio in the client's output format (e.g. 48 000 for 24 kHz mono
+    /// 16-bit PCM).
+    pub bytes_per_second: u32,
+}
+
+/// Configuration of an [`crate::Engine`]. Plain data: build it with struct update syntax over
+/// [`EngineConfig::default`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Turn-taking: endpointing, interruption policy, playback reports.
+    pub turn: voxgate_turn::Config,
+    /// VAD hysteresis and backbuffer.
+    pub vad: VadConfig,
+    /// Sample rate of [`crate::Input::Audio`] in Hz. Default 16 000.
+    pub input_rate: u32,
+    /// Speak replies: `Some` asks TTS for every sentence and delivers audio; `None` delivers
+    /// text fragments (realtime sessions without TTS). Default: 24 kHz mono 16-bit.
+    pub output_audio: Option<OutputAudio>,
+    /// The system prompt, first in every LLM context.
+    pub system_prompt: String,
+    /// Sampling temperature passed to the LLM.
+    pub temperature: Option<f64>,
+    /// Read a leading emoji from each reply as its face ([`crate::ClientEvent::Emotion`]) with
+    /// this allowlist and default; `None` leaves replies as they are (emoji are still never
+    /// spoken).
+    pub emotion: Option<EmojiPolicy>,
+    /// Longest sentence sent to TTS, in characters; longer runs are cut at a comma or space.
+    pub max_sentence_chars: usize,
+    /// Emit [`crate::ClientEvent::VadFrame`] for every 16 ms VAD frame.
+    pub vad_frame_telemetry: bool,
+    /// Longest utterance kept for transcription; audio beyond it is dropped (and counted).
+    pub max_utterance: Duration,
+    /// Keep each spoken turn's audio in history (`ChatAudioData`).
+    pub keep_user_audio: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            turn: voxgate_turn::Config::default(),
+            vad: VadConfig::default(),
+            input_rate: 16_000,
+            output_audio: Some(OutputAudio {
+                bytes_per_second: 48_000,
+            }),
+            system_prompt: String::new(),
+            temperature: None,
+            emotion: None,
+            max_sentence_chars: 200,
+            vad_frame_telemetry: false,
+            max_utterance: Duration::from_secs(60),
+            keep_user_audio: true,
+        }
+    }
+}

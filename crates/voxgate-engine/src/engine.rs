@@ -1,0 +1,1187 @@
+//! The conversation machine.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::mem;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use voxgate_audio::vad::VadState;
+use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
+use voxgate_mcp::model::Tool;
+use voxgate_mcp::registry::{ToolRegistry, ToolSource};
+use voxgate_turn::{
+    AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TurnMachine, UserSource,
+};
+use voxgate_xiaozhi::emotion::{self, EmojiPolicy};
+
+use crate::capture::{Capture, CaptureEvent};
+use crate::config::EngineConfig;
+use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus, History};
+use crate::playback::Ledger;
+use crate::provider::{ChatRole, ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
+use crate::sentence::Splitter;
+use crate::types::{
+    ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
+};
+
+/// Characters of a reply held back until its leading emoji (if any) is known.
+const EMOTION_LOOKAHEAD: usize = 8;
+
+/// One sentence on its way through TTS.
+#[derive(Debug)]
+struct Sentence {
+    id: RequestId,
+    text: String,
+    /// Audio that arrived before earlier sentences finished.
+    held: VecDeque<(Vec<i16>, u32)>,
+    started: bool,
+    done: bool,
+}
+
+/// The response in progress.
+#[derive(Debug)]
+struct Response {
+    turn: TurnId,
+    /// The LLM request feeding it (`None` for direct speech).
+    llm: Option<RequestId>,
+    llm_done: bool,
+    started: bool,
+    /// Text held back to read the leading emoji; `None` once decided.
+    emotion_buf: Option<String>,
+    splitter: Splitter,
+    sentences: VecDeque<Sentence>,
+    ledger: Ledger,
+    /// Calls refused before running: their error results go to the turn machine once
+    /// generation has ended, so it asks the model to follow up.
+    refused: Vec<String>,
+    generation_ended: bool,
+    end_sent: bool,
+    asks_question: bool,
+    /// Text-only replies: everything shown so far.
+    shown: String,
+}
+
+#[derive(Debug, Clone)]
+struct Call {
+    source: ToolSource,
+    device_call: Option<CallId>,
+}
+
+#[derive(Debug)]
+struct Query {
+    id: RequestId,
+    text: String,
+    outcome: Option<Result<(), String>>,
+}
+
+/// One conversation as a sans-IO machine. See the crate docs for the drive loop.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    turn: TurnMachine,
+    capture: Capture,
+    /// The recognizer is in use: the turn machine waits for transcripts before ending turns.
+    transcribing_enabled: bool,
+    registry: ToolRegistry,
+    mcp: Option<McpClient>,
+    history: History,
+    next_request: u64,
+    outputs: VecDeque<Output>,
+    /// Transcriptions in flight, oldest first.
+    asr: VecDeque<(RequestId, Vec<i16>)>,
+    /// Transcribed utterances not yet committed as a user turn.
+    heard: Vec<(Vec<i16>, String)>,
+    language: String,
+    resp: Option<Response>,
+    /// A response just cancelled by the turn machine, kept until its record comes out.
+    closing: Option<Response>,
+    /// Client events waiting for the turn machine's `Deliver` of their chunk.
+    held: VecDeque<(TurnId, u32, Vec<ClientEvent>)>,
+    chunk_seq: u32,
+    calls: BTreeMap<String, Call>,
+    device_calls: BTreeMap<CallId, String>,
+    queries: VecDeque<Query>,
+    exports: VecDeque<bool>,
+    /// Provider events for requests no longer awaited.
+    stale_events: u64,
+}
+
+impl Engine {
+    /// A conversation that has just started (the turn machine is connected and Idle).
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the VAD settings, the input rate or the output audio are unusable.
+    pub fn new(config: EngineConfig, now: Instant) -> Result<Self, ConfigError> {
+        if config.output_audio.is_some_and(|o| o.bytes_per_second == 0) {
+            return Err(ConfigError::OutputAudio);
+        }
+        let max_samples = usize::try_from(
+            config.max_utterance.as_millis() * u128::from(config.input_rate) / 1000,
+        )
+        .unwrap_or(usize::MAX);
+        let capture = Capture::new(
+            config.vad,
+            config.input_rate,
+            max_samples,
+            config.vad_frame_telemetry,
+        )?;
+        let mut turn = TurnMachine::new(config.turn.clone());
+        for input in [TurnInput::Connect, TurnInput::Connected] {
+            // Valid in this order on a fresh machine.
+            let _ = turn.handle_input(now, input);
+        }
+        while turn.poll_output().is_some() {}
+        Ok(Self {
+            config,
+            turn,
+            capture,
+            transcribing_enabled: false,
+            registry: ToolRegistry::new(),
+            mcp: None,
+            history: History::default(),
+            next_request: 1,
+            outputs: VecDeque::new(),
+            asr: VecDeque::new(),
+            heard: Vec::new(),
+            language: String::new(),
+            resp: None,
+            closing: None,
+            held: VecDeque::new(),
+            chunk_seq: 0,
+            calls: BTreeMap::new(),
+            device_calls: BTreeMap::new(),
+            queries: VecDeque::new(),
+            exports: VecDeque::new(),
+            stale_events: 0,
+        })
+    }
+
+    /// The turn-taking state (Idle, Listening, Processing, Speaking, Action).
+    #[must_use]
+    pub fn state(&self) -> State {
+        self.turn.state()
+    }
+
+    /// The conversation so far.
+    #[must_use]
+    pub fn history(&self) -> &[ChatMessage] {
+        self.history.messages()
+    }
+
+    /// The tools offered to the model, with the names it sees.
+    #[must_use]
+    pub fn llm_tools(&self) -> Vec<ToolSpec> {
+        self.registry
+            .llm_tools()
+            .map(|t| ToolSpec {
+                name: t.llm_name().to_owned(),
+                description: t.tool().description.clone(),
+                parameters: t.tool().input_schema.clone(),
+            })
+            .collect()
+    }
+
+    /// Provider events dropped because their request was cancelled or superseded.
+    #[must_use]
+    pub fn stale_events(&self) -> u64 {
+        self.stale_events
+    }
+
+    /// The turn machine's counters (interruptions, stale inputs...).
+    #[must_use]
+    pub fn turn_stats(&self) -> voxgate_turn::Stats {
+        self.turn.stats()
+    }
+
+    /// The next output, if any. Drain after every `handle_*` call.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest instant at which [`Engine::handle_timeout`] has work to do.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let t = self.turn.poll_timeout();
+        let m = self.mcp.as_ref().and_then(McpClient::poll_timeout);
+        match (t, m) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.turn.handle_timeout(now);
+        self.pump(now);
+        if let Some(m) = &mut self.mcp {
+            m.handle_timeout(now);
+        }
+        self.pump_mcp(now);
+    }
+
+    /// Feeds mono audio at the configured input rate without copying it into an [`Input`].
+    pub fn handle_audio(&mut self, now: Instant, samples: &[f32]) {
+        self.enable_transcripts(now);
+        self.capture.process(samples);
+        self.capture_events(now);
+    }
+
+    /// Feeds mono 16-bit audio at the configured input rate.
+    pub fn handle_audio_i16(&mut self, now: Instant, samples: &[i16]) {
+        self.enable_transcripts(now);
+        self.capture.process_i16(samples);
+        self.capture_events(now);
+    }
+
+    /// Feeds one input at time `now`.
+    ///
+    /// Provider events for requests no longer awaited are dropped and counted
+    /// ([`Engine::stale_events`]): they are races with a cancel, not errors.
+    ///
+    /// # Errors
+    /// [`InputError`] when the client broke the protocol (an unknown tool call id, an empty
+    /// query). The engine is unchanged then; report it with [`InputError::category`].
+    pub fn handle_input(&mut self, now: Instant, input: Input) -> Result<(), InputError> {
+        match input {
+            Input::Audio(samples) => self.handle_audio(now, &samples),
+            Input::AudioI16(samples) => self.handle_audio_i16(now, &samples),
+            Input::Text { text, mode } => self.feed(now, TurnInput::Text { text, mode })?,
+            Input::TriggerInference {
+                instructions,
+                flush_vad,
+            } => self.feed(
+                now,
+                TurnInput::TriggerInference {
+                    instructions,
+                    flush_vad,
+                },
+            )?,
+            Input::StartCapture => self.feed(now, TurnInput::StartCapture)?,
+            Input::StopCapture => self.feed(now, TurnInput::StopCapture)?,
+            Input::Abort => self.feed(now, TurnInput::Abort)?,
+            Input::DirectSpeech {
+                text,
+                include_in_history,
+                uninterruptible,
+            } => self.feed(
+                now,
+                TurnInput::DirectSpeech {
+                    text,
+                    include_in_history,
+                    uninterruptible,
+                },
+            )?,
+            Input::PlaybackReport { turn, bytes_played } => {
+                if let Some(r) = self.resp.as_mut().filter(|r| r.turn == turn) {
+                    r.ledger.report(bytes_played);
+                }
+                self.feed(now, TurnInput::PlaybackProgress { turn, bytes_played })?;
+            }
+            Input::SetTools(tools) => {
+                let tools = tools
+                    .into_iter()
+                    .map(|t| Tool::new(t.name, t.description, t.parameters))
+                    .collect();
+                for rejected in self.registry.set_source_tools(ToolSource::Client, tools) {
+                    self.client(ClientEvent::Error {
+                        category: ErrorCategory::Configuration,
+                        message: rejected.to_string(),
+                    });
+                }
+            }
+            Input::ToolResult { id, result } => self.client_tool_result(now, id, result)?,
+            Input::DeviceMcpStart => {
+                let mut client = McpClient::new(ClientConfig::default());
+                // A fresh client cannot be started twice.
+                let _ = client.start(now);
+                self.mcp = Some(client);
+                self.pump_mcp(now);
+            }
+            Input::DeviceMcp(payload) => {
+                let Some(m) = &mut self.mcp else {
+                    return Err(InputError::DeviceMcpNotStarted);
+                };
+                m.handle_input(now, voxgate_mcp::Input::Value(payload));
+                self.pump_mcp(now);
+            }
+            Input::ConversationQuery {
+                prompt,
+                instructions,
+            } => self.query(prompt, instructions)?,
+            Input::ExportHistory {
+                await_pending,
+                exclude_audio,
+            } => {
+                if await_pending && self.pending_work() {
+                    self.exports.push_back(exclude_audio);
+                } else {
+                    self.export(exclude_audio);
+                }
+            }
+            Input::Provider(event) => self.provider_event(now, event),
+        }
+        Ok(())
+    }
+
+    // ---- plumbing ------------------------------------------------------------------------
+
+    fn client(&mut self, event: ClientEvent) {
+        self.outputs.push_back(Output::Client(event));
+    }
+
+    fn request(&mut self) -> RequestId {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        id
+    }
+
+    fn provider(&mut self, request: ProviderRequest) {
+        self.outputs.push_back(Output::Provider(request));
+    }
+
+    /// Feeds the turn machine and acts on what it says.
+    fn feed(&mut self, now: Instant, input: TurnInput) -> Result<(), InputError> {
+        self.turn.handle_input(now, input)?;
+        self.pump(now);
+        Ok(())
+    }
+
+    /// Feeds an input the engine itself generated; a refusal would be an engine bug, so it is
+    /// reported rather than returned.
+    fn feed_internal(&mut self, now: Instant, input: TurnInput) {
+        if let Err(e) = self.turn.handle_input(now, input) {
+            self.client(ClientEvent::Error {
+                category: ErrorCategory::Internal,
+                message: e.to_string(),
+            });
+        }
+    }
+
+    fn enable_transcripts(&mut self, now: Instant) {
+        if !self.transcribing_enabled {
+            self.transcribing_enabled = true;
+            // Empty words in Idle only tell the turn machine a recognizer feeds it, so spoken
+            // turns wait for their transcript instead of ending empty.
+            self.feed_internal(
+                now,
+                TurnInput::Words {
+                    text: String::new(),
+                    is_final: false,
+                },
+            );
+            self.pump(now);
+        }
+    }
+
+    fn pending_work(&self) -> bool {
+        self.turn.current_response().is_some() || !self.calls.is_empty()
+    }
+
+    fn export(&mut self, exclude_audio: bool) {
+        let messages = self
+            .history
+            .messages()
+            .iter()
+            .map(|m| {
+                if exclude_audio {
+                    m.without_audio()
+                } else {
+                    m.clone()
+                }
+            })
+            .collect();
+        self.client(ClientEvent::History(messages));
+    }
+
+    // ---- audio in ------------------------------------------------------------------------
+
+    fn capture_events(&mut self, now: Instant) {
+        while let Some(event) = self.capture.poll_event() {
+            match event {
+                CaptureEvent::Transition(from, to, position) => {
+                    self.client(ClientEvent::VadState { from, to, position });
+                    if from == VadState::SpeechEnding && to == VadState::Silence {
+                        self.feed_internal(now, TurnInput::SpeechStopped);
+                        self.pump(now);
+                    }
+                }
+                CaptureEvent::Frame(f) => self.client(ClientEvent::VadFrame {
+                    index: f.index,
+                    confidence: f.confidence,
+                    volume: f.volume,
+                    state: f.state,
+                }),
+                CaptureEvent::SpeechStarted => {
+                    self.feed_internal(now, TurnInput::SpeechStarted);
+                    self.pump(now);
+                }
+                CaptureEvent::SpeechEnded(audio) => {
+                    let id = self.request();
+                    self.asr.push_back((id, audio.clone()));
+                    self.provider(ProviderRequest::Transcribe {
+                        id,
+                        audio,
+                        sample_rate: voxgate_audio::vad::MODEL_RATE,
+                    });
+                }
+            }
+        }
+    }
+
+    // ---- turn machine outputs ------------------------------------------------------------
+
+    fn pump(&mut self, now: Instant) {
+        while let Some(out) = self.turn.poll_output() {
+            self.on_turn_output(now, out);
+        }
+        if !self.exports.is_empty() && !self.pending_work() {
+            for exclude_audio in mem::take(&mut self.exports) {
+                self.export(exclude_audio);
+            }
+        }
+    }
+
+    fn on_turn_output(&mut self, now: Instant, out: TurnOutput) {
+        match out {
+            TurnOutput::UserTurn(u) => {
+                if u.source == UserSource::Speech {
+                    let heard = mem::take(&mut self.heard);
+                    let mut samples = Vec::new();
+                    if self.config.keep_user_audio {
+                        for (audio, _) in &heard {
+                            samples.extend_from_slice(audio);
+                        }
+                    }
+                    self.history.push_user_audio(
+                        now,
+                        u.turn,
+                        AudioData {
+                            samples,
+                            sample_rate: voxgate_audio::vad::MODEL_RATE,
+                            transcription: u.text.clone(),
+                        },
+                    );
+                    self.client(ClientEvent::UserTranscription {
+                        turn: u.turn,
+                        text: u.text,
+                        language: self.language.clone(),
+                    });
+                } else {
+                    self.history.push_user_text(now, u.turn, u.text);
+                }
+            }
+            TurnOutput::UserTurnDiscarded => self.heard.clear(),
+            TurnOutput::StartResponse {
+                turn, instructions, ..
+            } => {
+                if let Some(text) = instructions {
+                    self.history.push_instructions(now, turn, text);
+                }
+                let id = self.request();
+                self.new_response(turn, Some(id));
+                let messages = self.history.context(&self.config.system_prompt);
+                let tools = self.llm_tools();
+                self.provider(ProviderRequest::Generate {
+                    id,
+                    turn,
+                    messages,
+                    tools,
+                    temperature: self.config.temperature,
+                });
+            }
+            TurnOutput::Speak { turn, text } | TurnOutput::ResumeResponse { turn, text, .. } => {
+                self.new_response(turn, None);
+                if let Some(r) = &mut self.resp {
+                    r.started = true;
+                    r.llm_done = true;
+                    r.emotion_buf = None;
+                }
+                self.reply_text(now, &text);
+                self.flush_reply(now);
+            }
+            TurnOutput::ResponseBegun { turn } => {
+                self.history.assistant(now, turn);
+                self.client(ClientEvent::ResponseBegin { turn });
+            }
+            TurnOutput::Deliver { turn, seq } => {
+                while let Some((t, s, events)) = self.held.pop_front() {
+                    if (t, s) == (turn, seq) {
+                        for e in events {
+                            self.client(e);
+                        }
+                        break;
+                    }
+                }
+            }
+            TurnOutput::GenerationEnded { turn } => self.send_end(turn),
+            TurnOutput::CancelResponse { turn } => {
+                if self.resp.as_ref().is_some_and(|r| r.turn == turn)
+                    && let Some(r) = self.resp.take()
+                {
+                    if let Some(id) = r.llm.filter(|_| !r.llm_done) {
+                        self.provider(ProviderRequest::Cancel { id });
+                    }
+                    for s in r.sentences.iter().filter(|s| !s.done) {
+                        self.outputs
+                            .push_back(Output::Provider(ProviderRequest::Cancel { id: s.id }));
+                    }
+                    self.held.retain(|(t, _, _)| *t != turn);
+                    self.closing = Some(r);
+                }
+            }
+            TurnOutput::CancelTool { call_id } => {
+                if let Some(call) = self.calls.remove(&call_id)
+                    && let (Some(m), Some(n)) = (&mut self.mcp, call.device_call)
+                {
+                    self.device_calls.remove(&n);
+                    m.cancel(n, "the reply was cut off");
+                }
+            }
+            TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
+            TurnOutput::ResponseEnded(a) => {
+                let interrupted = matches!(a.delivery, Delivery::Interrupted { .. });
+                let r = if self.resp.as_ref().is_some_and(|r| r.turn == a.turn) {
+                    self.resp.take()
+                } else if self.closing.as_ref().is_some_and(|r| r.turn == a.turn) {
+                    self.closing.take()
+                } else {
+                    None
+                };
+                let text = match &r {
+                    Some(r) if r.ledger.has_audio() => {
+                        if interrupted {
+                            r.ledger.heard_text(now, self.config.turn.playback_reports)
+                        } else {
+                            r.ledger.full_text()
+                        }
+                    }
+                    _ => a.heard_text.trim().to_owned(),
+                };
+                self.history.set_assistant_text(now, a.turn, text);
+                let m = self.history.assistant(now, a.turn);
+                m.delivery = if interrupted {
+                    DeliveryStatus::Interrupted
+                } else {
+                    DeliveryStatus::Complete
+                };
+                m.ephemeral = a.ephemeral;
+                if interrupted {
+                    m.truncated_at_response_turn = Some(a.turn);
+                }
+                if r.as_ref().is_none_or(|r| !r.end_sent) {
+                    self.client(ClientEvent::ResponseEnd { turn: a.turn });
+                }
+                self.client(ClientEvent::ResponseFinished {
+                    turn: a.turn,
+                    interrupted,
+                });
+            }
+            TurnOutput::ErrorFatal { reason } => self.client(ClientEvent::Error {
+                category: ErrorCategory::Internal,
+                message: reason,
+            }),
+            _ => {}
+        }
+    }
+
+    fn send_end(&mut self, turn: TurnId) {
+        if let Some(r) = self.resp.as_mut().filter(|r| r.turn == turn)
+            && !r.end_sent
+        {
+            r.end_sent = true;
+            self.client(ClientEvent::ResponseEnd { turn });
+        }
+    }
+
+    fn new_response(&mut self, turn: TurnId, llm: Option<RequestId>) {
+        self.closing = None;
+        self.chunk_seq = 0;
+        self.held.clear();
+        self.resp = Some(Response {
+            turn,
+            llm,
+            llm_done: false,
+            started: false,
+            emotion_buf: self.config.emotion.as_ref().map(|_| String::new()),
+            splitter: Splitter::new(self.config.max_sentence_chars),
+            sentences: VecDeque::new(),
+            ledger: Ledger::default(),
+            refused: Vec::new(),
+            generation_ended: false,
+            end_sent: false,
+            asks_question: false,
+            shown: String::new(),
+        });
+    }
+
+    // ---- reply text ----------------------------------------------------------------------
+
+    /// Routes reply text: held for the emotion decision, then to TTS sentences or text chunks.
+    fn reply_text(&mut self, now: Instant, text: &str) {
+        let Some(r) = &mut self.resp else { return };
+        if let Some(buf) = &mut r.emotion_buf {
+            buf.push_str(text);
+            if buf.trim_start().chars().count() >= EMOTION_LOOKAHEAD {
+                self.decide_emotion(now);
+            }
+            return;
+        }
+        self.route_text(now, text);
+    }
+
+    fn route_text(&mut self, now: Instant, text: &str) {
+        let Some(r) = &mut self.resp else { return };
+        if self.config.output_audio.is_some() {
+            r.splitter.push(text);
+            self.start_sentences();
+        } else {
+            let text = emotion::strip_emoji(text).into_owned();
+            self.text_chunk(now, text);
+        }
+    }
+
+    fn decide_emotion(&mut self, now: Instant) {
+        let (Some(r), Some(policy)) = (&mut self.resp, &self.config.emotion) else {
+            return;
+        };
+        let Some(buf) = r.emotion_buf.take() else {
+            return;
+        };
+        let (event, rest) = expression(policy, r.turn, &buf);
+        self.client(event);
+        if !rest.is_empty() {
+            self.route_text(now, &rest);
+        }
+    }
+
+    /// Sends completed sentences to TTS.
+    fn start_sentences(&mut self) {
+        loop {
+            let Some(r) = &mut self.resp else { return };
+            let Some(sentence) = r.splitter.pop() else {
+                return;
+            };
+            let text = emotion::strip_emoji(&sentence).into_owned();
+            if !text.chars().any(char::is_alphanumeric) {
+                continue;
+            }
+            r.asks_question = text.ends_with('?') || text.ends_with('？');
+            let turn = r.turn;
+            let id = self.request();
+            if let Some(r) = &mut self.resp {
+                r.sentences.push_back(Sentence {
+                    id,
+                    text: text.clone(),
+                    held: VecDeque::new(),
+                    started: false,
+                    done: false,
+                });
+            }
+            self.provider(ProviderRequest::Synthesize { id, turn, text });
+        }
+    }
+
+    fn text_chunk(&mut self, now: Instant, text: String) {
+        let Some(r) = &mut self.resp else { return };
+        if text.is_empty() || r.generation_ended {
+            return;
+        }
+        r.shown.push_str(&text);
+        let turn = r.turn;
+        let seq = self.chunk_seq;
+        self.chunk_seq += 1;
+        self.held.push_back((
+            turn,
+            seq,
+            vec![ClientEvent::TextFragment {
+                turn,
+                text: text.clone(),
+            }],
+        ));
+        self.feed_internal(
+            now,
+            TurnInput::ResponseChunk {
+                turn,
+                text,
+                audio: None,
+            },
+        );
+        self.pump(now);
+    }
+
+    /// Delivers TTS audio of the head sentence(s) in order, then ends generation when all is
+    /// said.
+    fn flush_reply(&mut self, now: Instant) {
+        loop {
+            let Some(r) = &mut self.resp else { return };
+            let Some(head) = r.sentences.front_mut() else {
+                break;
+            };
+            if let Some((samples, rate)) = head.held.pop_front() {
+                let first = !head.started;
+                head.started = true;
+                let text = head.text.clone();
+                self.audio_chunk(now, first.then_some(text), samples, rate);
+                continue;
+            }
+            if head.done {
+                r.sentences.pop_front();
+                r.ledger.finish_segment();
+                continue;
+            }
+            break;
+        }
+        self.maybe_end_generation(now);
+    }
+
+    fn audio_chunk(
+        &mut self,
+        now: Instant,
+        first_of: Option<String>,
+        samples: Vec<i16>,
+        rate: u32,
+    ) {
+        let (Some(r), Some(out)) = (&mut self.resp, self.config.output_audio) else {
+            return;
+        };
+        if r.generation_ended || rate == 0 {
+            return;
+        }
+        let turn = r.turn;
+        let n = samples.len() as u64;
+        let duration = Duration::from_nanos(
+            u64::try_from(u128::from(n) * 1_000_000_000 / u128::from(rate)).unwrap_or(u64::MAX),
+        );
+        let bytes = n * u64::from(out.bytes_per_second) / u64::from(rate);
+        let mut events = Vec::with_capacity(2);
+        let mut chunk_text = String::new();
+        if let Some(text) = &first_of {
+            r.ledger.start_segment(text);
+            events.push(ClientEvent::SentenceStart {
+                turn,
+                text: text.clone(),
+            });
+            chunk_text = if r.ledger.has_audio() {
+                format!(" {text}")
+            } else {
+                text.clone()
+            };
+        }
+        r.ledger.push_audio(now, bytes, duration);
+        events.push(ClientEvent::AudioChunk {
+            turn,
+            samples,
+            sample_rate: rate,
+            transcript: first_of,
+        });
+        let seq = self.chunk_seq;
+        self.chunk_seq += 1;
+        self.held.push_back((turn, seq, events));
+        self.feed_internal(
+            now,
+            TurnInput::ResponseChunk {
+                turn,
+                text: chunk_text,
+                audio: Some(AudioSpan { bytes, duration }),
+            },
+        );
+        self.pump(now);
+    }
+
+    fn maybe_end_generation(&mut self, now: Instant) {
+        let Some(r) = &mut self.resp else { return };
+        let idle = r.llm_done
+            && r.emotion_buf.is_none()
+            && r.sentences.is_empty()
+            && r.splitter.is_empty();
+        if !idle || r.generation_ended {
+            return;
+        }
+        r.generation_ended = true;
+        let turn = r.turn;
+        let awaits_user = r.asks_question;
+        let refused = mem::take(&mut r.refused);
+        self.feed_internal(now, TurnInput::ResponseEnd { turn, awaits_user });
+        self.pump(now);
+        for call_id in refused {
+            self.finish_call(now, &call_id, false);
+        }
+    }
+
+    /// Ends the reply's text: flushes the emotion lookahead and the last sentence.
+    fn end_reply_text(&mut self, now: Instant) {
+        if self.resp.as_ref().is_some_and(|r| r.emotion_buf.is_some()) {
+            self.decide_emotion(now);
+        }
+        if let Some(r) = &mut self.resp {
+            r.llm_done = true;
+            r.splitter.finish();
+        }
+        self.start_sentences();
+        self.flush_reply(now);
+    }
+}
+
+impl Engine {
+    // ---- provider events -----------------------------------------------------------------
+
+    fn provider_event(&mut self, now: Instant, event: ProviderEvent) {
+        let id = event.id();
+        if let Some(pos) = self.asr.iter().position(|(a, _)| *a == id) {
+            self.asr_event(now, pos, event);
+        } else if self.resp.as_ref().is_some_and(|r| r.llm == Some(id)) {
+            self.llm_event(now, event);
+        } else if self
+            .resp
+            .as_ref()
+            .is_some_and(|r| r.sentences.iter().any(|s| s.id == id))
+        {
+            self.tts_event(now, event);
+        } else if self.queries.iter().any(|q| q.id == id) {
+            self.query_event(event);
+        } else {
+            self.stale_events += 1;
+        }
+    }
+
+    fn asr_event(&mut self, now: Instant, pos: usize, event: ProviderEvent) {
+        let (text, language) = match event {
+            ProviderEvent::Transcript { text, language, .. } => (text, language),
+            ProviderEvent::Failed { message, .. } => {
+                self.client(ClientEvent::Error {
+                    category: ErrorCategory::Audio,
+                    message: format!("transcription failed: {message}"),
+                });
+                (String::new(), String::new())
+            }
+            // Partial results are not part of the contract; wait for the transcript.
+            _ => return,
+        };
+        let Some((_, audio)) = self.asr.remove(pos) else {
+            return;
+        };
+        if !language.is_empty() {
+            self.language = language;
+        }
+        let text = text.trim().to_owned();
+        let empty = text.is_empty();
+        if !empty {
+            self.heard.push((audio, text.clone()));
+        }
+        self.feed_internal(
+            now,
+            TurnInput::Words {
+                text,
+                is_final: true,
+            },
+        );
+        if empty && self.asr.is_empty() {
+            // Nothing was said: end the turn now rather than after the longest wait.
+            self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
+        }
+        self.pump(now);
+    }
+
+    fn llm_event(&mut self, now: Instant, event: ProviderEvent) {
+        let Some(r) = &mut self.resp else { return };
+        if r.llm_done {
+            self.stale_events += 1;
+            return;
+        }
+        let turn = r.turn;
+        if !r.started
+            && matches!(
+                event,
+                ProviderEvent::TextDelta { .. } | ProviderEvent::ToolCall { .. }
+            )
+        {
+            r.started = true;
+            self.feed_internal(now, TurnInput::ResponseStarted { turn });
+            self.pump(now);
+        }
+        match event {
+            ProviderEvent::TextDelta { delta, .. } => self.reply_text(now, &delta),
+            ProviderEvent::ToolCall {
+                call_id,
+                name,
+                arguments,
+                ..
+            } => self.tool_call(now, turn, call_id, &name, arguments),
+            ProviderEvent::Done { .. } => self.end_reply_text(now),
+            ProviderEvent::Failed { message, .. } => {
+                self.client(ClientEvent::Error {
+                    category: ErrorCategory::Inference,
+                    message,
+                });
+                self.end_reply_text(now);
+            }
+            _ => self.stale_events += 1,
+        }
+    }
+
+    fn tts_event(&mut self, now: Instant, event: ProviderEvent) {
+        let Some(r) = &mut self.resp else { return };
+        let id = event.id();
+        let Some(s) = r.sentences.iter_mut().find(|s| s.id == id) else {
+            return;
+        };
+        if s.done {
+            self.stale_events += 1;
+            return;
+        }
+        match event {
+            ProviderEvent::Audio {
+                samples,
+                sample_rate,
+                ..
+            } => s.held.push_back((samples, sample_rate)),
+            ProviderEvent::Done { .. } => s.done = true,
+            ProviderEvent::Failed { message, .. } => {
+                s.done = true;
+                self.client(ClientEvent::Error {
+                    category: ErrorCategory::Tts,
+                    message,
+                });
+            }
+            _ => {
+                self.stale_events += 1;
+                return;
+            }
+        }
+        self.flush_reply(now);
+    }
+
+    // ---- tools ---------------------------------------------------------------------------
+
+    fn tool_call(
+        &mut self,
+        now: Instant,
+        turn: TurnId,
+        call_id: String,
+        llm_name: &str,
+        arguments: Value,
+    ) {
+        if self.calls.contains_key(&call_id) {
+            self.stale_events += 1;
+            return;
+        }
+        let prepared = self.registry.prepare_call(llm_name, arguments.clone());
+        let (name, args) = match &prepared {
+            Ok(p) => (p.name.clone(), p.arguments.clone()),
+            Err(_) => (llm_name.to_owned(), arguments),
+        };
+        self.history
+            .assistant(now, turn)
+            .content
+            .push(Content::ToolCall {
+                id: call_id.clone(),
+                name: name.clone(),
+                llm_name: llm_name.to_owned(),
+                arguments: args,
+            });
+        self.feed_internal(
+            now,
+            TurnInput::ToolCallStarted {
+                turn,
+                call_id: call_id.clone(),
+                name,
+                // Tool results survive a barge-in: the action happened either way.
+                cancel_on_interrupt: false,
+            },
+        );
+        self.pump(now);
+        let refuse = |engine: &mut Self, message: String| {
+            engine.history.push_tool_result(now, &call_id, message);
+            if let Some(r) = &mut engine.resp {
+                r.refused.push(call_id.clone());
+            }
+        };
+        let p = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                let payload = serde_json::to_string(&e.payload().to_value())
+                    .unwrap_or_else(|_| e.to_string());
+                self.calls.insert(
+                    call_id.clone(),
+                    Call {
+                        source: ToolSource::Server,
+                        device_call: None,
+                    },
+                );
+                refuse(self, payload);
+                return;
+            }
+        };
+        let mut call = Call {
+            source: p.source.clone(),
+            device_call: None,
+        };
+        match p.source {
+            ToolSource::Client => self.client(ClientEvent::ToolCallRequest {
+                id: call_id.clone(),
+                name: p.name,
+                arguments: p.arguments,
+                turn,
+            }),
+            ToolSource::Device => {
+                let started = self
+                    .mcp
+                    .as_mut()
+                    .map(|m| m.call_tool(now, &p.name, p.arguments));
+                match started {
+                    Some(Ok(n)) => {
+                        call.device_call = Some(n);
+                        self.device_calls.insert(n, call_id.clone());
+                    }
+                    _ => {
+                        self.calls.insert(call_id.clone(), call);
+                        refuse(self, "the device is not connected".to_owned());
+                        return;
+                    }
+                }
+            }
+            _ => {
+                self.calls.insert(call_id.clone(), call);
+                refuse(self, "no runner for this tool".to_owned());
+                return;
+            }
+        }
+        self.calls.insert(call_id, call);
+        self.pump_mcp(now);
+    }
+
+    fn client_tool_result(
+        &mut self,
+        now: Instant,
+        id: String,
+        result: String,
+    ) -> Result<(), InputError> {
+        match self.calls.get(&id) {
+            Some(c) if c.source == ToolSource::Client => {}
+            _ => return Err(InputError::UnknownToolCall(id)),
+        }
+        self.history.push_tool_result(now, &id, result);
+        self.finish_call(now, &id, true);
+        Ok(())
+    }
+
+    fn finish_call(&mut self, now: Instant, call_id: &str, ok: bool) {
+        if self.calls.remove(call_id).is_none() {
+            return;
+        }
+        self.feed_internal(
+            now,
+            TurnInput::ToolCallFinished {
+                call_id: call_id.to_owned(),
+                ok,
+            },
+        );
+        self.pump(now);
+    }
+
+    fn pump_mcp(&mut self, now: Instant) {
+        loop {
+            let Some(out) = self.mcp.as_mut().and_then(McpClient::poll_output) else {
+                return;
+            };
+            match out {
+                ClientOutput::Transmit(m) => self.client(ClientEvent::DeviceMcp(m)),
+                ClientOutput::ToolsListed(tools) => {
+                    for rejected in self.registry.set_source_tools(ToolSource::Device, tools) {
+                        self.client(ClientEvent::Error {
+                            category: ErrorCategory::Protocol,
+                            message: rejected.to_string(),
+                        });
+                    }
+                }
+                ClientOutput::ToolCallFinished { call, outcome, .. } => {
+                    let Some(call_id) = self.device_calls.remove(&call) else {
+                        continue;
+                    };
+                    let (text, ok) = match outcome {
+                        Ok(r) => (r.joined_text(), !r.is_error),
+                        Err(e) => (format!("the device tool failed: {e}"), false),
+                    };
+                    self.history.push_tool_result(now, &call_id, text);
+                    self.finish_call(now, &call_id, ok);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // ---- queries -------------------------------------------------------------------------
+
+    fn query(
+        &mut self,
+        prompt: Option<String>,
+        instructions: Option<String>,
+    ) -> Result<(), InputError> {
+        let prompt = prompt.filter(|p| !p.trim().is_empty());
+        let instructions = instructions.filter(|i| !i.trim().is_empty());
+        if prompt.is_none() && instructions.is_none() {
+            return Err(InputError::EmptyQuery);
+        }
+        let mut messages = self.history.context(&self.config.system_prompt);
+        if let Some(i) = instructions {
+            messages.push(ContextMessage::new(ChatRole::System, i));
+        }
+        if let Some(p) = prompt {
+            messages.push(ContextMessage::new(ChatRole::User, p));
+        }
+        let id = self.request();
+        self.queries.push_back(Query {
+            id,
+            text: String::new(),
+            outcome: None,
+        });
+        self.provider(ProviderRequest::Query { id, messages });
+        Ok(())
+    }
+
+    fn query_event(&mut self, event: ProviderEvent) {
+        let id = event.id();
+        let Some(q) = self.queries.iter_mut().find(|q| q.id == id) else {
+            return;
+        };
+        if q.outcome.is_some() {
+            self.stale_events += 1;
+            return;
+        }
+        match event {
+            ProviderEvent::TextDelta { delta, .. } => q.text.push_str(&delta),
+            ProviderEvent::Done { .. } => q.outcome = Some(Ok(())),
+            ProviderEvent::Failed { message, .. } => q.outcome = Some(Err(message)),
+            _ => {}
+        }
+        // Answers go out in the order the queries came.
+        while self.queries.front().is_some_and(|q| q.outcome.is_some()) {
+            let Some(q) = self.queries.pop_front() else {
+                break;
+            };
+            match q.outcome {
+                Some(Ok(())) => self.client(ClientEvent::QueryResult {
+                    text: q.text.trim().to_owned(),
+                }),
+                Some(Err(message)) => self.client(ClientEvent::Error {
+                    category: ErrorCategory::Inference,
+                    message: format!("conversation query failed: {message}"),
+                }),
+                None => {}
+            }
+        }
+    }
+}
+
+/// The face for a reply and the text after it.
+fn expression(policy: &EmojiPolicy, turn: TurnId, text: &str) -> (ClientEvent, String) {
+    let e = policy.expression(text);
+    (
+        ClientEvent::Emotion {
+            turn,
+            emoji: e.emoji.to_owned(),
+            emotion: e.emotion.clone(),
+        },
+        e.text.to_owned(),
+    )
+}

@@ -1,0 +1,354 @@
+//! Chat history after the realtime protocol's `ChatMessage` model, and the LLM context built
+//! from it.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::provider::{ChatRole, ContextMessage, ContextToolCall};
+use crate::types::TurnId;
+
+/// Who a history message is from (`ChatMessageRole`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// Instructions and protocol-level notes.
+    System,
+    /// The user (tool results the client returned are filed with the assistant's call instead).
+    User,
+    /// The assistant.
+    Assistant,
+}
+
+/// Delivery of a message to the user (`ChatDeliveryStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeliveryStatus {
+    /// Still being generated or played.
+    InProgress,
+    /// Delivered in full.
+    Complete,
+    /// Cut off; the text holds exactly what was heard.
+    Interrupted,
+}
+
+/// Recorded audio (`ChatAudioData`): mono 16-bit PCM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AudioData {
+    /// Samples (empty when exported with `exclude_audio`).
+    pub samples: Vec<i16>,
+    /// Their rate in Hz.
+    pub sample_rate: u32,
+    /// What was said in it.
+    pub transcription: String,
+}
+
+/// One item of a message (`ChatMessageContent`).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Content {
+    /// Text: typed by the user, or what the assistant said (with its speech, if kept).
+    Text {
+        /// The text.
+        text: String,
+        /// The synthesized speech of it (never kept by this engine: too large).
+        tts_audio: Option<AudioData>,
+    },
+    /// A spoken user turn.
+    InputAudio(AudioData),
+    /// Model reasoning kept out of speech.
+    Thoughts(String),
+    /// The assistant called a tool.
+    ToolCall {
+        /// Correlation id.
+        id: String,
+        /// The tool's own name (as its source declared it).
+        name: String,
+        /// Name the model used, kept so later contexts repeat the call exactly.
+        llm_name: String,
+        /// Arguments.
+        arguments: Value,
+    },
+    /// A tool's result.
+    ToolResult {
+        /// The call it answers.
+        id: String,
+        /// The result text.
+        result: String,
+    },
+    /// Extra instructions (`TriggerInference.extra_instructions`).
+    Instructions(String),
+}
+
+/// One message of the conversation (`ChatMessage`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    /// Who.
+    pub role: Role,
+    /// What, in order.
+    pub content: Vec<Content>,
+    /// Delivery status (user messages are always complete).
+    pub delivery: DeliveryStatus,
+    /// Kept for the client's record but never given to the model (direct speech with
+    /// `include_in_history: false`).
+    pub ephemeral: bool,
+    /// When it was created (the door turns this into wall-clock time).
+    pub created_at: Instant,
+    /// The turn it belongs to.
+    pub turn: Option<TurnId>,
+    /// For an interrupted reply: the response turn whose playback truncated it.
+    pub truncated_at_response_turn: Option<TurnId>,
+}
+
+impl ChatMessage {
+    fn new(role: Role, turn: Option<TurnId>, created_at: Instant) -> Self {
+        Self {
+            role,
+            content: Vec::new(),
+            delivery: DeliveryStatus::Complete,
+            ephemeral: false,
+            created_at,
+            turn,
+            truncated_at_response_turn: None,
+        }
+    }
+
+    /// The message's text: its text items, or transcriptions of its audio, joined.
+    #[must_use]
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for c in &self.content {
+            let t = match c {
+                Content::Text { text, .. } => text.as_str(),
+                Content::InputAudio(a) => a.transcription.as_str(),
+                _ => continue,
+            };
+            if !out.is_empty() && !t.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(t);
+        }
+        out
+    }
+
+    /// A copy without audio samples (`exclude_audio`).
+    #[must_use]
+    pub fn without_audio(&self) -> Self {
+        let mut m = self.clone();
+        for c in &mut m.content {
+            match c {
+                Content::InputAudio(a) => a.samples = Vec::new(),
+                Content::Text { tts_audio, .. } => *tts_audio = None,
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
+/// The conversation record.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct History {
+    messages: Vec<ChatMessage>,
+}
+
+impl History {
+    pub(crate) fn messages(&self) -> &[ChatMessage] {
+        &self.messages
+    }
+
+    pub(crate) fn push_user_text(&mut self, now: Instant, turn: TurnId, text: String) {
+        let mut m = ChatMessage::new(Role::User, Some(turn), now);
+        m.content.push(Content::Text {
+            text,
+            tts_audio: None,
+        });
+        self.messages.push(m);
+    }
+
+    pub(crate) fn push_user_audio(&mut self, now: Instant, turn: TurnId, audio: AudioData) {
+        let mut m = ChatMessage::new(Role::User, Some(turn), now);
+        m.content.push(Content::InputAudio(audio));
+        self.messages.push(m);
+    }
+
+    pub(crate) fn push_instructions(&mut self, now: Instant, turn: TurnId, text: String) {
+        let mut m = ChatMessage::new(Role::System, Some(turn), now);
+        m.content.push(Content::Instructions(text));
+        self.messages.push(m);
+    }
+
+    /// The assistant message of `turn`, created (in progress) on first use.
+    pub(crate) fn assistant(&mut self, now: Instant, turn: TurnId) -> &mut ChatMessage {
+        let found = self
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant && m.turn == Some(turn));
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let mut m = ChatMessage::new(Role::Assistant, Some(turn), now);
+                m.delivery = DeliveryStatus::InProgress;
+                self.messages.push(m);
+                self.messages.len() - 1
+            }
+        };
+        &mut self.messages[i]
+    }
+
+    /// Sets the spoken text of `turn`'s reply (replacing any earlier text item).
+    pub(crate) fn set_assistant_text(&mut self, now: Instant, turn: TurnId, text: String) {
+        let m = self.assistant(now, turn);
+        m.content.retain(|c| !matches!(c, Content::Text { .. }));
+        if !text.is_empty() {
+            // Text first: the model said it before (or while) its tools ran.
+            m.content.insert(
+                0,
+                Content::Text {
+                    text,
+                    tts_audio: None,
+                },
+            );
+        }
+    }
+
+    /// Files a tool result with the assistant message that made the call.
+    pub(crate) fn push_tool_result(&mut self, now: Instant, call_id: &str, result: String) {
+        let owner = self.messages.iter().rposition(|m| {
+            m.content
+                .iter()
+                .any(|c| matches!(c, Content::ToolCall { id, .. } if id == call_id))
+        });
+        let content = Content::ToolResult {
+            id: call_id.to_owned(),
+            result,
+        };
+        match owner {
+            Some(i) => self.messages[i].content.push(content),
+            None => {
+                let mut m = ChatMessage::new(Role::Assistant, None, now);
+                m.content.push(content);
+                self.messages.push(m);
+            }
+        }
+    }
+
+    /// Builds the LLM context: the system prompt, then every non-ephemeral message. An
+    /// assistant message becomes an assistant message (text + calls) followed by one tool
+    /// message per result.
+    pub(crate) fn context(&self, system_prompt: &str) -> Vec<ContextMessage> {
+        let mut out = Vec::with_capacity(self.messages.len() + 1);
+        if !system_prompt.is_empty() {
+            out.push(ContextMessage::new(ChatRole::System, system_prompt));
+        }
+        for m in self.messages.iter().filter(|m| !m.ephemeral) {
+            match m.role {
+                Role::User => {
+                    let text = m.text();
+                    if !text.is_empty() {
+                        out.push(ContextMessage::new(ChatRole::User, text));
+                    }
+                }
+                Role::System => {
+                    for c in &m.content {
+                        if let Content::Instructions(t) | Content::Text { text: t, .. } = c {
+                            out.push(ContextMessage::new(ChatRole::System, t.clone()));
+                        }
+                    }
+                }
+                Role::Assistant => {
+                    let mut msg = ContextMessage::new(ChatRole::Assistant, m.text());
+                    let mut results = Vec::new();
+                    for c in &m.content {
+                        match c {
+                            Content::ToolCall {
+                                id,
+                                llm_name,
+                                arguments,
+                                ..
+                            } => msg.tool_calls.push(ContextToolCall {
+                                id: id.clone(),
+                                name: llm_name.clone(),
+                                arguments: arguments.clone(),
+                            }),
+                            Content::ToolResult { id, result } => {
+                                let mut r = ContextMessage::new(ChatRole::Tool, result.clone());
+                                r.tool_call_id = Some(id.clone());
+                                results.push(r);
+                            }
+                            _ => {}
+                        }
+                    }
+                    if !msg.content.is_empty() || !msg.tool_calls.is_empty() {
+                        out.push(msg);
+                    }
+                    out.extend(results);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn context_pairs_calls_with_results_and_skips_ephemeral() {
+        let t0 = Instant::now();
+        let mut h = History::default();
+        h.push_user_text(t0, TurnId(1), "volume up".into());
+        h.assistant(t0, TurnId(2)).content.push(Content::ToolCall {
+            id: "c1".into(),
+            name: "self.audio_speaker.set_volume".into(),
+            llm_name: "self_audio_speaker_set_volume".into(),
+            arguments: json!({"volume": 80}),
+        });
+        h.push_tool_result(t0, "c1", "true".into());
+        h.set_assistant_text(t0, TurnId(3), "Done.".into());
+        h.assistant(t0, TurnId(4)).ephemeral = true;
+        h.set_assistant_text(t0, TurnId(4), "Hold on.".into());
+        let ctx = h.context("Be brief.");
+        let roles: Vec<ChatRole> = ctx.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                ChatRole::System,
+                ChatRole::User,
+                ChatRole::Assistant,
+                ChatRole::Tool,
+                ChatRole::Assistant
+            ]
+        );
+        assert_eq!(ctx[2].tool_calls[0].name, "self_audio_speaker_set_volume");
+        assert_eq!(ctx[3].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(ctx[4].content, "Done.");
+    }
+
+    #[test]
+    fn without_audio_drops_samples_keeps_transcription() {
+        let t0 = Instant::now();
+        let mut h = History::default();
+        h.push_user_audio(
+            t0,
+            TurnId(1),
+            AudioData {
+                samples: vec![1, 2, 3],
+                sample_rate: 16_000,
+                transcription: "hi".into(),
+            },
+        );
+        let m = h.messages()[0].without_audio();
+        assert_eq!(
+            m.content,
+            [Content::InputAudio(AudioData {
+                samples: vec![],
+                sample_rate: 16_000,
+                transcription: "hi".into()
+            })]
+        );
+        assert_eq!(m.text(), "hi");
+    }
+}
