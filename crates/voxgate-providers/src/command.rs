@@ -1,0 +1,245 @@
+//! Synthesis by a local program that reads text on stdin and writes a WAV file to stdout.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::demo::ToneTts;
+use crate::error::{ProviderError, TimeoutPhase};
+use crate::types::{PcmChunk, TtsRequest};
+use crate::wav_stream::WavStreamDecoder;
+use crate::{Tts, TtsStream};
+
+/// How much of the child's stderr is kept for error messages.
+const MAX_STDERR: usize = 4096;
+
+/// Configuration of [`CommandTts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandTtsConfig {
+    /// The program, by path or by name looked up on `PATH`.
+    pub program: PathBuf,
+    /// Arguments. The text is never passed as an argument (no quoting or option-injection
+    /// issues): it is written to the program's stdin.
+    pub args: Vec<String>,
+    /// Flag placed before the voice (the request's voice, else its language) when the request
+    /// has one; no voice argument when `None`.
+    pub voice_flag: Option<String>,
+    /// Limit on the whole run; the child is killed when it elapses.
+    pub timeout: Duration,
+}
+
+impl CommandTtsConfig {
+    /// `espeak-ng --stdout --stdin`, with `-v <voice or language>`.
+    #[must_use]
+    pub fn espeak_ng() -> Self {
+        Self {
+            program: "espeak-ng".into(),
+            args: vec!["--stdout".into(), "--stdin".into()],
+            voice_flag: Some("-v".into()),
+            timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Runs a local program per sentence and streams the WAV it writes to stdout.
+///
+/// The child is started with `kill_on_drop`, so dropping the stream (barge-in, cancel) or
+/// hitting the timeout kills it. A non-zero exit status, output that is not a 16-bit PCM WAV,
+/// or a failure to start become [`ProviderError::Command`] / [`ProviderError::Protocol`] items.
+#[derive(Debug, Clone)]
+pub struct CommandTts {
+    config: Arc<CommandTtsConfig>,
+}
+
+impl CommandTts {
+    /// A synthesizer running `config`. The program is looked up when a sentence is synthesized.
+    #[must_use]
+    pub fn new(config: CommandTtsConfig) -> Self {
+        Self {
+            config: Arc::new(config),
+        }
+    }
+}
+
+/// The path of `program` when it is an executable on `PATH` (or an existing path).
+fn find_program(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// The embedded default synthesizer: `espeak-ng` when it is on `PATH`, otherwise the
+/// placeholder [`ToneTts`] (beeps, not speech).
+#[must_use]
+pub fn embedded_tts() -> Arc<dyn Tts> {
+    let espeak = CommandTtsConfig::espeak_ng();
+    match find_program(&espeak.program) {
+        Some(path) => Arc::new(CommandTts::new(CommandTtsConfig {
+            program: path,
+            ..espeak
+        })),
+        None => Arc::new(ToneTts),
+    }
+}
+
+impl Tts for CommandTts {
+    fn synthesize(&self, request: TtsRequest) -> TtsStream {
+        if request.text.trim().is_empty() {
+            return Box::pin(futures::stream::empty());
+        }
+        let run = CommandRun {
+            config: Arc::clone(&self.config),
+            request: Some(request),
+            running: None,
+            decoder: WavStreamDecoder::new(),
+            deadline: Instant::now() + self.config.timeout,
+            done: false,
+        };
+        Box::pin(futures::stream::unfold(run, |mut run| async move {
+            loop {
+                if run.done {
+                    return None;
+                }
+                match run.step().await {
+                    Ok(Some(chunk)) => return Some((Ok(chunk), run)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        run.done = true;
+                        return Some((Err(e), run));
+                    }
+                }
+            }
+        }))
+    }
+}
+
+struct Running {
+    child: Child,
+    stdout: ChildStdout,
+    stderr: JoinHandle<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+struct CommandRun {
+    config: Arc<CommandTtsConfig>,
+    request: Option<TtsRequest>,
+    running: Option<Running>,
+    decoder: WavStreamDecoder,
+    deadline: Instant,
+    done: bool,
+}
+
+impl CommandRun {
+    fn spawn(&self, request: TtsRequest) -> Result<Running, ProviderError> {
+        let cfg = &self.config;
+        let mut cmd = Command::new(&cfg.program);
+        cmd.args(&cfg.args);
+        if let (Some(flag), Some(voice)) = (&cfg.voice_flag, request.voice.or(request.language)) {
+            cmd.arg(flag).arg(voice);
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| {
+            ProviderError::Command(format!("cannot start {}: {e}", cfg.program.display()))
+        })?;
+        let (Some(mut stdin), Some(stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(ProviderError::Command("child pipes missing".into()));
+        };
+        // Written from a task: a child that fills stdout before reading all its input would
+        // otherwise deadlock against us.
+        let text = request.text;
+        tokio::spawn(async move {
+            let _ = stdin.write_all(text.as_bytes()).await;
+            let _ = stdin.write_all(b"\n").await;
+        });
+        let stderr = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let room = MAX_STDERR.saturating_sub(kept.len()).min(n);
+                kept.extend_from_slice(&buf[..room]);
+            }
+            kept
+        });
+        Ok(Running {
+            child,
+            stdout,
+            stderr,
+            buf: vec![0; 8192],
+        })
+    }
+
+    fn timeout(&self) -> ProviderError {
+        ProviderError::Timeout {
+            phase: TimeoutPhase::Total,
+            after: self.config.timeout,
+        }
+    }
+
+    async fn step(&mut self) -> Result<Option<PcmChunk>, ProviderError> {
+        if let Some(request) = self.request.take() {
+            self.running = Some(self.spawn(request)?);
+            return Ok(None);
+        }
+        let deadline = self.deadline;
+        let timeout = self.timeout();
+        let Some(run) = self.running.as_mut() else {
+            self.done = true;
+            return Ok(None);
+        };
+        let n = tokio::time::timeout_at(deadline, run.stdout.read(&mut run.buf))
+            .await
+            .map_err(|_| timeout.clone())?
+            .map_err(|e| ProviderError::Command(format!("reading stdout: {e}")))?;
+        if n > 0 {
+            return self.decoder.feed(&run.buf[..n]);
+        }
+        self.done = true;
+        let status = tokio::time::timeout_at(deadline, run.child.wait())
+            .await
+            .map_err(|_| timeout.clone())?
+            .map_err(|e| ProviderError::Command(format!("waiting for the program: {e}")))?;
+        if !status.success() {
+            let stderr = tokio::time::timeout(Duration::from_millis(200), &mut run.stderr)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            return Err(ProviderError::Command(format!(
+                "{} exited with {status}: {}",
+                self.config.program.display(),
+                String::from_utf8_lossy(&stderr).trim()
+            )));
+        }
+        self.decoder.finish()?;
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_on_path() {
+        assert!(find_program(Path::new("sh")).is_some());
+        assert!(find_program(Path::new("/bin/sh")).is_some());
+        assert!(find_program(Path::new("voxgate-no-such-program")).is_none());
+    }
+}

@@ -1,0 +1,537 @@
+//! OpenAI-compatible chat completions with SSE streaming and tool calls (OpenAI, Ollama, vLLM,
+//! llama.cpp server, and anything else serving `POST {base}/chat/completions`).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ProviderError;
+use crate::http::{self, BodyReader, HttpSettings};
+use crate::sse::SseDecoder;
+use crate::types::{
+    ChatMessage, FinishReason, Intent, LlmEvent, LlmRequest, Role, ToolCall, ToolDefinition, Usage,
+};
+use crate::{Llm, LlmStream};
+
+/// Configuration of [`OpenAiChat`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiChatConfig {
+    /// API root including the version, as the OpenAI SDKs take it:
+    /// `https://api.openai.com/v1`, `http://localhost:11434/v1` (Ollama),
+    /// `http://localhost:8000/v1` (vLLM), `http://localhost:8080/v1` (llama.cpp server).
+    pub base_url: String,
+    /// Model name sent as `model`.
+    pub model: String,
+    /// Bearer token; local servers usually need none.
+    pub api_key: Option<String>,
+    /// Default sampling temperature (a request's own value wins).
+    pub temperature: Option<f32>,
+    /// Ask for token usage in the last chunk (`stream_options.include_usage`). Servers that
+    /// reject unknown fields need this off.
+    pub include_usage: bool,
+    /// Instruction appended as a system message for [`Intent::Greet`].
+    pub greeting_instruction: String,
+    /// Timeouts and retries.
+    pub http: HttpSettings,
+}
+
+impl OpenAiChatConfig {
+    /// A configuration with defaults for everything but the endpoint and model.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            temperature: None,
+            include_usage: true,
+            greeting_instruction: "Greet the user in one short sentence and offer your help."
+                .into(),
+            http: HttpSettings::default(),
+        }
+    }
+}
+
+/// Streaming chat completions over an OpenAI-compatible API.
+///
+/// Tool names that the OpenAI wire format rejects (it allows `[A-Za-z0-9_-]{1,64}`, so the dots
+/// of device tools such as `self.audio_speaker.set_volume` are refused) are rewritten for the
+/// wire and mapped back in the [`LlmEvent::ToolCall`] events, so callers only ever see the
+/// declared names.
+#[derive(Debug, Clone)]
+pub struct OpenAiChat {
+    config: Arc<OpenAiChatConfig>,
+    url: String,
+    client: reqwest::Client,
+}
+
+impl OpenAiChat {
+    /// Checks the configuration and builds the HTTP client.
+    ///
+    /// # Errors
+    /// [`ProviderError::Config`] for an unusable base URL.
+    pub fn new(config: OpenAiChatConfig) -> Result<Self, ProviderError> {
+        let base = http::check_base_url(&config.base_url)?;
+        Ok(Self {
+            url: format!("{base}/chat/completions"),
+            client: http::build_client(&config.http)?,
+            config: Arc::new(config),
+        })
+    }
+
+    /// The JSON body sent for `request`, with the wire-to-declared tool name map.
+    fn body(&self, request: &LlmRequest) -> (Value, HashMap<String, String>) {
+        let names = ToolNames::new(&request.tools);
+        let mut messages: Vec<Value> = request
+            .messages
+            .iter()
+            .map(|m| message_json(m, &names))
+            .collect();
+        match &request.intent {
+            Intent::Reply => {}
+            Intent::Greet => messages.push(json!({
+                "role": "system",
+                "content": self.config.greeting_instruction,
+            })),
+            Intent::ConversationQuery { query } => {
+                messages.push(json!({"role": "user", "content": query}));
+            }
+        }
+        let mut body = json!({
+            "model": self.config.model,
+            "messages": messages,
+            "stream": true,
+        });
+        if let Some(obj) = body.as_object_mut() {
+            if let Some(t) = request.temperature.or(self.config.temperature) {
+                obj.insert("temperature".into(), json!(t));
+            }
+            if let Some(n) = request.max_tokens {
+                obj.insert("max_tokens".into(), json!(n));
+            }
+            if self.config.include_usage {
+                obj.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+            // A conversation query is answered in words, never by acting.
+            let tools_allowed = !matches!(request.intent, Intent::ConversationQuery { .. });
+            if tools_allowed && !request.tools.is_empty() {
+                let tools: Vec<Value> = request
+                    .tools
+                    .iter()
+                    .map(|t| {
+                        json!({"type": "function", "function": {
+                            "name": names.wire(&t.name),
+                            "description": t.description,
+                            "parameters": t.parameters,
+                        }})
+                    })
+                    .collect();
+                obj.insert("tools".into(), Value::Array(tools));
+            }
+        }
+        (body, names.back)
+    }
+}
+
+impl Llm for OpenAiChat {
+    fn generate(&self, request: LlmRequest) -> LlmStream {
+        let (body, names) = self.body(&request);
+        let run = ChatRun {
+            chat: self.clone(),
+            body,
+            names,
+            reader: None,
+            sse: SseDecoder::new(),
+            queue: VecDeque::new(),
+            calls: BTreeMap::new(),
+            finish: None,
+            usage: None,
+            done: false,
+        };
+        Box::pin(futures::stream::unfold(run, |mut run| async move {
+            run.next().await.map(|e| (e, run))
+        }))
+    }
+}
+
+/// Maps declared tool names to names the wire accepts, and back.
+struct ToolNames {
+    to_wire: HashMap<String, String>,
+    back: HashMap<String, String>,
+}
+
+impl ToolNames {
+    fn new(tools: &[ToolDefinition]) -> Self {
+        let mut names = Self {
+            to_wire: HashMap::new(),
+            back: HashMap::new(),
+        };
+        for t in tools {
+            let base = sanitize(&t.name);
+            let mut wire = base.clone();
+            let mut n = 2;
+            while names.back.get(&wire).is_some_and(|orig| *orig != t.name) {
+                let suffix = format!("_{n}");
+                let keep = 64usize.saturating_sub(suffix.len()).min(base.len());
+                wire = format!("{}{suffix}", &base[..keep]);
+                n += 1;
+            }
+            names.back.insert(wire.clone(), t.name.clone());
+            names.to_wire.insert(t.name.clone(), wire);
+        }
+        names
+    }
+
+    fn wire(&self, name: &str) -> String {
+        self.to_wire
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| sanitize(name))
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if s.is_empty() {
+        s.push('_');
+    }
+    s
+}
+
+fn message_json(m: &ChatMessage, names: &ToolNames) -> Value {
+    match m.role {
+        Role::Tool => json!({
+            "role": "tool",
+            "tool_call_id": m.tool_call_id.clone().unwrap_or_default(),
+            "content": m.content,
+        }),
+        Role::Assistant if !m.tool_calls.is_empty() => {
+            let calls: Vec<Value> = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    json!({"id": c.id, "type": "function", "function": {
+                        "name": names.wire(&c.name),
+                        "arguments": if c.arguments.is_empty() { "{}" } else { &c.arguments },
+                    }})
+                })
+                .collect();
+            let content = if m.content.is_empty() {
+                Value::Null
+            } else {
+                Value::String(m.content.clone())
+            };
+            json!({"role": "assistant", "content": content, "tool_calls": calls})
+        }
+        role => json!({"role": role_name(role), "content": m.content}),
+    }
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}
+
+// Wire shapes of a streamed chunk; every field optional because servers differ in what they
+// send, and unknown fields are ignored.
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    usage: Option<WireUsage>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    index: u32,
+    delta: Option<Delta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    content: Option<String>,
+    tool_calls: Option<Vec<WireToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    index: Option<u32>,
+    id: Option<String>,
+    function: Option<WireFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u32,
+    #[serde(default)]
+    completion_tokens: u32,
+}
+
+#[derive(Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// One generation in progress; dropping it drops the connection.
+struct ChatRun {
+    chat: OpenAiChat,
+    body: Value,
+    names: HashMap<String, String>,
+    reader: Option<BodyReader>,
+    sse: SseDecoder,
+    queue: VecDeque<LlmEvent>,
+    /// Tool calls being assembled, by their stream index.
+    calls: BTreeMap<u32, PartialCall>,
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+impl ChatRun {
+    async fn next(&mut self) -> Option<LlmEvent> {
+        loop {
+            if let Some(e) = self.queue.pop_front() {
+                return Some(e);
+            }
+            if self.done {
+                return None;
+            }
+            if let Err(e) = self.step().await {
+                self.done = true;
+                self.queue.clear();
+                return Some(LlmEvent::Error(e));
+            }
+        }
+    }
+
+    async fn step(&mut self) -> Result<(), ProviderError> {
+        let Some(reader) = self.reader.as_mut() else {
+            let chat = &self.chat;
+            let body = &self.body;
+            let resp = http::send_with_retries(&chat.config.http, || {
+                let mut req = chat.client.post(&chat.url).json(body);
+                if let Some(key) = &chat.config.api_key {
+                    req = req.bearer_auth(key);
+                }
+                req.header(reqwest::header::ACCEPT, "text/event-stream")
+            })
+            .await?;
+            self.reader = Some(BodyReader::new(resp, self.chat.config.http.idle_timeout));
+            return Ok(());
+        };
+        let mut events = Vec::new();
+        match reader.next_chunk().await? {
+            Some(bytes) => self.sse.feed(&bytes, &mut events)?,
+            None => {
+                self.sse.finish(&mut events)?;
+                for data in &events {
+                    self.on_data(data)?;
+                }
+                if self.done {
+                    return Ok(());
+                }
+                // Tolerated: a server that finished the choice but closed without `[DONE]`.
+                if self.finish.is_some() {
+                    self.complete();
+                    return Ok(());
+                }
+                return Err(ProviderError::StreamCut(
+                    "the event stream ended before the completion finished".into(),
+                ));
+            }
+        }
+        for data in &events {
+            if self.done {
+                break;
+            }
+            self.on_data(data)?;
+        }
+        Ok(())
+    }
+
+    fn on_data(&mut self, data: &str) -> Result<(), ProviderError> {
+        if data.trim() == "[DONE]" {
+            self.complete();
+            return Ok(());
+        }
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| ProviderError::Protocol(format!("malformed chunk JSON ({e}): {data}")))?;
+        if let Some(err) = chunk.error {
+            let message = http::error_message(err.to_string().as_bytes());
+            let message = match err.get("message").and_then(Value::as_str) {
+                Some(m) => m.to_owned(),
+                None => message,
+            };
+            return Err(ProviderError::Upstream(message));
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Some(Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            });
+        }
+        // Only the first choice is used (we never ask for `n` > 1).
+        for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
+            if let Some(delta) = choice.delta {
+                if let Some(text) = delta.content
+                    && !text.is_empty()
+                {
+                    self.queue.push_back(LlmEvent::TextDelta(text));
+                }
+                for (pos, call) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
+                    let index = call.index.unwrap_or(u32::try_from(pos).unwrap_or(u32::MAX));
+                    let partial = self.calls.entry(index).or_default();
+                    if let Some(id) = call.id.filter(|s| !s.is_empty()) {
+                        partial.id = id;
+                    }
+                    if let Some(f) = call.function {
+                        if let Some(name) = f.name.filter(|s| !s.is_empty()) {
+                            partial.name = name;
+                        }
+                        if let Some(args) = f.arguments {
+                            partial.arguments.push_str(&args);
+                        }
+                    }
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.finish = Some(FinishReason::from_wire(&reason));
+                self.flush_calls();
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_calls(&mut self) {
+        for (index, call) in std::mem::take(&mut self.calls) {
+            let name = self.names.get(&call.name).cloned().unwrap_or(call.name);
+            let id = if call.id.is_empty() {
+                // llama.cpp and some Ollama versions omit ids; the history still needs one.
+                format!("call_{index}")
+            } else {
+                call.id
+            };
+            self.queue.push_back(LlmEvent::ToolCall(ToolCall {
+                id,
+                name,
+                arguments: call.arguments,
+            }));
+        }
+    }
+
+    fn complete(&mut self) {
+        let had_calls = !self.calls.is_empty();
+        self.flush_calls();
+        let finish_reason = self.finish.take().unwrap_or(if had_calls {
+            FinishReason::ToolCalls
+        } else {
+            FinishReason::Stop
+        });
+        self.queue.push_back(LlmEvent::Done {
+            finish_reason,
+            usage: self.usage,
+        });
+        self.done = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+        }
+    }
+
+    #[test]
+    fn dotted_names_are_mapped_both_ways() {
+        let names = ToolNames::new(&[tool("self.audio.set_volume"), tool("self_audio_set_volume")]);
+        let a = names.wire("self.audio.set_volume");
+        let b = names.wire("self_audio_set_volume");
+        assert_ne!(a, b);
+        assert_eq!(names.back[&a], "self.audio.set_volume");
+        assert_eq!(names.back[&b], "self_audio_set_volume");
+        for w in [a, b] {
+            assert!(
+                w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            );
+        }
+    }
+
+    #[test]
+    fn long_names_fit_the_wire_limit() {
+        let long = "x".repeat(100);
+        let names = ToolNames::new(&[tool(&long)]);
+        assert_eq!(names.wire(&long).len(), 64);
+    }
+
+    #[test]
+    fn body_has_the_openai_shape() {
+        let chat = OpenAiChat::new(OpenAiChatConfig::new("http://127.0.0.1:1/v1", "m")).unwrap();
+        let req = LlmRequest {
+            messages: vec![
+                ChatMessage::system("be brief"),
+                ChatMessage::user("hi"),
+                ChatMessage::assistant_tool_calls(
+                    "",
+                    vec![ToolCall {
+                        id: "c1".into(),
+                        name: "a.b".into(),
+                        arguments: String::new(),
+                    }],
+                ),
+                ChatMessage::tool_result("c1", "{\"ok\":true}"),
+            ],
+            tools: vec![tool("a.b")],
+            temperature: Some(0.5),
+            ..LlmRequest::default()
+        };
+        let (body, _) = chat.body(&req);
+        assert_eq!(body["model"], "m");
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["temperature"], 0.5);
+        assert_eq!(body["messages"][2]["content"], Value::Null);
+        assert_eq!(
+            body["messages"][2]["tool_calls"][0]["function"]["name"],
+            "a_b"
+        );
+        assert_eq!(
+            body["messages"][2]["tool_calls"][0]["function"]["arguments"],
+            "{}"
+        );
+        assert_eq!(body["messages"][3]["tool_call_id"], "c1");
+        assert_eq!(body["tools"][0]["function"]["name"], "a_b");
+    }
+}
