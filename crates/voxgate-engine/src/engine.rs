@@ -61,6 +61,14 @@ struct Response {
     shown: String,
 }
 
+/// A transcription in flight; results are applied in request order.
+#[derive(Debug)]
+struct Asr {
+    id: RequestId,
+    audio: Vec<i16>,
+    result: Option<(String, String)>,
+}
+
 #[derive(Debug, Clone)]
 struct Call {
     source: ToolSource,
@@ -88,7 +96,7 @@ pub struct Engine {
     next_request: u64,
     outputs: VecDeque<Output>,
     /// Transcriptions in flight, oldest first.
-    asr: VecDeque<(RequestId, Vec<i16>)>,
+    asr: VecDeque<Asr>,
     /// Transcribed utterances not yet committed as a user turn.
     heard: Vec<(Vec<i16>, String)>,
     language: String,
@@ -417,7 +425,11 @@ impl Engine {
                 }
                 CaptureEvent::SpeechEnded(audio) => {
                     let id = self.request();
-                    self.asr.push_back((id, audio.clone()));
+                    self.asr.push_back(Asr {
+                        id,
+                        audio: audio.clone(),
+                        result: None,
+                    });
                     self.provider(ProviderRequest::Transcribe {
                         id,
                         audio,
@@ -497,7 +509,7 @@ impl Engine {
                     r.emotion_buf = None;
                 }
                 self.reply_text(now, &text);
-                self.flush_reply(now);
+                self.end_reply_text(now);
             }
             TurnOutput::ResponseBegun { turn } => {
                 self.history.assistant(now, turn);
@@ -827,7 +839,11 @@ impl Engine {
 
     fn provider_event(&mut self, now: Instant, event: ProviderEvent) {
         let id = event.id();
-        if let Some(pos) = self.asr.iter().position(|(a, _)| *a == id) {
+        if let Some(pos) = self
+            .asr
+            .iter()
+            .position(|a| a.id == id && a.result.is_none())
+        {
             self.asr_event(now, pos, event);
         } else if self.resp.as_ref().is_some_and(|r| r.llm == Some(id)) {
             self.llm_event(now, event);
@@ -857,29 +873,45 @@ impl Engine {
             // Partial results are not part of the contract; wait for the transcript.
             _ => return,
         };
-        let Some((_, audio)) = self.asr.remove(pos) else {
-            return;
-        };
-        if !language.is_empty() {
-            self.language = language;
+        if let Some(a) = self.asr.get_mut(pos) {
+            a.result = Some((text, language));
         }
-        let text = text.trim().to_owned();
-        let empty = text.is_empty();
-        if !empty {
-            self.heard.push((audio, text.clone()));
+        while self.asr.front().is_some_and(|a| a.result.is_some()) {
+            let Some(Asr {
+                audio,
+                result: Some((text, language)),
+                ..
+            }) = self.asr.pop_front()
+            else {
+                break;
+            };
+            if !language.is_empty() {
+                self.language = language;
+            }
+            let text = text.trim().to_owned();
+            let empty = text.is_empty();
+            if !empty {
+                self.heard.push((audio, text.clone()));
+            }
+            if !self.asr.is_empty() {
+                // More of the user's speech is still being transcribed: the turn must not
+                // end on this part alone (set before the words, which re-check endpointing).
+                self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
+            }
+            self.feed_internal(
+                now,
+                TurnInput::Words {
+                    text,
+                    is_final: true,
+                },
+            );
+            if self.asr.is_empty() {
+                // All speech is transcribed: end the turn after the short delay (at once when
+                // nothing was said) rather than after the longest wait.
+                self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
+            }
+            self.pump(now);
         }
-        self.feed_internal(
-            now,
-            TurnInput::Words {
-                text,
-                is_final: true,
-            },
-        );
-        if empty && self.asr.is_empty() {
-            // Nothing was said: end the turn now rather than after the longest wait.
-            self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
-        }
-        self.pump(now);
     }
 
     fn llm_event(&mut self, now: Instant, event: ProviderEvent) {

@@ -47,8 +47,8 @@
 //! use std::time::Instant;
 //! use voxgate_engine::{
 //!     ClientEvent, Engine, EngineConfig, Input, Output, ProviderEvent, ProviderRequest,
+//!     TriggerMode,
 //! };
-//! use voxgate_turn::TriggerMode;
 //!
 //! let now = Instant::now();
 //! let config = EngineConfig { output_audio: None, ..EngineConfig::default() };
@@ -94,3 +94,5 @@ pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
     TurnId,
 };
+/// The turn machine's trigger modes and states, used in [`Input::Text`] and [`Engine::state`].
+pub use voxgate_turn::{State, TriggerMode};
