@@ -324,9 +324,9 @@ impl ChatRun {
                 return None;
             }
             if let Err(e) = self.step().await {
+                // Text already decoded is still delivered, then the error ends the stream.
                 self.done = true;
-                self.queue.clear();
-                return Some(LlmEvent::Error(e));
+                self.queue.push_back(LlmEvent::Error(e));
             }
         }
     }
