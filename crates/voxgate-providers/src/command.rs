@@ -114,6 +114,8 @@ impl Tts for CommandTts {
                     Ok(None) => {}
                     Err(e) => {
                         run.done = true;
+                        // Kill the child now rather than when the caller drops the stream.
+                        run.running = None;
                         return Some((Err(e), run));
                     }
                 }
