@@ -27,6 +27,10 @@ use crate::types::{
 /// Characters of a reply held back until its leading emoji (if any) is known.
 const EMOTION_LOOKAHEAD: usize = 8;
 
+/// History's result for a tool call cancelled before it answered, so every call there is
+/// answered and later contexts stay valid.
+const CANCELLED_CALL: &str = "the call was cancelled before it finished";
+
 /// One sentence on its way through TTS.
 #[derive(Debug)]
 struct Sentence {
@@ -112,6 +116,8 @@ pub struct Engine {
     exports: VecDeque<bool>,
     /// Provider events for requests no longer awaited.
     stale_events: u64,
+    /// [`Input::Close`] was handled.
+    closed: bool,
 }
 
 impl Engine {
@@ -161,6 +167,7 @@ impl Engine {
             queries: VecDeque::new(),
             exports: VecDeque::new(),
             stale_events: 0,
+            closed: false,
         })
     }
 
@@ -187,6 +194,12 @@ impl Engine {
                 parameters: t.tool().input_schema.clone(),
             })
             .collect()
+    }
+
+    /// Whether the session was closed ([`Input::Close`]).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     /// Provider events dropped because their request was cancelled or superseded.
@@ -229,6 +242,9 @@ impl Engine {
 
     /// Feeds mono audio at the configured input rate without copying it into an [`Input`].
     pub fn handle_audio(&mut self, now: Instant, samples: &[f32]) {
+        if self.closed {
+            return;
+        }
         self.enable_transcripts(now);
         self.capture.process(samples);
         self.capture_events(now);
@@ -236,6 +252,9 @@ impl Engine {
 
     /// Feeds mono 16-bit audio at the configured input rate.
     pub fn handle_audio_i16(&mut self, now: Instant, samples: &[i16]) {
+        if self.closed {
+            return;
+        }
         self.enable_transcripts(now);
         self.capture.process_i16(samples);
         self.capture_events(now);
@@ -250,7 +269,18 @@ impl Engine {
     /// [`InputError`] when the client broke the protocol (an unknown tool call id, an empty
     /// query). The engine is unchanged then; report it with [`InputError::category`].
     pub fn handle_input(&mut self, now: Instant, input: Input) -> Result<(), InputError> {
+        if self.closed {
+            return match input {
+                Input::Close => Ok(()),
+                Input::Provider(_) => {
+                    self.stale_events += 1;
+                    Ok(())
+                }
+                _ => Err(InputError::Closed),
+            };
+        }
         match input {
+            Input::Close => self.close(now),
             Input::Audio(samples) => self.handle_audio(now, &samples),
             Input::AudioI16(samples) => self.handle_audio_i16(now, &samples),
             Input::Text { text, mode } => self.feed(now, TurnInput::Text { text, mode })?,
@@ -329,6 +359,42 @@ impl Engine {
             Input::Provider(event) => self.provider_event(now, event),
         }
         Ok(())
+    }
+
+    /// Ends the session: the turn machine's disconnect path cuts off the response and cancels
+    /// the tools it tracks; everything else in flight is cancelled here.
+    fn close(&mut self, now: Instant) {
+        self.feed_internal(now, TurnInput::Disconnected);
+        self.pump(now);
+        // The turn machine's CancelResponse already cancelled the work of a response it cut
+        // off (now in `closing`); anything still in `resp` was not cancelled yet.
+        self.closing = None;
+        if let Some(r) = self.resp.take() {
+            if let Some(id) = r.llm.filter(|_| !r.llm_done) {
+                self.provider(ProviderRequest::Cancel { id });
+            }
+            for s in r.sentences.iter().filter(|s| !s.done) {
+                self.provider(ProviderRequest::Cancel { id: s.id });
+            }
+        }
+        for id in mem::take(&mut self.asr).into_iter().map(|a| a.id) {
+            self.provider(ProviderRequest::Cancel { id });
+        }
+        for id in mem::take(&mut self.queries).into_iter().map(|q| q.id) {
+            self.provider(ProviderRequest::Cancel { id });
+        }
+        // Calls the turn machine did not track (refused ones awaiting generation's end).
+        for call_id in mem::take(&mut self.calls).into_keys() {
+            self.history
+                .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
+        }
+        self.device_calls.clear();
+        self.held.clear();
+        self.heard.clear();
+        self.exports.clear();
+        // The device is gone: its MCP client (and any cancel notices it queued) with it.
+        self.mcp = None;
+        self.closed = true;
     }
 
     // ---- plumbing ------------------------------------------------------------------------
@@ -542,11 +608,13 @@ impl Engine {
                 }
             }
             TurnOutput::CancelTool { call_id } => {
-                if let Some(call) = self.calls.remove(&call_id)
-                    && let (Some(m), Some(n)) = (&mut self.mcp, call.device_call)
-                {
-                    self.device_calls.remove(&n);
-                    m.cancel(n, "the reply was cut off");
+                if let Some(call) = self.calls.remove(&call_id) {
+                    self.history
+                        .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
+                    if let (Some(m), Some(n)) = (&mut self.mcp, call.device_call) {
+                        self.device_calls.remove(&n);
+                        m.cancel(n, "the reply was cut off");
+                    }
                 }
             }
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),

@@ -98,6 +98,15 @@ pub enum Input {
     },
     /// The client aborted the agent (Xiaozhi `abort`, a stop button).
     Abort,
+    /// The client or device disconnected: the session is over. The response in progress is
+    /// cut off (its history entry truncated to what was heard and marked interrupted; a begun
+    /// response still gets its [`ClientEvent::ResponseEnd`] and
+    /// [`ClientEvent::ResponseFinished`] so the record is complete), every provider request in
+    /// flight is cancelled, and tool calls still running get a "cancelled" result in history
+    /// so every call there has its answer. Afterwards every input but [`Input::Provider`]
+    /// (counted as stale) and another `Close` is refused with [`InputError::Closed`], and
+    /// audio is ignored.
+    Close,
     /// A provider answered one of the engine's [`ProviderRequest`]s.
     Provider(ProviderEvent),
 }
@@ -275,6 +284,9 @@ pub enum InputError {
     /// A device MCP message while the device MCP client is not started.
     #[error("device MCP traffic before DeviceMcpStart")]
     DeviceMcpNotStarted,
+    /// The session was closed ([`Input::Close`]).
+    #[error("the session is closed")]
+    Closed,
     /// The turn machine refused the input in this state.
     #[error(transparent)]
     Turn(#[from] voxgate_turn::InputError),
@@ -285,7 +297,9 @@ impl InputError {
     #[must_use]
     pub fn category(&self) -> ErrorCategory {
         match self {
-            Self::Turn(voxgate_turn::InputError::NotConnected) => ErrorCategory::Session,
+            Self::Turn(voxgate_turn::InputError::NotConnected) | Self::Closed => {
+                ErrorCategory::Session
+            }
             _ => ErrorCategory::Protocol,
         }
     }
