@@ -32,6 +32,10 @@ pub(crate) struct Capture {
     pub(crate) dropped: u64,
     events: VecDeque<CaptureEvent>,
     scratch: Vec<f32>,
+    /// The VAD's state after the last transition.
+    state: VadState,
+    /// Input samples processed.
+    position: u64,
 }
 
 impl Capture {
@@ -55,6 +59,8 @@ impl Capture {
             dropped: 0,
             events: VecDeque::with_capacity(8),
             scratch: Vec::with_capacity(256),
+            state: VadState::Silence,
+            position: 0,
         })
     }
 
@@ -73,10 +79,12 @@ impl Capture {
             self.append(samples);
         }
         self.vad.process(samples);
+        self.position += samples.len() as u64;
         while let Some(out) = self.vad.poll_output() {
             match out {
                 VadOutput::Frame(f) => self.events.push_back(CaptureEvent::Frame(f)),
                 VadOutput::Transition(t) => {
+                    self.state = t.to;
                     self.events
                         .push_back(CaptureEvent::Transition(t.from, t.to, t.position));
                     match (t.from, t.to) {
@@ -129,6 +137,24 @@ impl Capture {
             }
         };
         resampled.into_iter().map(f32_to_i16).collect()
+    }
+
+    /// Ends the stream (the input format changes): the VAD returns to silence and an
+    /// utterance in progress ends here, as if its speech had stopped.
+    pub(crate) fn finish(&mut self) {
+        if self.state != VadState::Silence {
+            self.events.push_back(CaptureEvent::Transition(
+                self.state,
+                VadState::Silence,
+                self.position,
+            ));
+            self.state = VadState::Silence;
+        }
+        if self.capturing {
+            self.capturing = false;
+            let audio = self.take_utterance_16k();
+            self.events.push_back(CaptureEvent::SpeechEnded(audio));
+        }
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<CaptureEvent> {

@@ -129,16 +129,7 @@ impl Engine {
         if config.output_audio.is_some_and(|o| o.bytes_per_second == 0) {
             return Err(ConfigError::OutputAudio);
         }
-        let max_samples = usize::try_from(
-            config.max_utterance.as_millis() * u128::from(config.input_rate) / 1000,
-        )
-        .unwrap_or(usize::MAX);
-        let capture = Capture::new(
-            config.vad,
-            config.input_rate,
-            max_samples,
-            config.vad_frame_telemetry,
-        )?;
+        let capture = new_capture(&config, config.input_rate)?;
         let mut turn = TurnMachine::new(config.turn.clone());
         for input in [TurnInput::Connect, TurnInput::Connected] {
             // Valid in this order on a fresh machine.
@@ -297,6 +288,27 @@ impl Engine {
             Input::StartCapture => self.feed(now, TurnInput::StartCapture)?,
             Input::StopCapture => self.feed(now, TurnInput::StopCapture)?,
             Input::Abort => self.feed(now, TurnInput::Abort)?,
+            Input::Reconfigure {
+                input_rate,
+                system_prompt,
+                temperature,
+            } => {
+                if let Some(rate) = input_rate.filter(|r| *r != self.config.input_rate) {
+                    let capture = new_capture(&self.config, rate)
+                        .map_err(|source| InputError::InputRate { rate, source })?;
+                    let mut old = mem::replace(&mut self.capture, capture);
+                    self.capture.dropped = old.dropped;
+                    self.config.input_rate = rate;
+                    old.finish();
+                    self.capture_events_of(now, &mut old);
+                }
+                if let Some(p) = system_prompt {
+                    self.config.system_prompt = p;
+                }
+                if let Some(t) = temperature {
+                    self.config.temperature = Some(t);
+                }
+            }
             Input::DirectSpeech {
                 text,
                 include_in_history,
@@ -471,37 +483,51 @@ impl Engine {
 
     fn capture_events(&mut self, now: Instant) {
         while let Some(event) = self.capture.poll_event() {
-            match event {
-                CaptureEvent::Transition(from, to, position) => {
-                    self.client(ClientEvent::VadState { from, to, position });
-                    if from == VadState::SpeechEnding && to == VadState::Silence {
-                        self.feed_internal(now, TurnInput::SpeechStopped);
-                        self.pump(now);
-                    }
-                }
-                CaptureEvent::Frame(f) => self.client(ClientEvent::VadFrame {
-                    index: f.index,
-                    confidence: f.confidence,
-                    volume: f.volume,
-                    state: f.state,
-                }),
-                CaptureEvent::SpeechStarted => {
-                    self.feed_internal(now, TurnInput::SpeechStarted);
+            self.capture_event(now, event);
+        }
+    }
+
+    /// Drains a capture that is no longer `self.capture` (replaced by an input-rate change).
+    fn capture_events_of(&mut self, now: Instant, capture: &mut Capture) {
+        while let Some(event) = capture.poll_event() {
+            self.capture_event(now, event);
+        }
+    }
+
+    fn capture_event(&mut self, now: Instant, event: CaptureEvent) {
+        match event {
+            CaptureEvent::Transition(from, to, position) => {
+                self.client(ClientEvent::VadState { from, to, position });
+                // From Speech only when the stream ends mid-utterance (`Capture::finish`).
+                if to == VadState::Silence
+                    && matches!(from, VadState::SpeechEnding | VadState::Speech)
+                {
+                    self.feed_internal(now, TurnInput::SpeechStopped);
                     self.pump(now);
                 }
-                CaptureEvent::SpeechEnded(audio) => {
-                    let id = self.request();
-                    self.asr.push_back(Asr {
-                        id,
-                        audio: audio.clone(),
-                        result: None,
-                    });
-                    self.provider(ProviderRequest::Transcribe {
-                        id,
-                        audio,
-                        sample_rate: voxgate_audio::vad::MODEL_RATE,
-                    });
-                }
+            }
+            CaptureEvent::Frame(f) => self.client(ClientEvent::VadFrame {
+                index: f.index,
+                confidence: f.confidence,
+                volume: f.volume,
+                state: f.state,
+            }),
+            CaptureEvent::SpeechStarted => {
+                self.feed_internal(now, TurnInput::SpeechStarted);
+                self.pump(now);
+            }
+            CaptureEvent::SpeechEnded(audio) => {
+                let id = self.request();
+                self.asr.push_back(Asr {
+                    id,
+                    audio: audio.clone(),
+                    result: None,
+                });
+                self.provider(ProviderRequest::Transcribe {
+                    id,
+                    audio,
+                    sample_rate: voxgate_audio::vad::MODEL_RATE,
+                });
             }
         }
     }
@@ -1271,6 +1297,13 @@ impl Engine {
             }
         }
     }
+}
+
+/// The VAD and utterance buffer for audio at `rate`.
+fn new_capture(config: &EngineConfig, rate: u32) -> Result<Capture, voxgate_audio::vad::VadError> {
+    let max_samples = usize::try_from(config.max_utterance.as_millis() * u128::from(rate) / 1000)
+        .unwrap_or(usize::MAX);
+    Capture::new(config.vad, rate, max_samples, config.vad_frame_telemetry)
 }
 
 /// The face for a reply and the text after it.

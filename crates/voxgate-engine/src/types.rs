@@ -98,6 +98,21 @@ pub enum Input {
     },
     /// The client aborted the agent (Xiaozhi `abort`, a stop button).
     Abort,
+    /// `ReconfigureSessionRequest`: the client's input audio format and/or the inference
+    /// settings changed. History, tools and the response in progress are kept.
+    ///
+    /// A new input rate swaps the VAD and resampler: an utterance in progress ends at the
+    /// switch (it is transcribed as usual and the VAD reports a return to silence), and VAD
+    /// positions ([`ClientEvent::VadState`]) count from 0 again in the new rate. The new
+    /// system prompt and temperature apply from the next LLM request.
+    Reconfigure {
+        /// The new sample rate of [`Input::Audio`] in Hz (`input_audio_line`), if it changed.
+        input_rate: Option<u32>,
+        /// A new system prompt (`inference_configuration.system_prompt`).
+        system_prompt: Option<String>,
+        /// A new sampling temperature (`inference_configuration.temperature`).
+        temperature: Option<f64>,
+    },
     /// The client or device disconnected: the session is over. The response in progress is
     /// cut off (its history entry truncated to what was heard and marked interrupted; a begun
     /// response still gets its [`ClientEvent::ResponseEnd`] and
@@ -284,6 +299,14 @@ pub enum InputError {
     /// A device MCP message while the device MCP client is not started.
     #[error("device MCP traffic before DeviceMcpStart")]
     DeviceMcpNotStarted,
+    /// [`Input::Reconfigure`] asked for an input rate the VAD cannot use; nothing changed.
+    #[error("unusable input rate {rate} Hz: {source}")]
+    InputRate {
+        /// The rate asked for.
+        rate: u32,
+        /// Why it cannot be used.
+        source: voxgate_audio::vad::VadError,
+    },
     /// The session was closed ([`Input::Close`]).
     #[error("the session is closed")]
     Closed,
@@ -300,6 +323,7 @@ impl InputError {
             Self::Turn(voxgate_turn::InputError::NotConnected) | Self::Closed => {
                 ErrorCategory::Session
             }
+            Self::InputRate { .. } => ErrorCategory::Configuration,
             _ => ErrorCategory::Protocol,
         }
     }
