@@ -160,6 +160,7 @@ fn close_before_the_first_token_cancels_the_generation() {
 }
 
 /// The speech fixture at `rate` Hz (f32).
+#[allow(clippy::unwrap_used)] // tests may unwrap
 fn speech_at(rate: u32) -> Vec<f32> {
     let input: Vec<f32> = speech()
         .into_iter()
@@ -172,9 +173,8 @@ fn speech_at(rate: u32) -> Vec<f32> {
     out
 }
 
-/// Feeds f32 audio at `rate` in 20 ms frames at real time.
-fn speak_at(d: &mut Driver, rate: u32, samples: &[f32]) -> Vec<voxgate_engine::Output> {
-    let frame = usize::try_from(rate / 50).unwrap();
+/// Feeds f32 audio in 20 ms frames (`frame` samples) at real time.
+fn speak_at(d: &mut Driver, frame: usize, samples: &[f32]) -> Vec<voxgate_engine::Output> {
     let mut out = Vec::new();
     for chunk in samples.chunks(frame) {
         out.extend(d.input(Input::Audio(chunk.to_vec())));
@@ -222,8 +222,8 @@ fn reconfigure_switches_the_input_rate_and_inference_settings_keeping_history() 
     });
     assert!(out.is_empty(), "{out:?}");
     // Speech at the new rate goes through the new VAD and resampler: one utterance, at 16 kHz.
-    let mut out = speak_at(&mut d, 48_000, &speech_at(48_000));
-    out.extend(speak_at(&mut d, 48_000, &vec![0.0; 48_000 * 6 / 10]));
+    let mut out = speak_at(&mut d, 960, &speech_at(48_000));
+    out.extend(speak_at(&mut d, 960, &vec![0.0; 48_000 * 6 / 10]));
     let asr = transcribes(&out);
     assert!(!asr.is_empty());
     // Speech spans 0.8 s..4.36 s of the fixture with pauses the VAD may cut at; with
