@@ -36,6 +36,9 @@ pub(crate) struct Capture {
     state: VadState,
     /// Input samples processed.
     position: u64,
+    /// Input samples processed before the VAD was last reset: VAD positions are relative to
+    /// it, reported positions absolute.
+    offset: u64,
 }
 
 impl Capture {
@@ -61,6 +64,7 @@ impl Capture {
             scratch: Vec::with_capacity(256),
             state: VadState::Silence,
             position: 0,
+            offset: 0,
         })
     }
 
@@ -85,8 +89,11 @@ impl Capture {
                 VadOutput::Frame(f) => self.events.push_back(CaptureEvent::Frame(f)),
                 VadOutput::Transition(t) => {
                     self.state = t.to;
-                    self.events
-                        .push_back(CaptureEvent::Transition(t.from, t.to, t.position));
+                    self.events.push_back(CaptureEvent::Transition(
+                        t.from,
+                        t.to,
+                        self.offset + t.position,
+                    ));
                     match (t.from, t.to) {
                         (VadState::SpeechStarting, VadState::Speech) if !self.capturing => {
                             self.capturing = true;
@@ -155,6 +162,19 @@ impl Capture {
             let audio = self.take_utterance_16k();
             self.events.push_back(CaptureEvent::SpeechEnded(audio));
         }
+    }
+
+    /// Whether the VAD is in an utterance (speech declared, not yet over).
+    pub(crate) fn in_utterance(&self) -> bool {
+        self.capturing
+    }
+
+    /// Ends the utterance in progress now (`TriggerInference.flush_vad`) and restarts the VAD
+    /// so the speech it was tracking does not end a second time.
+    pub(crate) fn flush(&mut self) {
+        self.finish();
+        self.vad.reset();
+        self.offset = self.position;
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<CaptureEvent> {

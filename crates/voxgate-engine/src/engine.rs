@@ -278,13 +278,7 @@ impl Engine {
             Input::TriggerInference {
                 instructions,
                 flush_vad,
-            } => self.feed(
-                now,
-                TurnInput::TriggerInference {
-                    instructions,
-                    flush_vad,
-                },
-            )?,
+            } => self.trigger(now, instructions, flush_vad)?,
             Input::StartCapture => self.feed(now, TurnInput::StartCapture)?,
             Input::StopCapture => self.feed(now, TurnInput::StopCapture)?,
             Input::Abort => self.feed(now, TurnInput::Abort)?,
@@ -371,6 +365,38 @@ impl Engine {
             Input::Provider(event) => self.provider_event(now, event),
         }
         Ok(())
+    }
+
+    /// `TriggerInference`. A flush while the user's speech is still being captured or
+    /// transcribed must not end the turn before its words are in: the utterance is cut here
+    /// and sent for transcription, and the turn is stopped explicitly (it ends as soon as the
+    /// transcripts arrive) with the trigger waiting on it.
+    fn trigger(
+        &mut self,
+        now: Instant,
+        instructions: Option<String>,
+        flush_vad: bool,
+    ) -> Result<(), InputError> {
+        let transcribing = self.capture.in_utterance() || !self.asr.is_empty();
+        if flush_vad && transcribing && self.turn.state() == State::Listening {
+            self.capture.flush();
+            self.capture_events(now);
+            self.feed(now, TurnInput::StopCapture)?;
+            return self.feed(
+                now,
+                TurnInput::TriggerInference {
+                    instructions,
+                    flush_vad: false,
+                },
+            );
+        }
+        self.feed(
+            now,
+            TurnInput::TriggerInference {
+                instructions,
+                flush_vad,
+            },
+        )
     }
 
     /// Ends the session: the turn machine's disconnect path cuts off the response and cancels

@@ -40,7 +40,10 @@ pub enum Input {
         /// Whether and when it starts a reply.
         mode: TriggerMode,
     },
-    /// `TriggerInference`: reply now (a greeting); `flush_vad` ends the user's utterance first.
+    /// `TriggerInference`: reply now (a greeting), or once the user's turn ends. With
+    /// `flush_vad` the utterance being captured is cut at once and transcribed, and the turn
+    /// ends as soon as its transcript is in (no endpointing delay). Instructions are recorded
+    /// in history as a system message with [`crate::history::Content::Instructions`].
     TriggerInference {
         /// Extra instructions for this reply.
         instructions: Option<String>,

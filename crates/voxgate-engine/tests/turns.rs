@@ -1,0 +1,333 @@
+//! Turn-taking inputs through the engine: TriggerInference, push-to-talk, VAD telemetry and
+//! false interruptions, on a virtual clock with scripted providers.
+
+mod common;
+
+use common::*;
+use voxgate_audio::vad::VadState;
+use voxgate_engine::history::{Content, DeliveryStatus, Role};
+use voxgate_engine::provider::{ChatRole, ProviderEvent};
+use voxgate_engine::{
+    ClientEvent, EngineConfig, Input, Output, ProviderRequest, RequestId, State, TriggerMode,
+};
+
+fn transcribes(out: &[Output]) -> Vec<RequestId> {
+    requests(out)
+        .into_iter()
+        .filter_map(|r| match r {
+            ProviderRequest::Transcribe { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+fn transcript(id: RequestId, text: &str) -> ProviderEvent {
+    ProviderEvent::Transcript {
+        id,
+        text: text.into(),
+        language: "en".into(),
+    }
+}
+
+fn generates(out: &[Output]) -> usize {
+    requests(out)
+        .iter()
+        .filter(|r| matches!(r, ProviderRequest::Generate { .. }))
+        .count()
+}
+
+/// The context of a `Generate` (empty for any other request, failing the comparisons).
+fn context(req: &ProviderRequest) -> Vec<(ChatRole, String)> {
+    let ProviderRequest::Generate { messages, .. } = req else {
+        return Vec::new();
+    };
+    messages
+        .iter()
+        .map(|m| (m.role, m.content.clone()))
+        .collect()
+}
+
+#[test]
+fn trigger_in_idle_replies_and_records_its_instructions() {
+    let mut d = Driver::new(EngineConfig {
+        output_audio: None,
+        system_prompt: "You are a concierge.".into(),
+        ..EngineConfig::default()
+    });
+    let out = d.input(Input::TriggerInference {
+        instructions: Some("Greet the guest by name: Ada.".into()),
+        flush_vad: false,
+    });
+    let (id, req) = generate(&out);
+    assert_eq!(
+        context(&req),
+        [
+            (ChatRole::System, "You are a concierge.".to_owned()),
+            (ChatRole::System, "Greet the guest by name: Ada.".to_owned()),
+        ]
+    );
+    d.provider(delta(id, "Welcome, Ada."));
+    d.provider(done(id));
+    let h = d.engine.history();
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[0].role, Role::System);
+    assert_eq!(
+        h[0].content,
+        [Content::Instructions(
+            "Greet the guest by name: Ada.".into()
+        )]
+    );
+    assert_eq!(
+        (h[1].role, h[1].text().as_str()),
+        (Role::Assistant, "Welcome, Ada.")
+    );
+
+    // Without instructions nothing but the reply is recorded.
+    let (id, req) = generate(&d.input(Input::TriggerInference {
+        instructions: None,
+        flush_vad: false,
+    }));
+    assert_eq!(context(&req).len(), 3);
+    d.provider(delta(id, "Anything else?"));
+    d.provider(done(id));
+    let h = d.engine.history();
+    assert_eq!(h.len(), 3);
+    assert_eq!(h[2].role, Role::Assistant);
+}
+
+#[test]
+fn trigger_without_flush_waits_for_the_users_turn_to_end() {
+    let mut d = Driver::new(EngineConfig::default());
+    // 2.5 s into the fixture the user is mid-utterance.
+    let mut out = d.speak(&speech()[..40_000]);
+    assert_eq!(d.engine.state(), State::Listening);
+    out.extend(d.input(Input::TriggerInference {
+        instructions: Some("Be brief.".into()),
+        flush_vad: false,
+    }));
+    out.extend(d.speak(&speech()[40_000..]));
+    out.extend(d.silence(600));
+    assert_eq!(generates(&out), 0);
+    let mut out = Vec::new();
+    for (i, id) in transcribes(&d.log.iter().map(|(_, o)| o.clone()).collect::<Vec<_>>())
+        .into_iter()
+        .enumerate()
+    {
+        out.extend(d.provider(transcript(id, ["one", "two", "three"][i % 3])));
+    }
+    out.extend(d.advance(1000 * MS));
+    let (_, req) = generate(&out);
+    let ctx = context(&req);
+    assert_eq!(
+        ctx,
+        [
+            (ChatRole::User, "one two three".to_owned()),
+            (ChatRole::System, "Be brief.".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn trigger_with_flush_cuts_the_utterance_and_replies_once_it_is_transcribed() {
+    let mut d = Driver::new(EngineConfig::default());
+    let out = d.speak(&speech()[..40_000]);
+    let first = transcribes(&out);
+    assert_eq!(first.len(), 1, "the first utterance ended at ~1.8 s");
+    let out = d.input(Input::TriggerInference {
+        instructions: Some("Answer now.".into()),
+        flush_vad: true,
+    });
+    // The VAD returns to silence at the flush and the partial utterance goes to the recognizer.
+    assert_eq!(
+        client(&out),
+        [ClientEvent::VadState {
+            from: VadState::Speech,
+            to: VadState::Silence,
+            position: 40_000
+        }]
+    );
+    let second = transcribes(&out);
+    assert_eq!(second.len(), 1);
+    assert_eq!(generates(&out), 0, "the words are not in yet");
+    let mut out = d.provider(transcript(first[0], "what time"));
+    out.extend(d.provider(transcript(second[0], "is it")));
+    // No endpointing delay: the turn was stopped explicitly.
+    let (_, req) = generate(&out);
+    assert_eq!(
+        context(&req),
+        [
+            (ChatRole::User, "what time is it".to_owned()),
+            (ChatRole::System, "Answer now.".to_owned())
+        ]
+    );
+    let h = d.engine.history();
+    assert!(
+        matches!(&h[0].content[..], [Content::InputAudio(a)] if a.transcription == "what time is it")
+    );
+    assert_eq!(h[1].content, [Content::Instructions("Answer now.".into())]);
+    // The VAD restarted: later speech is a new utterance with positions that keep counting.
+    let out = d.speak(&speech()[..32_000]);
+    let positions: Vec<u64> = client(&out)
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::VadState { position, .. } => Some(*position),
+            _ => None,
+        })
+        .collect();
+    assert!(!positions.is_empty());
+    assert!(positions.iter().all(|p| *p > 40_000), "{positions:?}");
+}
+
+#[test]
+fn push_to_talk_holds_the_turn_until_release() {
+    let mut d = Driver::new(EngineConfig::default());
+    d.input(Input::StartCapture);
+    assert_eq!(d.engine.state(), State::Listening);
+    let mut out = d.speak(&speech());
+    out.extend(d.silence(3000));
+    let asr = transcribes(&out);
+    assert!(!asr.is_empty());
+    let mut out = Vec::new();
+    for id in &asr {
+        out.extend(d.provider(transcript(*id, "hold on")));
+    }
+    // Long silence and every transcript in, yet no reply while the button is held.
+    out.extend(d.advance(5000 * MS));
+    assert_eq!(generates(&out), 0);
+    assert_eq!(d.engine.state(), State::Listening);
+    let mut out = d.input(Input::StopCapture);
+    out.extend(d.advance(100 * MS));
+    let (id, req) = generate(&out);
+    assert_eq!(context(&req)[0].0, ChatRole::User);
+
+    // Pressing again during the reply cuts it off at once.
+    let out = d.provider(delta(id, "Sure thing. Take your time, there is"));
+    let s = synth(&out);
+    d.provider(tts_audio(s[0].0, 1000));
+    d.provider(done(s[0].0));
+    let turn = d.engine.history()[1].turn.unwrap();
+    let out = d.input(Input::StartCapture);
+    let events = client(&out);
+    assert_eq!(events[0], ClientEvent::ClearPlayback);
+    assert!(events.contains(&ClientEvent::ResponseFinished {
+        turn,
+        interrupted: true
+    }));
+    assert!(requests(&out).contains(&ProviderRequest::Cancel { id }));
+    assert_eq!(d.engine.state(), State::Listening);
+    assert_eq!(d.engine.history()[1].delivery, DeliveryStatus::Interrupted);
+}
+
+#[test]
+fn vad_frame_telemetry_reports_every_frame_in_order() {
+    let mut d = Driver::new(EngineConfig {
+        vad_frame_telemetry: true,
+        ..EngineConfig::default()
+    });
+    let out = d.speak(&speech()[..32_000]);
+    let events = client(&out);
+    let frames: Vec<(u64, f32, f32, VadState)> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::VadFrame {
+                index,
+                confidence,
+                volume,
+                state,
+            } => Some((*index, *confidence, *volume, *state)),
+            _ => None,
+        })
+        .collect();
+    // 2 s of 16 kHz audio in 16 ms frames.
+    assert_eq!(frames.len(), 125);
+    assert!(frames.iter().enumerate().all(|(i, f)| f.0 == i as u64));
+    assert!(
+        frames
+            .iter()
+            .all(|f| (0.0..=1.0).contains(&f.1) && (0.0..=1.0).contains(&f.2))
+    );
+    // Frames agree with the state changes reported around them.
+    let mut state = VadState::Silence;
+    for e in &events {
+        match e {
+            ClientEvent::VadState { from, to, .. } => {
+                assert_eq!(*from, state);
+                state = *to;
+            }
+            ClientEvent::VadFrame { state: s, .. } => assert_eq!(*s, state),
+            _ => {}
+        }
+    }
+    assert!(frames.iter().any(|f| f.3 == VadState::Speech));
+    assert!(frames.iter().any(|f| f.1 > 0.5) && frames.iter().any(|f| f.1 < 0.5));
+
+    // Off by default.
+    let mut quiet = Driver::new(EngineConfig::default());
+    let out = quiet.speak(&speech()[..32_000]);
+    assert!(
+        !client(&out)
+            .iter()
+            .any(|e| matches!(e, ClientEvent::VadFrame { .. }))
+    );
+}
+
+#[test]
+fn false_interruption_resumes_the_unheard_rest() {
+    let mut d = Driver::new(EngineConfig::default());
+    let (id, _) = generate(&d.input(Input::Text {
+        text: "count".into(),
+        mode: TriggerMode::Queue,
+    }));
+    let mut out = d.provider(delta(
+        id,
+        "One two three four five six seven eight nine ten.",
+    ));
+    out.extend(d.provider(done(id)));
+    let s = synth(&out);
+    d.provider(tts_audio(s[0].0, 2000));
+    d.provider(done(s[0].0));
+    let cut = d.engine.history()[1].turn.unwrap();
+    // A cough over the reply: long enough to count as a barge-in, then nothing recognised.
+    let mut out = d.speak(&speech()[..16_000 * 2]);
+    assert!(client(&out).contains(&ClientEvent::ClearPlayback));
+    let heard = d.engine.history()[1].text();
+    assert_eq!(d.engine.history()[1].delivery, DeliveryStatus::Interrupted);
+    assert!(heard.starts_with("One two"), "{heard}");
+    out.extend(d.silence(300));
+    let mut out2 = Vec::new();
+    for id in transcribes(&d.log.iter().map(|(_, o)| o.clone()).collect::<Vec<_>>()) {
+        out2.extend(d.provider(transcript(id, "")));
+    }
+    out2.extend(d.advance(3000 * MS));
+    // The rest is spoken again as a new response: no LLM call, one sentence to synthesize.
+    assert_eq!(generates(&out2), 0);
+    let again = synth(&out2);
+    assert_eq!(again.len(), 1, "{out2:?}");
+    let rest = &again[0].1;
+    assert!(rest.ends_with("nine ten."), "{rest}");
+    assert_eq!(
+        format!("{heard} {rest}"),
+        "One two three four five six seven eight nine ten."
+    );
+    let mut out3 = d.provider(tts_audio(again[0].0, 500));
+    out3.extend(d.provider(done(again[0].0)));
+    out3.extend(d.advance(1000 * MS));
+    let events: Vec<ClientEvent> = client(&out2).into_iter().chain(client(&out3)).collect();
+    let resumed = events
+        .iter()
+        .find_map(|e| match e {
+            ClientEvent::ResponseBegin { turn } => Some(*turn),
+            _ => None,
+        })
+        .unwrap();
+    assert!(resumed > cut);
+    assert!(events.contains(&ClientEvent::ResponseFinished {
+        turn: resumed,
+        interrupted: false
+    }));
+    assert_eq!(d.engine.turn_stats().false_interruptions, 1);
+    let h = d.engine.history();
+    assert_eq!(h.last().unwrap().text(), *rest);
+    assert_eq!(h.last().unwrap().delivery, DeliveryStatus::Complete);
+    assert_eq!(d.engine.state(), State::Idle);
+}
