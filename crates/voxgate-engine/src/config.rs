@@ -43,6 +43,10 @@ pub struct EngineConfig {
     pub max_utterance: Duration,
     /// Keep each spoken turn's audio in history (`ChatAudioData`).
     pub keep_user_audio: bool,
+    /// Most audio history keeps per session, user and reply audio together: beyond it the
+    /// oldest audio is dropped (its text and transcription stay), so a long session's memory
+    /// stays bounded (about 32 kB per second at 16 kHz, 48 kB at 24 kHz). Default 5 minutes.
+    pub max_history_audio: Duration,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +65,7 @@ impl Default for EngineConfig {
             vad_frame_telemetry: false,
             max_utterance: Duration::from_secs(60),
             keep_user_audio: true,
+            max_history_audio: Duration::from_secs(300),
         }
     }
 }

@@ -63,6 +63,8 @@ struct Response {
     asks_question: bool,
     /// Text-only replies: everything shown so far.
     shown: String,
+    /// Spoken replies: each delivered sentence's audio, in ledger segment order.
+    spoken: Vec<AudioData>,
 }
 
 /// A transcription in flight; results are applied in request order.
@@ -591,6 +593,7 @@ impl Engine {
                             transcription: u.text.clone(),
                         },
                     );
+                    self.history.cap_audio(self.config.max_history_audio);
                     self.client(ClientEvent::UserTranscription {
                         turn: u.turn,
                         text: u.text,
@@ -672,24 +675,43 @@ impl Engine {
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
             TurnOutput::ResponseEnded(a) => {
                 let interrupted = matches!(a.delivery, Delivery::Interrupted { .. });
-                let r = if self.resp.as_ref().is_some_and(|r| r.turn == a.turn) {
+                let mut r = if self.resp.as_ref().is_some_and(|r| r.turn == a.turn) {
                     self.resp.take()
                 } else if self.closing.as_ref().is_some_and(|r| r.turn == a.turn) {
                     self.closing.take()
                 } else {
                     None
                 };
-                let text = match &r {
-                    Some(r) if r.ledger.has_audio() => {
-                        if interrupted {
-                            r.ledger.heard_text(now, self.config.turn.playback_reports)
+                match r {
+                    Some(Response {
+                        ref ledger,
+                        ref mut spoken,
+                        ..
+                    }) if ledger.has_audio() => {
+                        let texts = if interrupted {
+                            ledger.heard_segments(now, self.config.turn.playback_reports)
                         } else {
-                            r.ledger.full_text()
-                        }
+                            ledger.segment_texts()
+                        };
+                        let mut audio = mem::take(spoken).into_iter();
+                        let sentences = texts
+                            .into_iter()
+                            .map(|text| {
+                                let a = audio.next().map(|mut a| {
+                                    a.transcription.clone_from(&text);
+                                    a
+                                });
+                                (text, a)
+                            })
+                            .collect();
+                        self.history.set_assistant_sentences(now, a.turn, sentences);
+                        self.history.cap_audio(self.config.max_history_audio);
                     }
-                    _ => a.heard_text.trim().to_owned(),
-                };
-                self.history.set_assistant_text(now, a.turn, text);
+                    _ => {
+                        let text = a.heard_text.trim().to_owned();
+                        self.history.set_assistant_text(now, a.turn, text);
+                    }
+                }
                 let m = self.history.assistant(now, a.turn);
                 m.delivery = if interrupted {
                     DeliveryStatus::Interrupted
@@ -743,6 +765,7 @@ impl Engine {
             end_sent: false,
             asks_question: false,
             shown: String::new(),
+            spoken: Vec::new(),
         });
     }
 
@@ -887,6 +910,17 @@ impl Engine {
         let bytes = n * u64::from(out.bytes_per_second) / u64::from(rate);
         let mut events = Vec::with_capacity(2);
         let mut chunk_text = String::new();
+        // History keeps each sentence's audio; a chunk at another rate than its sentence's
+        // first (a provider switching rates mid-sentence) is delivered but not kept.
+        match (&first_of, r.spoken.last_mut()) {
+            (Some(text), _) => r.spoken.push(AudioData {
+                samples: samples.clone(),
+                sample_rate: rate,
+                transcription: text.clone(),
+            }),
+            (None, Some(a)) if a.sample_rate == rate => a.samples.extend_from_slice(&samples),
+            _ => {}
+        }
         if let Some(text) = &first_of {
             r.ledger.start_segment(text);
             events.push(ClientEvent::SentenceStart {

@@ -1,7 +1,14 @@
 //! Chat history after the realtime protocol's `ChatMessage` model, and the LLM context built
 //! from it.
+//!
+//! Spoken replies keep one [`Content::Text`] per synthesized sentence with that sentence's
+//! audio in `tts_audio`; spoken user turns keep their utterances in [`Content::InputAudio`]
+//! with the transcription. Audio is what makes history large, so the engine keeps at most
+//! [`crate::EngineConfig::max_history_audio`] of it per session: past that, the oldest audio
+//! is dropped (texts and transcriptions stay). Exports with `exclude_audio` leave all of it
+//! out.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -32,10 +39,12 @@ pub enum DeliveryStatus {
     Interrupted,
 }
 
-/// Recorded audio (`ChatAudioData`): mono 16-bit PCM.
+/// Recorded audio (`ChatAudioData`). Its format (`AudioLineConfiguration`) is always mono
+/// 16-bit PCM at `sample_rate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AudioData {
-    /// Samples (empty when exported with `exclude_audio`).
+    /// Samples (empty when exported with `exclude_audio` or dropped by the session's audio
+    /// cap).
     pub samples: Vec<i16>,
     /// Their rate in Hz.
     pub sample_rate: u32,
@@ -51,7 +60,9 @@ pub enum Content {
     Text {
         /// The text.
         text: String,
-        /// The synthesized speech of it (never kept by this engine: too large).
+        /// The synthesized speech of it: for spoken replies, each sentence's audio as it was
+        /// delivered (`None` for text-only replies, typed text, exports with `exclude_audio`
+        /// and audio dropped by the session's cap).
         tts_audio: Option<AudioData>,
     },
     /// A spoken user turn.
@@ -78,6 +89,29 @@ pub enum Content {
     },
     /// Extra instructions (`TriggerInference.extra_instructions`).
     Instructions(String),
+}
+
+impl AudioData {
+    /// Its length in microseconds.
+    fn micros(&self) -> u128 {
+        if self.sample_rate == 0 {
+            return 0;
+        }
+        self.samples.len() as u128 * 1_000_000 / u128::from(self.sample_rate)
+    }
+}
+
+impl Content {
+    /// The recorded audio of this item, if any.
+    fn audio(&self) -> Option<&AudioData> {
+        match self {
+            Self::InputAudio(a) => Some(a),
+            Self::Text {
+                tts_audio: Some(a), ..
+            } => Some(a),
+            _ => None,
+        }
+    }
 }
 
 /// One message of the conversation (`ChatMessage`).
@@ -113,7 +147,8 @@ impl ChatMessage {
         }
     }
 
-    /// The message's text: its text items, or transcriptions of its audio, joined.
+    /// The message's text: its text items, or transcriptions of its audio, joined as
+    /// sentences (a space between them except around CJK).
     #[must_use]
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -123,10 +158,7 @@ impl ChatMessage {
                 Content::InputAudio(a) => a.transcription.as_str(),
                 _ => continue,
             };
-            if !out.is_empty() && !t.is_empty() {
-                out.push(' ');
-            }
-            out.push_str(t);
+            crate::playback::join(&mut out, t);
         }
         out
     }
@@ -210,6 +242,55 @@ impl History {
                 },
             );
         }
+    }
+
+    /// Sets the spoken text of `turn`'s reply as one text item per sentence, each with its
+    /// audio (replacing any earlier text items).
+    pub(crate) fn set_assistant_sentences(
+        &mut self,
+        now: Instant,
+        turn: TurnId,
+        sentences: Vec<(String, Option<AudioData>)>,
+    ) {
+        let m = self.assistant(now, turn);
+        m.content.retain(|c| !matches!(c, Content::Text { .. }));
+        let texts = sentences
+            .into_iter()
+            .filter(|(text, _)| !text.is_empty())
+            .map(|(text, tts_audio)| Content::Text { text, tts_audio });
+        // Text first: the model said it before (or while) its tools ran.
+        m.content.splice(0..0, texts);
+    }
+
+    /// Drops the oldest recorded audio until at most `cap` of it is kept (texts and
+    /// transcriptions stay). Returns how many audio items were dropped.
+    pub(crate) fn cap_audio(&mut self, cap: Duration) -> usize {
+        let cap = cap.as_micros();
+        let mut total: u128 = self
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter_map(Content::audio)
+            .map(AudioData::micros)
+            .sum();
+        let mut dropped = 0;
+        for c in self.messages.iter_mut().flat_map(|m| &mut m.content) {
+            if total <= cap {
+                break;
+            }
+            let micros = c.audio().map_or(0, AudioData::micros);
+            if micros == 0 {
+                continue;
+            }
+            match c {
+                Content::InputAudio(a) => a.samples = Vec::new(),
+                Content::Text { tts_audio, .. } => *tts_audio = None,
+                _ => continue,
+            }
+            total -= micros;
+            dropped += 1;
+        }
+        dropped
     }
 
     /// Files a tool result with the assistant message that made the call.

@@ -100,16 +100,25 @@ impl Ledger {
     }
 
     /// Everything the reply says, sentence by sentence.
+    #[cfg(test)]
     pub(crate) fn full_text(&self) -> String {
-        let mut out = String::new();
-        for s in &self.segments {
-            join(&mut out, &s.text);
-        }
-        out
+        join_all(&self.segment_texts())
+    }
+
+    /// Every sentence's text, in order.
+    pub(crate) fn segment_texts(&self) -> Vec<String> {
+        self.segments.iter().map(|s| s.text.clone()).collect()
     }
 
     /// The word-aligned prefix of the reply the user heard by `now`.
+    #[cfg(test)]
     pub(crate) fn heard_text(&self, now: Instant, reports: bool) -> String {
+        join_all(&self.heard_segments(now, reports))
+    }
+
+    /// What the user heard of each sentence by `now`: whole sentences, then a word-aligned
+    /// prefix of the one cut off; sentences not reached are left out.
+    pub(crate) fn heard_segments(&self, now: Instant, reports: bool) -> Vec<String> {
         let pos = self.position(now, reports);
         // Bytes per character of finished sentences: estimates how long the sentence still
         // being synthesized will be.
@@ -120,7 +129,7 @@ impl Ledger {
             .fold((0u64, 0u64), |(b, c), s| {
                 (b + s.bytes, c + s.text.chars().count() as u64)
             });
-        let mut out = String::new();
+        let mut out = Vec::new();
         for s in &self.segments {
             if s.bytes == 0 || pos <= s.start {
                 break;
@@ -132,14 +141,24 @@ impl Ledger {
             }
             let played = (pos - s.start).min(total);
             if played >= total && s.done {
-                join(&mut out, &s.text);
+                out.push(s.text.clone());
                 continue;
             }
-            join(&mut out, word_prefix(&s.text, played, total));
+            out.push(word_prefix(&s.text, played, total).to_owned());
             break;
         }
         out
     }
+}
+
+/// Sentences joined as [`join`] does.
+#[cfg(test)]
+pub(crate) fn join_all(texts: &[impl AsRef<str>]) -> String {
+    let mut out = String::new();
+    for t in texts {
+        join(&mut out, t.as_ref());
+    }
+    out
 }
 
 fn is_wide(c: char) -> bool {
@@ -147,7 +166,7 @@ fn is_wide(c: char) -> bool {
 }
 
 /// Appends a sentence, with a space between sentences of space-separated scripts.
-fn join(out: &mut String, text: &str) {
+pub(crate) fn join(out: &mut String, text: &str) {
     if text.is_empty() {
         return;
     }
