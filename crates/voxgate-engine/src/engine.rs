@@ -24,8 +24,55 @@ use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
 
-/// Characters of a reply held back until its leading emoji (if any) is known.
-const EMOTION_LOOKAHEAD: usize = 8;
+/// `text` without emoji, for one fragment of a streamed reply: `strip_emoji` trims its result,
+/// but the spaces at a fragment's edges separate it from its neighbours ("Hello " + "there"),
+/// so they are kept (except leading ones at the start of the reply).
+fn strip_chunk(text: &str, reply_start: bool) -> String {
+    let stripped = emotion::strip_emoji(text);
+    if matches!(stripped, std::borrow::Cow::Borrowed(_)) {
+        return stripped.into_owned();
+    }
+    if stripped.trim().is_empty() {
+        // Only emoji (and spaces): keep one space so the words around it stay apart.
+        let spaced = !reply_start && text.contains(char::is_whitespace);
+        return if spaced { " ".into() } else { String::new() };
+    }
+    let lead = &text[..text.len() - text.trim_start().len()];
+    let trail = &text[text.trim_end().len()..];
+    let mut out = String::with_capacity(text.len());
+    if !reply_start {
+        out.push_str(lead);
+    }
+    out.push_str(stripped.trim());
+    out.push_str(trail);
+    out
+}
+
+/// Whether `c` continues an emoji cluster (ZWJ, variation selectors, skin tones, keycap,
+/// tag characters, the second regional indicator of a flag): a grapheme followed by one of
+/// these is not complete yet.
+fn extends_emoji(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x200D | 0xFE0E | 0xFE0F | 0x1F3FB..=0x1F3FF | 0x20E3 | 0xE0020..=0xE007F
+            | 0x1F1E6..=0x1F1FF
+    )
+}
+
+/// Whether the start of a reply is settled: past its leading emoji clusters (and spaces) a
+/// complete grapheme that is not an emoji has arrived. Until then a later delta could still
+/// extend an emoji (`👨` + `\u{200D}👩`, `1` + `\u{FE0F}\u{20E3}`), so the text is held back.
+fn lead_settled(buf: &str) -> bool {
+    let mut rest = buf.trim_start();
+    while let Some(found) = emotion::leading_emoji(rest) {
+        rest = found.rest;
+    }
+    let mut chars = rest.chars();
+    match (chars.next(), chars.next()) {
+        (Some(c), Some(next)) => !extends_emoji(c) && !extends_emoji(next),
+        _ => false,
+    }
+}
 
 /// History's result for a tool call cancelled before it answered, so every call there is
 /// answered and later contexts stay valid.
@@ -50,7 +97,9 @@ struct Response {
     llm: Option<RequestId>,
     llm_done: bool,
     started: bool,
-    /// Text held back to read the leading emoji; `None` once decided.
+    /// The start of the reply, held back until its leading emoji (if any) is complete: it is
+    /// read as the face (with an emotion policy) or stripped whole, never shown in pieces.
+    /// `None` once settled.
     emotion_buf: Option<String>,
     splitter: Splitter,
     sentences: VecDeque<Sentence>,
@@ -63,6 +112,8 @@ struct Response {
     asks_question: bool,
     /// Text-only replies: everything shown so far.
     shown: String,
+    /// Text-only replies: the last fragment with text ended in an emoji (removed).
+    emoji_gap: bool,
     /// Spoken replies: each delivered sentence's audio, in ledger segment order.
     spoken: Vec<AudioData>,
 }
@@ -756,7 +807,7 @@ impl Engine {
             llm,
             llm_done: false,
             started: false,
-            emotion_buf: self.config.emotion.as_ref().map(|_| String::new()),
+            emotion_buf: Some(String::new()),
             splitter: Splitter::new(self.config.max_sentence_chars),
             sentences: VecDeque::new(),
             ledger: Ledger::default(),
@@ -765,6 +816,7 @@ impl Engine {
             end_sent: false,
             asks_question: false,
             shown: String::new(),
+            emoji_gap: false,
             spoken: Vec::new(),
         });
     }
@@ -776,7 +828,7 @@ impl Engine {
         let Some(r) = &mut self.resp else { return };
         if let Some(buf) = &mut r.emotion_buf {
             buf.push_str(text);
-            if buf.trim_start().chars().count() >= EMOTION_LOOKAHEAD {
+            if lead_settled(buf) {
                 self.decide_emotion(now);
             }
             return;
@@ -790,20 +842,36 @@ impl Engine {
             r.splitter.push(text);
             self.start_sentences();
         } else {
-            let text = emotion::strip_emoji(text).into_owned();
-            self.text_chunk(now, text);
+            let mut out = strip_chunk(text, r.shown.is_empty());
+            // "see you " + "👋" + " soon": the spaces on both sides of a removed emoji
+            // arrive in different fragments; keep one.
+            if r.emoji_gap && r.shown.ends_with(char::is_whitespace) {
+                out = out.trim_start().to_owned();
+            }
+            if !text.trim().is_empty() {
+                r.emoji_gap = text.trim_end().chars().next_back().is_some_and(|c| {
+                    extends_emoji(c) || emotion::contains_emoji(c.encode_utf8(&mut [0; 4]))
+                });
+            }
+            self.text_chunk(now, out);
         }
     }
 
     fn decide_emotion(&mut self, now: Instant) {
-        let (Some(r), Some(policy)) = (&mut self.resp, &self.config.emotion) else {
+        let Some(r) = &mut self.resp else {
             return;
         };
         let Some(buf) = r.emotion_buf.take() else {
             return;
         };
-        let (event, rest) = expression(policy, r.turn, &buf);
-        self.client(event);
+        let rest = match &self.config.emotion {
+            Some(policy) => {
+                let (event, rest) = expression(policy, r.turn, &buf);
+                self.client(event);
+                rest
+            }
+            None => buf,
+        };
         if !rest.is_empty() {
             self.route_text(now, &rest);
         }
