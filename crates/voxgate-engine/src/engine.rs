@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
 use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
+use voxgate_mcp::jsonrpc::ErrorObject;
 use voxgate_mcp::model::Tool;
 use voxgate_mcp::registry::{ToolRegistry, ToolSource};
 use voxgate_turn::{
@@ -1333,6 +1334,15 @@ impl Engine {
         self.pump(now);
     }
 
+    /// Acts on the device MCP client's outputs.
+    ///
+    /// The tool list is replaced whenever the device lists it: at start, and again after each
+    /// `notifications/tools/list_changed` (the client re-lists on its own); a failed re-list
+    /// keeps the previous tools. Every other notification (Xiaozhi's `state_changed`,
+    /// progress, logging) is ignored: nothing in a conversation depends on it. Requests from
+    /// the device (sampling, roots, elicitation) are answered "method not found", since the
+    /// engine offers none of them and the device must not wait for an answer. Protocol faults
+    /// and failed handshakes are reported as errors; the session goes on.
     fn pump_mcp(&mut self, now: Instant) {
         loop {
             let Some(out) = self.mcp.as_mut().and_then(McpClient::poll_output) else {
@@ -1359,6 +1369,31 @@ impl Engine {
                     self.history.push_tool_result(now, &call_id, text);
                     self.finish_call(now, &call_id, ok);
                 }
+                ClientOutput::Request(r) => {
+                    if let Some(m) = &mut self.mcp {
+                        m.respond(
+                            r.id,
+                            Err(ErrorObject::new(
+                                ErrorObject::METHOD_NOT_FOUND,
+                                format!("{} is not supported", r.method),
+                            )),
+                        );
+                    }
+                }
+                ClientOutput::InitializeFailed(e) => self.client(ClientEvent::Error {
+                    category: ErrorCategory::Protocol,
+                    message: format!("device MCP initialize failed: {e}"),
+                }),
+                ClientOutput::ListToolsFailed(e) => self.client(ClientEvent::Error {
+                    category: ErrorCategory::Protocol,
+                    message: format!("device MCP tools/list failed, keeping the old tools: {e}"),
+                }),
+                ClientOutput::PeerFault(f) => self.client(ClientEvent::Error {
+                    category: ErrorCategory::Protocol,
+                    message: format!("device MCP: {f}"),
+                }),
+                // See above: notifications are ignored, and `Ready` / `Pong` need no action
+                // (the client lists tools on ready by itself; the engine sends no pings).
                 _ => {}
             }
         }
