@@ -1,5 +1,6 @@
-//! Retell custom-LLM events, both directions: decoders never panic, whatever decodes also
-//! encodes and decodes again, and the tracker and driver survive any decoded event.
+//! Retell custom-LLM events, both directions: decoders never panic, the single-pass reader
+//! of transcript events decodes exactly what serde does, whatever decodes also encodes and
+//! decodes again, and the tracker and driver survive any decoded event.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -12,6 +13,16 @@ use voxgate_retell::{
 
 fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
+    if let Ok(text) = std::str::from_utf8(data) {
+        // `Debug` tells -0.0 from 0.0 where `==` does not.
+        let fast = RetellEvent::from_json(text).map(|ev| format!("{ev:?}"));
+        let serde = RetellEvent::from_json_by_serde(text).map(|ev| format!("{ev:?}"));
+        match (fast, serde) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "fast reader and serde differ on {text:?}"),
+            (Err(_), Err(_)) => {}
+            (a, b) => panic!("fast reader {a:?}, serde {b:?} on {text:?}"),
+        }
+    }
     if let Ok(ev) = RetellEvent::from_slice(data) {
         let wire = ev.to_json().expect("decoded events encode");
         let again = RetellEvent::from_json(&wire).expect("encoded events decode");

@@ -22,11 +22,26 @@ fn response_required_10_utterances() -> RetellEvent {
         .unwrap_or_else(|e| unreachable!("golden file decodes: {e}"))
 }
 
-/// The same from raw bytes, which adds UTF-8 validation.
+/// The same from raw bytes, which adds one UTF-8 validation of the whole frame.
 #[divan::bench]
 fn response_required_10_utterances_from_bytes() -> RetellEvent {
     RetellEvent::from_slice(divan::black_box(TEN_UTTERANCES.as_bytes()))
         .unwrap_or_else(|e| unreachable!("golden file decodes: {e}"))
+}
+
+/// The same frame with one number in exponent form (`4e-1`), which the single-pass reader
+/// leaves to serde at the first word: what any frame it does not take costs.
+#[divan::bench]
+fn response_required_10_utterances_serde_fallback(bencher: divan::Bencher<'_, '_>) {
+    let text = TEN_UTTERANCES.replacen(r#""start":0.4,"#, r#""start":4e-1,"#, 1);
+    assert_ne!(
+        text, TEN_UTTERANCES,
+        "the golden file changed: pick another number"
+    );
+    bencher.bench(|| {
+        RetellEvent::from_json(divan::black_box(&text))
+            .unwrap_or_else(|e| unreachable!("golden file decodes: {e}"))
+    });
 }
 
 /// The same bytes into an untyped `serde_json::Value`, for scale.

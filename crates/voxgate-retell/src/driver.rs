@@ -409,7 +409,7 @@ impl RetellDriver {
                 let start = (t * 1000.0).round() / 1000.0;
                 t += self.cfg.seconds_per_word;
                 Word {
-                    word: w.to_owned(),
+                    word: w.into(),
                     start,
                     end: (t * 1000.0).round() / 1000.0,
                 }

@@ -79,11 +79,14 @@
 mod call;
 mod de;
 mod error;
+mod fast;
 mod retell_event;
 mod server_event;
 mod transcript;
 
 pub use call::{Call, CallType};
+/// The string type of [`Word::word`], re-exported so callers need not depend on `compact_str`.
+pub use compact_str::CompactString;
 pub use error::{Blame, DecodeError, EncodeError};
 pub use retell_event::{
     CallDetails, INTERACTION_TYPE, PingPong, ResponseRequest, RetellEvent, UnknownEvent, UpdateOnly,

@@ -104,17 +104,44 @@ impl RetellEvent {
     /// Explicit `null`s count as absent, unknown fields are ignored and unknown event types
     /// become [`RetellEvent::Unknown`]. Never panics.
     ///
-    /// Prefer this over [`Self::from_slice`] when the frame is already a `&str` (WebSocket
-    /// text frames are): it skips a second UTF-8 validation.
+    /// Transcript events in the shape Retell writes them take a single-pass reader; anything
+    /// else (and anything unusual in them) takes serde, with the same result.
     pub fn from_json(text: &str) -> Result<Self, DecodeError> {
-        if let Ok(TagFirst(Some(ev))) = serde_json::from_str::<TagFirst>(text) {
-            return Ok(ev);
+        match crate::fast::decode(text) {
+            Some(ev) => Ok(ev),
+            None => Self::by_serde(text),
         }
-        Self::from_slice(text.as_bytes())
     }
 
     /// Decodes one frame from bytes (UTF-8 JSON).
+    ///
+    /// As fast as [`Self::from_json`]: the whole frame is checked for UTF-8 once (cheaper than
+    /// serde_json's string-by-string check while it reads bytes), and then read as text.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self::from_json(text),
+            // Not UTF-8, so not JSON either: serde says where it breaks.
+            Err(_) => Self::two_pass(bytes),
+        }
+    }
+
+    /// [`Self::from_json`] without the single-pass reader, for the fuzz target to compare.
+    #[cfg(fuzzing)]
+    #[doc(hidden)]
+    pub fn from_json_by_serde(text: &str) -> Result<Self, DecodeError> {
+        Self::by_serde(text)
+    }
+
+    /// The serde decoder: one pass when the tag comes first (Retell writes it first), two
+    /// otherwise, which also produces the precise errors.
+    pub(crate) fn by_serde(text: &str) -> Result<Self, DecodeError> {
+        if let Ok(TagFirst(Some(ev))) = serde_json::from_str::<TagFirst>(text) {
+            return Ok(ev);
+        }
+        Self::two_pass(text.as_bytes())
+    }
+
+    fn two_pass(bytes: &[u8]) -> Result<Self, DecodeError> {
         #[derive(Deserialize)]
         struct Peek<'a> {
             #[serde(borrow, default)]
@@ -126,10 +153,6 @@ impl RetellEvent {
                 Err(e) => Err(DecodeError::Syntax(e)),
                 Ok(_) => Err(DecodeError::NotAnObject),
             };
-        }
-        // Retell writes the tag first: decode in one pass, and only scan twice otherwise.
-        if let Ok(Some(ev)) = serde_json::from_slice::<TagFirst>(bytes).map(|t| t.0) {
-            return Ok(ev);
         }
         let peek: Peek<'_> =
             serde_json::from_slice(bytes).map_err(|e| classify(e, INTERACTION_TYPE))?;

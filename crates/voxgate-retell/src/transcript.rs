@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use compact_str::CompactString;
 use serde::de::{self, Deserializer, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
@@ -76,8 +77,12 @@ impl<'de> Deserialize<'de> for Role {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Word {
     /// The word as transcribed (may carry punctuation).
+    ///
+    /// A [`CompactString`]: words of up to 24 bytes (all but freak ones) are stored inline, so
+    /// a transcript's hundreds of words cost no allocation each. It derefs to `&str`, compares
+    /// with `&str` and `String`, and converts from both (`"hi".into()`).
     #[serde(default, deserialize_with = "null_default")]
-    pub word: String,
+    pub word: CompactString,
     /// Start time in seconds.
     #[serde(default, deserialize_with = "null_default")]
     pub start: f64,
@@ -138,6 +143,17 @@ fn words<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Word>>, D::Error>
         }
     }
     d.deserialize_option(Opt)
+}
+
+impl Word {
+    /// A word with its start and end in seconds.
+    pub fn new(word: impl Into<CompactString>, start: f64, end: f64) -> Self {
+        Word {
+            word: word.into(),
+            start,
+            end,
+        }
+    }
 }
 
 impl Utterance {
@@ -283,6 +299,15 @@ impl TurnTaking {
             TurnTaking::Other(s) => s,
         }
     }
+
+    /// Reads a value from its wire spelling; unknown spellings become [`TurnTaking::Other`].
+    pub fn from_wire(s: &str) -> Self {
+        match s {
+            "agent_turn" => TurnTaking::AgentTurn,
+            "user_turn" => TurnTaking::UserTurn,
+            other => TurnTaking::Other(other.to_owned()),
+        }
+    }
 }
 
 impl Serialize for TurnTaking {
@@ -293,11 +318,16 @@ impl Serialize for TurnTaking {
 
 impl<'de> Deserialize<'de> for TurnTaking {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
-        Ok(match s.as_ref() {
-            "agent_turn" => TurnTaking::AgentTurn,
-            "user_turn" => TurnTaking::UserTurn,
-            _ => TurnTaking::Other(s.into_owned()),
-        })
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = TurnTaking;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a turn-taking string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TurnTaking, E> {
+                Ok(TurnTaking::from_wire(v))
+            }
+        }
+        d.deserialize_str(V)
     }
 }

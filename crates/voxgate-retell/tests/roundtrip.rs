@@ -45,7 +45,11 @@ fn role() -> impl Strategy<Value = Role> {
 }
 
 fn word() -> impl Strategy<Value = Word> {
-    (text(), seconds(), seconds()).prop_map(|(word, start, end)| Word { word, start, end })
+    (text(), seconds(), seconds()).prop_map(|(word, start, end)| Word {
+        word: word.into(),
+        start,
+        end,
+    })
 }
 
 fn utterance() -> impl Strategy<Value = Utterance> {
