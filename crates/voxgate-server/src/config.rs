@@ -1,0 +1,381 @@
+//! Server configuration: a TOML file over embedded defaults, then environment overrides.
+//!
+//! Every field has a default, so an empty file (or none) is a working configuration: listen on
+//! `127.0.0.1:8080`, answer with the offline [`DemoAgent`](voxgate_providers::DemoAgent), no
+//! speech recognizer ([`NoAsr`](voxgate_providers::NoAsr)) and the embedded synthesizer
+//! ([`embedded_tts`](voxgate_providers::embedded_tts)).
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"
+//! max_frame_bytes = 1048576
+//!
+//! [realtime]
+//! api_keys = ["secret"]          # empty: no authentication
+//!
+//! [llm]                          # absent: the demo agent
+//! base_url = "http://localhost:11434/v1"
+//! model = "llama3.2"
+//! api_key = "..."                # optional
+//!
+//! [asr]                          # absent: no recognizer
+//! base_url = "https://api.openai.com/v1"
+//! model = "whisper-1"
+//!
+//! [tts]                          # absent: espeak-ng if installed, else tones
+//! base_url = "https://api.openai.com/v1"
+//! model = "tts-1"
+//! voice = "alloy"
+//! ```
+//!
+//! # Environment overrides
+//!
+//! Applied after the file, each replacing one setting ([`Config::apply_env`]):
+//!
+//! | variable | setting |
+//! |---|---|
+//! | `VOXGATE_LISTEN` | `listen` |
+//! | `VOXGATE_MAX_FRAME_BYTES` | `max_frame_bytes` |
+//! | `VOXGATE_API_KEYS` | `realtime.api_keys`, comma-separated (empty: none) |
+//! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
+//! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
+//! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
+//!
+//! Setting a section's `*_BASE_URL` creates the section with default model names (`gpt-4o-mini`,
+//! `whisper-1`, `tts-1` with voice `alloy`); the other variables of a section only change an
+//! existing one.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole server configuration. See the [module docs](self) for the file format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address of the HTTP/WebSocket listener. Port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Largest WebSocket message accepted, in bytes. Larger messages are refused with the
+    /// protocol's error (the session goes on); messages over four times this close the
+    /// connection.
+    pub max_frame_bytes: usize,
+    /// The realtime protobuf door.
+    pub realtime: RealtimeConfig,
+    /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmConfig>,
+    /// An OpenAI-compatible transcription service; `None` uses no recognizer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asr: Option<AsrConfig>,
+    /// An OpenAI-compatible speech service; `None` uses the embedded synthesizer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tts: Option<TtsConfig>,
+}
+
+/// Settings of the realtime door.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RealtimeConfig {
+    /// Bearer keys accepted in `Authorization`; empty means no authentication.
+    pub api_keys: Vec<String>,
+}
+
+/// An OpenAI-compatible chat completions endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// API root with version, e.g. `https://api.openai.com/v1` or `http://localhost:11434/v1`.
+    pub base_url: String,
+    /// Model name.
+    #[serde(default = "default_llm_model")]
+    pub model: String,
+    /// Bearer token, if the service needs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+}
+
+/// An OpenAI-compatible `/audio/transcriptions` endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AsrConfig {
+    /// API root with version.
+    pub base_url: String,
+    /// Model name.
+    #[serde(default = "default_asr_model")]
+    pub model: String,
+    /// Bearer token, if the service needs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+}
+
+/// An OpenAI-compatible `/audio/speech` endpoint (24 kHz PCM is requested).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtsConfig {
+    /// API root with version.
+    pub base_url: String,
+    /// Model name.
+    #[serde(default = "default_tts_model")]
+    pub model: String,
+    /// Voice name.
+    #[serde(default = "default_tts_voice")]
+    pub voice: String,
+    /// Bearer token, if the service needs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+}
+
+fn default_llm_model() -> String {
+    "gpt-4o-mini".into()
+}
+fn default_asr_model() -> String {
+    "whisper-1".into()
+}
+fn default_tts_model() -> String {
+    "tts-1".into()
+}
+fn default_tts_voice() -> String {
+    "alloy".into()
+}
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default [`Config::max_frame_bytes`]: 1 MiB (about 10 s of 48 kHz 16-bit stereo).
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            realtime: RealtimeConfig::default(),
+            llm: None,
+            asr: None,
+            tts: None,
+        }
+    }
+}
+
+/// A configuration that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid configuration: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// An environment variable has an unusable value.
+    #[error("environment variable {name}: {message}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value out of range.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Parses TOML text over the defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] for bad TOML, unknown keys or wrong types.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Reads a TOML file over the defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] or [`ConfigError::Parse`].
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// Applies the `VOXGATE_*` overrides (see the [module docs](self)) read through `var`, so
+    /// tests need not touch the process environment. Pass `|k| std::env::var(k).ok()` to use
+    /// the real one.
+    ///
+    /// # Errors
+    /// [`ConfigError::Env`] for an unparsable address or number.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = var("VOXGATE_LISTEN") {
+            self.listen = v.trim().parse().map_err(|e| ConfigError::Env {
+                name: "VOXGATE_LISTEN",
+                message: format!("{v:?} is not a socket address: {e}"),
+            })?;
+        }
+        if let Some(v) = var("VOXGATE_MAX_FRAME_BYTES") {
+            self.max_frame_bytes = v.trim().parse().map_err(|e| ConfigError::Env {
+                name: "VOXGATE_MAX_FRAME_BYTES",
+                message: format!("{v:?}: {e}"),
+            })?;
+        }
+        if let Some(v) = var("VOXGATE_API_KEYS") {
+            self.realtime.api_keys = v
+                .split(',')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(str::to_owned)
+                .collect();
+        }
+        if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
+            let llm = self.llm.get_or_insert_with(|| LlmConfig {
+                base_url: String::new(),
+                model: default_llm_model(),
+                api_key: None,
+            });
+            llm.base_url = base_url;
+        }
+        if let Some(llm) = &mut self.llm {
+            if let Some(m) = var("VOXGATE_LLM_MODEL") {
+                llm.model = m;
+            }
+            if let Some(k) = var("VOXGATE_LLM_API_KEY") {
+                llm.api_key = Some(k);
+            }
+        }
+        if let Some(base_url) = var("VOXGATE_ASR_BASE_URL") {
+            let asr = self.asr.get_or_insert_with(|| AsrConfig {
+                base_url: String::new(),
+                model: default_asr_model(),
+                api_key: None,
+            });
+            asr.base_url = base_url;
+        }
+        if let Some(asr) = &mut self.asr {
+            if let Some(m) = var("VOXGATE_ASR_MODEL") {
+                asr.model = m;
+            }
+            if let Some(k) = var("VOXGATE_ASR_API_KEY") {
+                asr.api_key = Some(k);
+            }
+        }
+        if let Some(base_url) = var("VOXGATE_TTS_BASE_URL") {
+            let tts = self.tts.get_or_insert_with(|| TtsConfig {
+                base_url: String::new(),
+                model: default_tts_model(),
+                voice: default_tts_voice(),
+                api_key: None,
+            });
+            tts.base_url = base_url;
+        }
+        if let Some(tts) = &mut self.tts {
+            if let Some(m) = var("VOXGATE_TTS_MODEL") {
+                tts.model = m;
+            }
+            if let Some(v) = var("VOXGATE_TTS_VOICE") {
+                tts.voice = v;
+            }
+            if let Some(k) = var("VOXGATE_TTS_API_KEY") {
+                tts.api_key = Some(k);
+            }
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.max_frame_bytes < 1024 {
+            return Err(ConfigError::Invalid(format!(
+                "max_frame_bytes = {} is below the minimum of 1024",
+                self.max_frame_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML (for `--print-config`), secrets replaced by `***`
+    /// so the output can be pasted into a bug report.
+    #[must_use]
+    pub fn to_toml(&self) -> String {
+        let mut shown = self.clone();
+        let mask = |k: &mut Option<String>| {
+            if k.is_some() {
+                *k = Some("***".into());
+            }
+        };
+        shown
+            .realtime
+            .api_keys
+            .iter_mut()
+            .for_each(|k| *k = "***".into());
+        if let Some(l) = &mut shown.llm {
+            mask(&mut l.api_key);
+        }
+        if let Some(a) = &mut shown.asr {
+            mask(&mut a.api_key);
+        }
+        if let Some(t) = &mut shown.tts {
+            mask(&mut t.api_key);
+        }
+        // Serializing plain structs of strings, numbers and lists cannot fail.
+        toml::to_string_pretty(&shown).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn file_sections_and_unknown_keys() {
+        let c = Config::from_toml(
+            "listen = \"0.0.0.0:9000\"\n[llm]\nbase_url = \"http://x/v1\"\n[realtime]\napi_keys = [\"k\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.llm.as_ref().unwrap().model, "gpt-4o-mini");
+        assert_eq!(c.realtime.api_keys, ["k"]);
+        assert!(matches!(
+            Config::from_toml("lisen = \"x\""),
+            Err(ConfigError::Parse(_))
+        ));
+    }
+
+    #[test]
+    fn env_overrides_and_print_round_trip() {
+        let mut c = Config::default();
+        let env = |k: &str| match k {
+            "VOXGATE_LISTEN" => Some("127.0.0.1:0".to_owned()),
+            "VOXGATE_API_KEYS" => Some("a, b,".to_owned()),
+            "VOXGATE_TTS_BASE_URL" => Some("http://tts/v1".to_owned()),
+            "VOXGATE_TTS_VOICE" => Some("nova".to_owned()),
+            "VOXGATE_ASR_MODEL" => Some("ignored without a base url".to_owned()),
+            _ => None,
+        };
+        c.apply_env(env).unwrap();
+        assert_eq!(c.listen.port(), 0);
+        assert_eq!(c.realtime.api_keys, ["a", "b"]);
+        assert_eq!(c.tts.as_ref().unwrap().voice, "nova");
+        assert!(c.asr.is_none());
+        let printed = c.to_toml();
+        assert!(!printed.contains("\"a\""), "{printed}");
+        let back = Config::from_toml(&printed).unwrap();
+        assert_eq!(back.tts, c.tts);
+        assert_eq!(back.listen, c.listen);
+        let bad = Config::default().apply_env(|k| (k == "VOXGATE_LISTEN").then(|| "nope".into()));
+        assert!(matches!(bad, Err(ConfigError::Env { .. })));
+    }
+}

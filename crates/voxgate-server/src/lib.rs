@@ -1,0 +1,38 @@
+//! The voxgate reference server as a library: configuration, the runtime with health and
+//! metrics endpoints, and the protocol doors.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /health` | `200` with JSON: status, version, open sessions |
+//! | `GET /metrics` | Prometheus text: sessions by door, turns, errors, provider latencies, dropped frames |
+//! | `/realtime`, `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]` | the realtime protobuf protocol over WebSocket (Deepslate-compatible), optional bearer keys |
+//!
+//! Each connection is one tokio task driving one sans-IO [`voxgate_engine::Engine`]; provider
+//! requests (LLM, ASR, TTS) run as tasks whose events come back tagged with the engine's request
+//! id and are aborted when the engine cancels them or the client leaves. Queues are bounded:
+//! under back-pressure audio is dropped and counted (`voxgate_dropped_frames_total`), control
+//! messages never are.
+//!
+//! # Example
+//! ```no_run
+//! use voxgate_server::{Config, Server};
+//!
+//! # async fn run() -> Result<(), voxgate_server::ServerError> {
+//! let mut config = Config::default();
+//! config.listen = "127.0.0.1:0".parse().unwrap();
+//! let server = Server::bind(config).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.run(voxgate_server::shutdown_signal()).await
+//! # }
+//! ```
+
+pub mod config;
+pub mod metrics;
+mod providers;
+mod realtime;
+mod server;
+
+pub use config::{Config, ConfigError};
+pub use metrics::Metrics;
+pub use providers::Providers;
+pub use server::{Server, ServerError, shutdown_signal};

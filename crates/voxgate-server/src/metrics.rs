@@ -1,0 +1,264 @@
+//! A small Prometheus registry of atomics, rendered in the text exposition format at
+//! `GET /metrics`.
+//!
+//! Hand-rolled because the set is small and fixed: counters and gauges per door, and latency
+//! summaries (`_sum` and `_count`) per provider kind. Updates are single relaxed atomic adds,
+//! cheap enough for the audio path.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Which protocol a session speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Door {
+    /// The realtime protobuf protocol.
+    Realtime,
+}
+
+impl Door {
+    const ALL: [Self; 1] = [Self::Realtime];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Realtime => "realtime",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Realtime => 0,
+        }
+    }
+}
+
+/// Which provider a latency belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProviderKind {
+    /// Time from request to the first LLM event.
+    Llm,
+    /// Time to a transcript.
+    Asr,
+    /// Time from request to the first synthesized audio.
+    Tts,
+}
+
+impl ProviderKind {
+    const ALL: [Self; 3] = [Self::Llm, Self::Asr, Self::Tts];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Llm => "llm",
+            Self::Asr => "asr",
+            Self::Tts => "tts",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Llm => 0,
+            Self::Asr => 1,
+            Self::Tts => 2,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Latency {
+    micros: AtomicU64,
+    count: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// Process-wide counters; shared by every session through an `Arc`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    sessions_total: [AtomicU64; 1],
+    sessions_active: [AtomicU64; 1],
+    turns: [AtomicU64; 1],
+    errors: [AtomicU64; 1],
+    dropped_frames: [AtomicU64; 1],
+    latency: [Latency; 3],
+}
+
+/// Keeps a session counted as active until dropped.
+#[derive(Debug)]
+pub struct SessionGuard<'a> {
+    metrics: &'a Metrics,
+    door: Door,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.metrics.sessions_active[self.door.index()].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// An empty registry.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts a new session; it stays active until the guard is dropped.
+    pub fn session(&self, door: Door) -> SessionGuard<'_> {
+        self.sessions_total[door.index()].fetch_add(1, Ordering::Relaxed);
+        self.sessions_active[door.index()].fetch_add(1, Ordering::Relaxed);
+        SessionGuard {
+            metrics: self,
+            door,
+        }
+    }
+
+    /// Counts a finished response.
+    pub fn turn(&self, door: Door) {
+        self.turns[door.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an error reported to a client.
+    pub fn error(&self, door: Door) {
+        self.errors[door.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts audio frames dropped under back-pressure.
+    pub fn dropped(&self, door: Door, frames: u64) {
+        self.dropped_frames[door.index()].fetch_add(frames, Ordering::Relaxed);
+    }
+
+    /// Records one provider latency.
+    pub fn latency(&self, kind: ProviderKind, elapsed: Duration) {
+        let l = &self.latency[kind.index()];
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        l.micros.fetch_add(micros, Ordering::Relaxed);
+        l.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a failed provider request.
+    pub fn provider_failure(&self, kind: ProviderKind) {
+        self.latency[kind.index()]
+            .failures
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sessions currently open on `door`.
+    #[must_use]
+    pub fn active_sessions(&self, door: Door) -> u64 {
+        self.sessions_active[door.index()].load(Ordering::Relaxed)
+    }
+
+    /// The registry in the Prometheus text exposition format (version 0.0.4).
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(2048);
+        let per_door =
+            |out: &mut String, name: &str, kind: &str, help: &str, v: &[AtomicU64; 1]| {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for door in Door::ALL {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{door=\"{}\"}} {}",
+                        door.label(),
+                        v[door.index()].load(Ordering::Relaxed)
+                    );
+                }
+            };
+        per_door(
+            &mut out,
+            "voxgate_sessions_total",
+            "counter",
+            "Sessions opened, by door.",
+            &self.sessions_total,
+        );
+        per_door(
+            &mut out,
+            "voxgate_sessions_active",
+            "gauge",
+            "Sessions open now, by door.",
+            &self.sessions_active,
+        );
+        per_door(
+            &mut out,
+            "voxgate_turns_total",
+            "counter",
+            "Responses finished (complete or interrupted), by door.",
+            &self.turns,
+        );
+        per_door(
+            &mut out,
+            "voxgate_errors_total",
+            "counter",
+            "Errors reported to clients, by door.",
+            &self.errors,
+        );
+        per_door(
+            &mut out,
+            "voxgate_dropped_frames_total",
+            "counter",
+            "Audio frames dropped under back-pressure, by door.",
+            &self.dropped_frames,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_provider_latency_seconds Time to the first answer of a provider request.\n\
+             # TYPE voxgate_provider_latency_seconds summary"
+        );
+        for kind in ProviderKind::ALL {
+            let l = &self.latency[kind.index()];
+            #[allow(clippy::cast_precision_loss, reason = "seconds for display")]
+            let sum = l.micros.load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "voxgate_provider_latency_seconds_sum{{provider=\"{0}\"}} {sum}\n\
+                 voxgate_provider_latency_seconds_count{{provider=\"{0}\"}} {1}",
+                kind.label(),
+                l.count.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_provider_failures_total Provider requests that failed.\n\
+             # TYPE voxgate_provider_failures_total counter"
+        );
+        for kind in ProviderKind::ALL {
+            let _ = writeln!(
+                out,
+                "voxgate_provider_failures_total{{provider=\"{}\"}} {}",
+                kind.label(),
+                self.latency[kind.index()].failures.load(Ordering::Relaxed)
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_render_as_prometheus_text() {
+        let m = Metrics::new();
+        {
+            let _g = m.session(Door::Realtime);
+            assert_eq!(m.active_sessions(Door::Realtime), 1);
+            m.turn(Door::Realtime);
+            m.dropped(Door::Realtime, 3);
+            m.latency(ProviderKind::Tts, Duration::from_millis(250));
+        }
+        assert_eq!(m.active_sessions(Door::Realtime), 0);
+        let text = m.render();
+        for line in [
+            "voxgate_sessions_total{door=\"realtime\"} 1",
+            "voxgate_sessions_active{door=\"realtime\"} 0",
+            "voxgate_turns_total{door=\"realtime\"} 1",
+            "voxgate_dropped_frames_total{door=\"realtime\"} 3",
+            "voxgate_provider_latency_seconds_sum{provider=\"tts\"} 0.25",
+            "voxgate_provider_latency_seconds_count{provider=\"tts\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The runtime: one listener, the HTTP routes and every door, graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{State, WebSocketUpgrade};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::metrics::{Door, Metrics};
+use crate::providers::Providers;
+use crate::realtime::{self, DoorContext};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A configured provider cannot work.
+    #[error("provider configuration: {0}")]
+    Provider(#[from] voxgate_providers::ProviderError),
+    /// The listener failed while serving.
+    #[error("serving failed: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+#[derive(Debug)]
+struct App {
+    config: Config,
+    providers: Providers,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// A bound server, ready to [`run`](Server::run).
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    addr: SocketAddr,
+    app: Arc<App>,
+    stop: watch::Sender<bool>,
+}
+
+impl Server {
+    /// Binds `config.listen` with the providers the configuration names.
+    ///
+    /// # Errors
+    /// [`ServerError::Bind`] or [`ServerError::Provider`].
+    pub async fn bind(config: Config) -> Result<Self, ServerError> {
+        let providers = Providers::from_config(&config)?;
+        Self::bind_with(config, providers).await
+    }
+
+    /// Binds `config.listen` with the given providers (tests, embedders).
+    ///
+    /// # Errors
+    /// [`ServerError::Bind`].
+    pub async fn bind_with(config: Config, providers: Providers) -> Result<Self, ServerError> {
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let (stop, shutdown) = watch::channel(false);
+        Ok(Self {
+            listener,
+            addr,
+            app: Arc::new(App {
+                config,
+                providers,
+                metrics: Arc::new(Metrics::new()),
+                shutdown,
+            }),
+            stop,
+        })
+    }
+
+    /// The bound address (the real port when the configuration asked for port 0).
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's metrics registry.
+    #[must_use]
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.app.metrics)
+    }
+
+    /// Serves until `shutdown` completes, then closes every session and returns once the
+    /// connections are gone.
+    ///
+    /// # Errors
+    /// [`ServerError::Serve`] when the listener fails.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let router = router(Arc::clone(&self.app));
+        let stop = self.stop;
+        tracing::info!(addr = %self.addr, "voxgate server listening");
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down");
+                // Sessions watch this and close; HTTP requests in flight finish.
+                let _ = stop.send(true);
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+/// Completes on Ctrl-C (and SIGTERM on Unix): the usual `shutdown` for [`Server::run`].
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/realtime", get(realtime_upgrade))
+        .route(
+            "/api/v1/vendors/{vendor}/organizations/{org}/realtime",
+            get(realtime_upgrade),
+        )
+        .route(
+            "/api/v1/vendors/{vendor}/organizations/{org}/realtime/{model}",
+            get(realtime_upgrade),
+        )
+        .with_state(app)
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let body = serde_json::json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "sessions": { "realtime": app.metrics.active_sessions(Door::Realtime) },
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Whether the request carries one of the configured bearer keys (always, when none are
+/// configured).
+fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
+    if keys.is_empty() {
+        return true;
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| keys.iter().any(|k| k == token.trim()))
+}
+
+async fn realtime_upgrade(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if !authorized(&app.config.realtime.api_keys, &headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "missing or unknown bearer API key",
+        )
+            .into_response();
+    }
+    let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
+    let ctx = DoorContext {
+        providers: app.providers.clone(),
+        metrics: Arc::clone(&app.metrics),
+        max_frame_bytes: app.config.max_frame_bytes,
+        shutdown: app.shutdown.clone(),
+    };
+    ws.max_message_size(hard_limit)
+        .max_frame_size(hard_limit)
+        .on_upgrade(move |socket| realtime::serve(socket, ctx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_keys() {
+        let mut h = HeaderMap::new();
+        assert!(authorized(&[], &h));
+        let keys = vec!["k1".to_owned()];
+        assert!(!authorized(&keys, &h));
+        h.insert(header::AUTHORIZATION, "Bearer k2".parse().unwrap());
+        assert!(!authorized(&keys, &h));
+        h.insert(header::AUTHORIZATION, "Bearer k1".parse().unwrap());
+        assert!(authorized(&keys, &h));
+    }
+}
