@@ -1,0 +1,496 @@
+//! The realtime door end to end: a real server on 127.0.0.1:0, a real WebSocket client
+//! (tokio-tungstenite) speaking the voxgate-realtime codec, the embedded demo agent.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_realtime::proto::client_bound_message::Payload as Down;
+use voxgate_realtime::proto::{InferenceTriggerMode, SessionErrorCategory, ToolDefinition};
+use voxgate_realtime::{AudioFormat, ClientBoundMessage, ServiceBoundMessage, SessionConfig};
+use voxgate_server::{Config, Server};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(mut config: Config) -> Self {
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let server = Server::bind(config).await.unwrap();
+        let addr = server.local_addr();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server shuts down")
+            .unwrap();
+    }
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn connect(addr: SocketAddr, path: &str) -> Ws {
+    let (ws, _) = tokio::time::timeout(
+        WAIT,
+        tokio_tungstenite::connect_async(format!("ws://{addr}{path}")),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    ws
+}
+
+async fn send(ws: &mut Ws, m: &ServiceBoundMessage) {
+    ws.send(Message::Binary(m.to_frame())).await.unwrap();
+}
+
+/// The next protocol message; `None` when the server closed.
+async fn recv(ws: &mut Ws) -> Option<ClientBoundMessage> {
+    loop {
+        let msg = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a message within the timeout");
+        match msg {
+            Some(Ok(Message::Binary(b))) => {
+                return Some(ClientBoundMessage::decode_frame(b).unwrap());
+            }
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+async fn recv_payload(ws: &mut Ws) -> Down {
+    recv(ws).await.expect("server still open").payload.unwrap()
+}
+
+fn text_only() -> SessionConfig {
+    SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K)
+}
+
+async fn initialized(addr: SocketAddr, path: &str) -> Ws {
+    let mut ws = connect(addr, path).await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::initialize(&text_only()).unwrap(),
+    )
+    .await;
+    assert!(matches!(recv_payload(&mut ws).await, Down::SessionReady(_)));
+    ws
+}
+
+/// Collects one response: its turn id and the text of its fragments, checking the framing.
+async fn response_text(ws: &mut Ws) -> (u32, String) {
+    let turn = match recv_payload(ws).await {
+        Down::ResponseBegin(b) => b.turn_id,
+        other => panic!("expected ResponseBegin, got {other:?}"),
+    };
+    let mut text = String::new();
+    loop {
+        match recv_payload(ws).await {
+            Down::ModelTextFragment(f) => {
+                assert_eq!(f.turn_id, Some(turn));
+                text.push_str(&f.text);
+            }
+            Down::ResponseEnd(e) => {
+                assert_eq!(e.turn_id, turn);
+                return (turn, text);
+            }
+            other => panic!("unexpected {other:?} inside a response"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn handshake_text_turn_and_ping_on_both_paths() {
+    let server = Running::start(Config::default()).await;
+    for path in [
+        "/realtime",
+        "/api/v1/vendors/v1/organizations/o1/realtime",
+        "/api/v1/vendors/v1/organizations/o1/realtime/some-model",
+    ] {
+        let mut ws = initialized(server.addr, path).await;
+        send(&mut ws, &ServiceBoundMessage::ping()).await;
+        assert!(matches!(recv_payload(&mut ws).await, Down::Pong(_)));
+        send(
+            &mut ws,
+            &ServiceBoundMessage::user_text(1, InferenceTriggerMode::Queue, "hello there"),
+        )
+        .await;
+        let (_, text) = response_text(&mut ws).await;
+        assert_eq!(text, "You said: hello there");
+        ws.close(None).await.unwrap();
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_tool_call_and_continuation() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    let tool = ToolDefinition::from_json(
+        "get_weather",
+        Some("The weather in a city".into()),
+        &serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+    )
+    .unwrap();
+    send(&mut ws, &ServiceBoundMessage::update_tools(vec![tool])).await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::user_text(
+            1,
+            InferenceTriggerMode::Queue,
+            r#"call get_weather {"city": "Paris"}"#,
+        ),
+    )
+    .await;
+    // The reply announces the call, then the client gets the request.
+    let mut call = None;
+    let mut first_turn = None;
+    while call.is_none() {
+        match recv_payload(&mut ws).await {
+            Down::ResponseBegin(b) => first_turn = Some(b.turn_id),
+            Down::ToolCallRequest(r) => call = Some(r),
+            Down::ModelTextFragment(_) | Down::ResponseEnd(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let call = call.unwrap();
+    assert_eq!(call.name, "get_weather");
+    assert_eq!(call.turn_id, first_turn);
+    let args = voxgate_realtime::json::struct_to_json(call.parameters.as_ref().unwrap()).unwrap();
+    assert_eq!(args["city"], "Paris");
+    send(
+        &mut ws,
+        &ServiceBoundMessage::tool_call_response(call.id.clone(), "sunny, 21 C"),
+    )
+    .await;
+    // The model continues with the result.
+    let mut continued = String::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !continued.contains("sunny, 21 C") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no continuation: {continued}"
+        );
+        if let Down::ModelTextFragment(f) = recv_payload(&mut ws).await {
+            continued.push_str(&f.text);
+        }
+    }
+    assert!(continued.contains("get_weather"), "{continued}");
+    // A response for an unknown call id is the client's error; the session goes on.
+    send(
+        &mut ws,
+        &ServiceBoundMessage::tool_call_response("nope", "x"),
+    )
+    .await;
+    loop {
+        match recv_payload(&mut ws).await {
+            Down::Error(e) => {
+                assert_eq!(e.category, SessionErrorCategory::ErrorProtocol as i32);
+                break;
+            }
+            Down::ModelTextFragment(_) | Down::ResponseEnd(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    send(&mut ws, &ServiceBoundMessage::ping()).await;
+    assert!(matches!(recv_payload(&mut ws).await, Down::Pong(_)));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn lifecycle_errors_and_malformed_frames_keep_the_session() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = connect(server.addr, "/realtime").await;
+    // Before initialization.
+    send(&mut ws, &ServiceBoundMessage::ping()).await;
+    match recv_payload(&mut ws).await {
+        Down::Error(e) => assert_eq!(e.category, SessionErrorCategory::ErrorSession as i32),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // Garbage bytes and a text frame: protocol errors, still serving.
+    ws.send(Message::Binary(vec![0xff, 0xff, 0xff, 0x0f, 0x01].into()))
+        .await
+        .unwrap();
+    match recv_payload(&mut ws).await {
+        Down::Error(e) => assert_eq!(e.category, SessionErrorCategory::ErrorProtocol as i32),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    ws.send(Message::Text("{}".into())).await.unwrap();
+    match recv_payload(&mut ws).await {
+        Down::Error(e) => assert_eq!(e.category, SessionErrorCategory::ErrorProtocol as i32),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    send(
+        &mut ws,
+        &ServiceBoundMessage::initialize(&text_only()).unwrap(),
+    )
+    .await;
+    assert!(matches!(recv_payload(&mut ws).await, Down::SessionReady(_)));
+    // A second initialization.
+    send(
+        &mut ws,
+        &ServiceBoundMessage::initialize(&text_only()).unwrap(),
+    )
+    .await;
+    match recv_payload(&mut ws).await {
+        Down::Error(e) => assert_eq!(e.category, SessionErrorCategory::ErrorSession as i32),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // An empty conversation query.
+    // (The client-side helper refuses to build one; a broken client could still send it.)
+    let empty = ServiceBoundMessage {
+        payload: Some(
+            voxgate_realtime::proto::service_bound_message::Payload::ConversationQuery(
+                voxgate_realtime::proto::ConversationQuery::default(),
+            ),
+        ),
+    };
+    send(&mut ws, &empty).await;
+    match recv_payload(&mut ws).await {
+        Down::Error(e) => assert_eq!(e.category, SessionErrorCategory::ErrorProtocol as i32),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    send(&mut ws, &ServiceBoundMessage::ping()).await;
+    assert!(matches!(recv_payload(&mut ws).await, Down::Pong(_)));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_initialization_is_fatal_with_a_configuration_error() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = connect(server.addr, "/realtime").await;
+    let mut init = text_only().to_wire().unwrap();
+    init.input_audio_line.as_mut().unwrap().sample_rate = 7;
+    send(&mut ws, &init.into()).await;
+    match recv_payload(&mut ws).await {
+        Down::Error(e) => {
+            assert_eq!(e.category, SessionErrorCategory::ErrorConfiguration as i32);
+            assert!(e.message.contains("sample_rate"), "{}", e.message);
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert!(
+        recv(&mut ws).await.is_none(),
+        "the server closes after a fatal error"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn history_export_and_conversation_query() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::user_text(1, InferenceTriggerMode::Queue, "first words"),
+    )
+    .await;
+    let (turn, _) = response_text(&mut ws).await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::export_chat_history(true, true),
+    )
+    .await;
+    let history = match recv_payload(&mut ws).await {
+        Down::ChatHistory(h) => h,
+        other => panic!("expected ChatHistory, got {other:?}"),
+    };
+    let texts: Vec<(i32, String)> = history
+        .messages
+        .iter()
+        .map(|m| {
+            let text = m
+                .content
+                .iter()
+                .filter_map(|c| match &c.content {
+                    Some(voxgate_realtime::proto::chat_message_content::Content::TextContent(
+                        t,
+                    )) => Some(t.text.clone()),
+                    _ => None,
+                })
+                .collect::<String>();
+            (m.role, text)
+        })
+        .collect();
+    use voxgate_realtime::proto::ChatMessageRole as R;
+    assert_eq!(
+        texts,
+        [
+            (R::User as i32, "first words".to_owned()),
+            (R::Assistant as i32, "You said: first words".to_owned()),
+        ]
+    );
+    assert_eq!(history.messages[1].turn_id, Some(turn));
+    assert!(history.messages.iter().all(|m| m.created_at.is_some()));
+    send(
+        &mut ws,
+        &ServiceBoundMessage::conversation_query(Some("What happened?".into()), None).unwrap(),
+    )
+    .await;
+    match recv_payload(&mut ws).await {
+        Down::ConversationQueryResult(r) => {
+            assert!(r.text.contains("first words"), "{}", r.text);
+        }
+        other => panic!("expected ConversationQueryResult, got {other:?}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn greeting_trigger_and_no_trigger_mode() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::user_text(1, InferenceTriggerMode::NoTrigger, "just noting"),
+    )
+    .await;
+    send(&mut ws, &ServiceBoundMessage::ping()).await;
+    // NO_TRIGGER starts no reply: the pong comes first. (The engine strips the demo
+    // agent's leading emoji from text replies.)
+    assert!(matches!(recv_payload(&mut ws).await, Down::Pong(_)));
+    send(
+        &mut ws,
+        &ServiceBoundMessage::trigger_inference(None, false),
+    )
+    .await;
+    let (_, text) = response_text(&mut ws).await;
+    assert_eq!(text, "You said: just noting");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn spoken_replies_arrive_as_audio_in_the_output_format() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = connect(server.addr, "/realtime").await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+    config.tts = Some(voxgate_realtime::TtsSettings::ElevenLabs(
+        voxgate_realtime::ElevenLabsSettings::new("key", "voice").unwrap(),
+    ));
+    send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
+    assert!(matches!(recv_payload(&mut ws).await, Down::SessionReady(_)));
+    send(
+        &mut ws,
+        &ServiceBoundMessage::user_text(1, InferenceTriggerMode::Queue, "speak"),
+    )
+    .await;
+    let turn = match recv_payload(&mut ws).await {
+        Down::ResponseBegin(b) => b.turn_id,
+        other => panic!("expected ResponseBegin, got {other:?}"),
+    };
+    let mut bytes = 0;
+    loop {
+        match recv_payload(&mut ws).await {
+            Down::ModelAudioChunk(c) => {
+                assert_eq!(c.turn_id, Some(turn));
+                bytes += c.audio.unwrap().data.len();
+            }
+            Down::ResponseEnd(e) => {
+                assert_eq!(e.turn_id, turn);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(bytes > 0 && bytes % 2 == 0, "{bytes} bytes of s16 audio");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bearer_keys_guard_the_door() {
+    let mut config = Config::default();
+    config.realtime.api_keys = vec!["s3cret".into()];
+    let server = Running::start(config).await;
+    let url = format!("ws://{}/realtime", server.addr);
+    assert!(
+        tokio_tungstenite::connect_async(url.as_str())
+            .await
+            .is_err()
+    );
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("Authorization", "Bearer s3cret".parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    send(
+        &mut ws,
+        &ServiceBoundMessage::initialize(&text_only()).unwrap(),
+    )
+    .await;
+    assert!(matches!(recv_payload(&mut ws).await, Down::SessionReady(_)));
+    server.stop().await;
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(WAIT, s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    out
+}
+
+#[tokio::test]
+async fn health_and_metrics() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::user_text(1, InferenceTriggerMode::Queue, "count me"),
+    )
+    .await;
+    response_text(&mut ws).await;
+    let health = http_get(server.addr, "/health").await;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let body = health.split("\r\n\r\n").nth(1).unwrap();
+    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(json["status"], "ok");
+    assert_eq!(json["sessions"]["realtime"], 1);
+    // ResponseFinished (the turn count) may follow ResponseEnd by a moment.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let metrics = http_get(server.addr, "/metrics").await;
+        assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+        assert!(metrics.contains("voxgate_sessions_total{door=\"realtime\"} 1"));
+        assert!(metrics.contains("voxgate_provider_latency_seconds_count{provider=\"llm\"} 1"));
+        if metrics.contains("voxgate_turns_total{door=\"realtime\"} 1") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
