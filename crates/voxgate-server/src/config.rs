@@ -49,6 +49,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::retell::RetellConfig;
+pub use crate::xiaozhi::XiaozhiConfig;
+
 /// The whole server configuration. See the [module docs](self) for the file format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -61,6 +64,10 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// The realtime protobuf door.
     pub realtime: RealtimeConfig,
+    /// The Xiaozhi device door (WebSocket, OTA, own listeners).
+    pub xiaozhi: XiaozhiConfig,
+    /// The Retell custom-LLM door.
+    pub retell: RetellConfig,
     /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmConfig>,
@@ -149,6 +156,8 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             realtime: RealtimeConfig::default(),
+            xiaozhi: XiaozhiConfig::default(),
+            retell: RetellConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -234,6 +243,8 @@ impl Config {
                 .map(str::to_owned)
                 .collect();
         }
+        self.xiaozhi.apply_env(&var)?;
+        self.retell.apply_env(&var)?;
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {
                 base_url: String::new(),
@@ -290,6 +301,8 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
+        self.xiaozhi.check()?;
+        self.retell.check()?;
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max_frame_bytes = {} is below the minimum of 1024",
@@ -314,6 +327,8 @@ impl Config {
             .api_keys
             .iter_mut()
             .for_each(|k| *k = "***".into());
+        shown.xiaozhi.mask_secrets();
+        shown.retell.mask_secrets();
         if let Some(l) = &mut shown.llm {
             mask(&mut l.api_key);
         }

@@ -30,9 +30,11 @@ pub mod config;
 pub mod metrics;
 mod providers;
 mod realtime;
+mod retell;
 mod server;
+mod xiaozhi;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, RetellConfig, XiaozhiConfig};
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};

@@ -15,20 +15,48 @@ use std::time::Duration;
 pub enum Door {
     /// The realtime protobuf protocol.
     Realtime,
+    /// The Xiaozhi device protocol (WebSocket JSON + Opus).
+    Xiaozhi,
+    /// The Gemini bridge JSON protocol.
+    Gemini,
+    /// Retell's custom-LLM WebSocket.
+    Retell,
+    /// The MCP endpoint where external tool servers connect in.
+    Mcp,
 }
 
-impl Door {
-    const ALL: [Self; 1] = [Self::Realtime];
+/// How many doors there are (the length of the per-door counter arrays).
+const DOORS: usize = 5;
 
-    fn label(self) -> &'static str {
+impl Door {
+    /// Every door, in the order they are rendered.
+    pub const ALL: [Self; DOORS] = [
+        Self::Realtime,
+        Self::Xiaozhi,
+        Self::Gemini,
+        Self::Retell,
+        Self::Mcp,
+    ];
+
+    /// The `door` label value in `/metrics` and `/health`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
         match self {
             Self::Realtime => "realtime",
+            Self::Xiaozhi => "xiaozhi",
+            Self::Gemini => "gemini",
+            Self::Retell => "retell",
+            Self::Mcp => "mcp",
         }
     }
 
     fn index(self) -> usize {
         match self {
             Self::Realtime => 0,
+            Self::Xiaozhi => 1,
+            Self::Gemini => 2,
+            Self::Retell => 3,
+            Self::Mcp => 4,
         }
     }
 }
@@ -75,11 +103,11 @@ struct Latency {
 /// Process-wide counters; shared by every session through an `Arc`.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    sessions_total: [AtomicU64; 1],
-    sessions_active: [AtomicU64; 1],
-    turns: [AtomicU64; 1],
-    errors: [AtomicU64; 1],
-    dropped_frames: [AtomicU64; 1],
+    sessions_total: [AtomicU64; DOORS],
+    sessions_active: [AtomicU64; DOORS],
+    turns: [AtomicU64; DOORS],
+    errors: [AtomicU64; DOORS],
+    dropped_frames: [AtomicU64; DOORS],
     latency: [Latency; 3],
 }
 
@@ -154,7 +182,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
         let per_door =
-            |out: &mut String, name: &str, kind: &str, help: &str, v: &[AtomicU64; 1]| {
+            |out: &mut String, name: &str, kind: &str, help: &str, v: &[AtomicU64; DOORS]| {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
                 for door in Door::ALL {
                     let _ = writeln!(

@@ -37,12 +37,14 @@ pub enum ServerError {
     Serve(#[from] std::io::Error),
 }
 
+/// What every route and door shares: the configuration, providers, metrics and the shutdown
+/// signal sessions watch.
 #[derive(Debug)]
-struct App {
-    config: Config,
-    providers: Providers,
-    metrics: Arc<Metrics>,
-    shutdown: watch::Receiver<bool>,
+pub(crate) struct App {
+    pub(crate) config: Config,
+    pub(crate) providers: Providers,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) shutdown: watch::Receiver<bool>,
 }
 
 /// A bound server, ready to [`run`](Server::run).
@@ -153,7 +155,10 @@ pub async fn shutdown_signal() {
 }
 
 fn router(app: Arc<App>) -> Router {
+    // Each door module contributes its own routes on the main listener.
     Router::new()
+        .merge(crate::xiaozhi::routes())
+        .merge(crate::retell::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/realtime", get(realtime_upgrade))
@@ -172,7 +177,10 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     let body = serde_json::json!({
         "status": "ok",
         "version": env!("CARGO_PKG_VERSION"),
-        "sessions": { "realtime": app.metrics.active_sessions(Door::Realtime) },
+        "sessions": Door::ALL
+            .iter()
+            .map(|d| (d.label().to_owned(), app.metrics.active_sessions(*d).into()))
+            .collect::<serde_json::Map<String, serde_json::Value>>(),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],
