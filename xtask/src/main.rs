@@ -7,6 +7,8 @@ mod codegen;
 mod deps;
 mod fuzz;
 mod golden;
+mod interop;
+mod load;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +33,11 @@ enum Command {
     Codegen(codegen::Args),
     /// Regenerate golden vectors with the published third-party clients (Python venv under target/).
     Golden(golden::Args),
+    /// Run the published third-party clients (Python, venv under target/) against the real server.
+    Interop(interop::Args),
+    /// Load test: N concurrent streaming Xiaozhi sessions against the real server; prints CPU,
+    /// memory per session and dropped frames.
+    Load(load::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +47,7 @@ fn main() -> anyhow::Result<()> {
         Command::Deps => deps::run(),
         Command::Codegen(args) => codegen::run(&args),
         Command::Golden(args) => golden::run(&args),
+        Command::Interop(args) => interop::run(&args),
+        Command::Load(args) => load::run(&args),
     }
 }
