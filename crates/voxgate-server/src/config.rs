@@ -49,6 +49,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::gemini::GeminiConfig;
 pub use crate::retell::RetellConfig;
 pub use crate::xiaozhi::XiaozhiConfig;
 
@@ -68,6 +69,8 @@ pub struct Config {
     pub xiaozhi: XiaozhiConfig,
     /// The Retell custom-LLM door.
     pub retell: RetellConfig,
+    /// The Gemini bridge door.
+    pub gemini: GeminiConfig,
     /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmConfig>,
@@ -158,6 +161,7 @@ impl Default for Config {
             realtime: RealtimeConfig::default(),
             xiaozhi: XiaozhiConfig::default(),
             retell: RetellConfig::default(),
+            gemini: GeminiConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -245,6 +249,7 @@ impl Config {
         }
         self.xiaozhi.apply_env(&var)?;
         self.retell.apply_env(&var)?;
+        self.gemini.apply_env(&var)?;
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {
                 base_url: String::new(),
@@ -303,6 +308,7 @@ impl Config {
     fn check(&self) -> Result<(), ConfigError> {
         self.xiaozhi.check()?;
         self.retell.check()?;
+        self.gemini.check()?;
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max_frame_bytes = {} is below the minimum of 1024",
@@ -329,6 +335,7 @@ impl Config {
             .for_each(|k| *k = "***".into());
         shown.xiaozhi.mask_secrets();
         shown.retell.mask_secrets();
+        shown.gemini.mask_secrets();
         if let Some(l) = &mut shown.llm {
             mask(&mut l.api_key);
         }

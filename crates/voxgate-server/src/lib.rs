@@ -27,6 +27,7 @@
 //! ```
 
 pub mod config;
+mod gemini;
 pub mod metrics;
 mod providers;
 mod realtime;
@@ -34,7 +35,7 @@ mod retell;
 mod server;
 mod xiaozhi;
 
-pub use config::{Config, ConfigError, RetellConfig, XiaozhiConfig};
+pub use config::{Config, ConfigError, GeminiConfig, RetellConfig, XiaozhiConfig};
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};

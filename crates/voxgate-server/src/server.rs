@@ -47,13 +47,40 @@ pub(crate) struct App {
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
+/// An extra listener a door asks for (for example the Xiaozhi door's own port that accepts any
+/// path): its name for logs and [`Server::listener_addr`], the address, and the routes it serves.
+pub(crate) struct DoorListener {
+    pub(crate) name: &'static str,
+    pub(crate) addr: SocketAddr,
+    pub(crate) routes: Router<Arc<App>>,
+}
+
 /// A bound server, ready to [`run`](Server::run).
 #[derive(Debug)]
 pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
+    extra: Vec<BoundListener>,
     app: Arc<App>,
     stop: watch::Sender<bool>,
+}
+
+#[derive(Debug)]
+struct BoundListener {
+    name: &'static str,
+    addr: SocketAddr,
+    listener: TcpListener,
+    routes: Router<Arc<App>>,
+}
+
+async fn bind_addr(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    Ok((listener, bound))
 }
 
 impl Server {
@@ -71,21 +98,22 @@ impl Server {
     /// # Errors
     /// [`ServerError::Bind`].
     pub async fn bind_with(config: Config, providers: Providers) -> Result<Self, ServerError> {
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| ServerError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+        let (listener, addr) = bind_addr(config.listen).await?;
+        let mut extra = Vec::new();
+        for door in door_listeners(&config) {
+            let (listener, addr) = bind_addr(door.addr).await?;
+            extra.push(BoundListener {
+                name: door.name,
+                addr,
+                listener,
+                routes: door.routes,
+            });
+        }
         let (stop, shutdown) = watch::channel(false);
         Ok(Self {
             listener,
             addr,
+            extra,
             app: Arc::new(App {
                 config,
                 providers,
@@ -100,6 +128,13 @@ impl Server {
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of a door's own listener by name (`"xiaozhi"`, `"xiaozhi-ota"`,
+    /// `"gemini"`), when the configuration enables it.
+    #[must_use]
+    pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.extra.iter().find(|l| l.name == name).map(|l| l.addr)
     }
 
     /// The server's metrics registry.
@@ -119,15 +154,35 @@ impl Server {
     ) -> Result<(), ServerError> {
         let router = router(Arc::clone(&self.app));
         let stop = self.stop;
+        let mut extra = tokio::task::JoinSet::new();
+        for l in self.extra {
+            tracing::info!(addr = %l.addr, listener = l.name, "door listener");
+            let routes = l.routes.with_state(Arc::clone(&self.app));
+            let mut stopped = stop.subscribe();
+            extra.spawn(async move {
+                axum::serve(l.listener, routes)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    })
+                    .await
+            });
+        }
         tracing::info!(addr = %self.addr, "voxgate server listening");
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down");
-                // Sessions watch this and close; HTTP requests in flight finish.
-                let _ = stop.send(true);
-            })
-            .await?;
+        let main = axum::serve(self.listener, router).with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            // Sessions watch this and close; HTTP requests in flight finish.
+            let _ = stop.send(true);
+        });
+        let result = main.await;
+        // By now `stop` was sent, or dropped when the main listener failed: either ends the
+        // door listeners' graceful shutdown.
+        while let Some(r) = extra.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "door listener failed");
+            }
+        }
+        result?;
         Ok(())
     }
 }
@@ -154,11 +209,19 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// The extra listeners the configuration enables, door by door.
+fn door_listeners(config: &Config) -> Vec<DoorListener> {
+    let mut all = crate::xiaozhi::listeners(config);
+    all.extend(crate::gemini::listeners(config));
+    all
+}
+
 fn router(app: Arc<App>) -> Router {
     // Each door module contributes its own routes on the main listener.
     Router::new()
         .merge(crate::xiaozhi::routes())
         .merge(crate::retell::routes())
+        .merge(crate::gemini::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/realtime", get(realtime_upgrade))

@@ -15,3 +15,8 @@ use crate::server::App;
 pub(crate) fn routes() -> Router<Arc<App>> {
     Router::new()
 }
+
+/// The door's own listeners (WebSocket on any path, OTA), when configured.
+pub(crate) fn listeners(_config: &crate::Config) -> Vec<crate::server::DoorListener> {
+    Vec::new()
+}
