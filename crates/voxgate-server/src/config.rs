@@ -318,6 +318,16 @@ impl Config {
         Ok(())
     }
 
+    /// This configuration with every listener (the main one and each door's own) on a free
+    /// loopback port, so tests and embedders can run several servers in one process.
+    #[must_use]
+    pub fn with_ephemeral_ports(mut self) -> Self {
+        self.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        self.xiaozhi.ephemeral_ports();
+        self.gemini.ephemeral_ports();
+        self
+    }
+
     /// The effective configuration as TOML (for `--print-config`), secrets replaced by `***`
     /// so the output can be pasted into a bug report.
     #[must_use]

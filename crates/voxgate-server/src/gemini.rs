@@ -27,6 +27,9 @@ impl GeminiConfig {
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {}
 
+    /// Moves the door's own listeners (those enabled) to free loopback ports.
+    pub(crate) fn ephemeral_ports(&mut self) {}
+
     /// Rejects values out of range.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         Ok(())

@@ -25,8 +25,8 @@ struct Running {
 }
 
 impl Running {
-    async fn start(mut config: Config) -> Self {
-        config.listen = "127.0.0.1:0".parse().unwrap();
+    async fn start(config: Config) -> Self {
+        let config = config.with_ephemeral_ports();
         let server = Server::bind(config).await.unwrap();
         let addr = server.local_addr();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
