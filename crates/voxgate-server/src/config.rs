@@ -49,7 +49,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::GeminiConfig;
+pub use crate::mcp_endpoint::McpEndpointConfig;
 pub use crate::retell::RetellConfig;
 pub use crate::xiaozhi::XiaozhiConfig;
 
@@ -71,6 +73,10 @@ pub struct Config {
     pub retell: RetellConfig,
     /// The Gemini bridge door.
     pub gemini: GeminiConfig,
+    /// The Bridge HTTP API and perception events.
+    pub bridge: BridgeConfig,
+    /// The MCP endpoint for external tool servers.
+    pub mcp: McpEndpointConfig,
     /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmConfig>,
@@ -162,6 +168,8 @@ impl Default for Config {
             xiaozhi: XiaozhiConfig::default(),
             retell: RetellConfig::default(),
             gemini: GeminiConfig::default(),
+            bridge: BridgeConfig::default(),
+            mcp: McpEndpointConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -250,6 +258,8 @@ impl Config {
         self.xiaozhi.apply_env(&var)?;
         self.retell.apply_env(&var)?;
         self.gemini.apply_env(&var)?;
+        self.bridge.apply_env(&var)?;
+        self.mcp.apply_env(&var)?;
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {
                 base_url: String::new(),
@@ -309,6 +319,8 @@ impl Config {
         self.xiaozhi.check()?;
         self.retell.check()?;
         self.gemini.check()?;
+        self.bridge.check()?;
+        self.mcp.check()?;
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max_frame_bytes = {} is below the minimum of 1024",
@@ -346,6 +358,8 @@ impl Config {
         shown.xiaozhi.mask_secrets();
         shown.retell.mask_secrets();
         shown.gemini.mask_secrets();
+        shown.bridge.mask_secrets();
+        shown.mcp.mask_secrets();
         if let Some(l) = &mut shown.llm {
             mask(&mut l.api_key);
         }

@@ -26,8 +26,10 @@
 //! # }
 //! ```
 
+mod bridge;
 pub mod config;
 mod gemini;
+mod mcp_endpoint;
 pub mod metrics;
 mod providers;
 mod realtime;
@@ -35,7 +37,9 @@ mod retell;
 mod server;
 mod xiaozhi;
 
-pub use config::{Config, ConfigError, GeminiConfig, RetellConfig, XiaozhiConfig};
+pub use config::{
+    BridgeConfig, Config, ConfigError, GeminiConfig, McpEndpointConfig, RetellConfig, XiaozhiConfig,
+};
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};

@@ -222,6 +222,8 @@ fn router(app: Arc<App>) -> Router {
         .merge(crate::xiaozhi::routes())
         .merge(crate::retell::routes())
         .merge(crate::gemini::routes())
+        .merge(crate::bridge::routes())
+        .merge(crate::mcp_endpoint::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/realtime", get(realtime_upgrade))
