@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::{codegen, deps, fuzz, golden, util};
+use crate::{codegen, deps, fuzz, golden, interop, util};
 
 /// Options for `cargo xtask ci`.
 #[derive(clap::Args)]
@@ -37,6 +37,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     })?;
     step("tests", || {
         util::run(util::cargo().args(["test", "--workspace", "--all-features"]))
+    })?;
+    step("published clients against the server (interop)", || {
+        // Only the realtime door until the Xiaozhi door is merged (its scenario needs it).
+        interop::run(&interop::Args {
+            only: Some(interop::Scenario::Realtime),
+            server_bin: None,
+            timeout: 180,
+        })
     })?;
     step("benches compile and run once", || {
         // `--profile dev` keeps this cheap; the figures come from `cargo bench`.

@@ -1,0 +1,333 @@
+"""The published realtime client, `deepslate-core` (DeepslateSession with `ws_url` set), against
+a running voxgate server, unchanged: only its public API and listener callbacks are used, plus
+one read of `session._ws` to know when the socket is up (see `connect`).
+
+Needs the server to run the demo agent, to accept the bearer key given with --api-key, and to
+use the interop fake recognizer (fake_asr.py) for speech.
+
+Session A on `/realtime`, bearer key, one client tool declared before connecting:
+  initialize -> SessionReady; a text turn ("You said: ..." with one turn id from ResponseBegin
+  to ResponseEnd); a client tool round trip (ToolCallRequest with the arguments, ToolCallResponse,
+  the model continues with the result); ReconfigureSessionRequest of the system prompt (the
+  session keeps serving); an audio turn from a 16 kHz WAV after a 24 kHz initialization (the
+  client reconfigures the input line by itself; VAD state events, the user transcription, the
+  reply; the transcript length proves the server decoded the audio at the new rate);
+  DirectSpeech without history; a ConversationQuery; history export with and without audio;
+  close, after which the server reports no open realtime session.
+Session B on the hosted path with a model suffix: a "speak first" TriggerInference queued
+  before connecting makes the client initialize by itself; the greeting arrives.
+Session C with a wrong key: the client gets its HandshakeRejectedError (HTTP 401).
+"""
+
+import argparse
+import asyncio
+import json
+import re
+import urllib.request
+
+from common import Events, ScenarioError, check, log, read_wav_pcm16, run
+from deepslate.core import (
+    DeepslateOptions,
+    DeepslateSession,
+    DeepslateSessionListener,
+    HandshakeRejectedError,
+)
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+class Recorder(DeepslateSessionListener):
+    """Records every callback the client makes into an Events log."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+
+    async def on_session_initialized(self):
+        self.events.add("ready")
+
+    async def on_response_begin(self, turn_id=0):
+        self.events.add("begin", turn_id)
+
+    async def on_response_end(self, turn_id=0):
+        self.events.add("end", turn_id)
+
+    async def on_text_fragment(self, text, turn_id=None):
+        self.events.add("text", (text, turn_id))
+
+    async def on_audio_chunk(self, audio, sample_rate, channels, transcript=None, turn_id=None):
+        self.events.add("audio", (len(audio), turn_id))
+
+    async def on_tool_call(self, call_id, name, params, turn_id=None):
+        self.events.add("tool_call", (call_id, name, params, turn_id))
+
+    async def on_user_transcription(self, text, language=None, turn_id=0):
+        self.events.add("transcription", (text, turn_id))
+
+    async def on_vad_state_event(self, from_state, to_state, session_time_ms, packet_id):
+        self.events.add("vad", (from_state, to_state, session_time_ms, packet_id))
+
+    async def on_playback_buffer_clear(self):
+        self.events.add("clear")
+
+    async def on_chat_history(self, messages):
+        self.events.add("history", messages)
+
+    async def on_conversation_query_result(self, query_id, text):
+        self.events.add("query_result", (query_id, text))
+
+    async def on_error(self, category, message, trace_id=None):
+        self.events.add("error", (category, message, trace_id))
+
+    async def on_fatal_error(self, e):
+        self.events.add("fatal", e)
+
+
+def options(ws_url: str, api_key: str) -> DeepslateOptions:
+    # max_retries=0: a failure must show up, not be papered over by a reconnect.
+    return DeepslateOptions(
+        vendor_id="interop",
+        organization_id="interop",
+        api_key=api_key,
+        ws_url=ws_url,
+        max_retries=0,
+    )
+
+
+def no_errors(events: Events) -> None:
+    errors = events.since(0, "error") + [repr(e) for e in events.since(0, "fatal")]
+    check(not errors, f"the server reported errors: {errors}")
+
+
+async def connect(session: DeepslateSession, events: Events, sample_rate: int = 24000) -> None:
+    """Starts the session and initializes it as a text-only client does.
+
+    DeepslateSession drops text input sent before its socket is up and only initializes once it
+    has one, and it has no public "connected" signal: its own integrations either stream audio
+    (which initializes on the first frame) or queue a control message. A text-only caller waits
+    for `_ws` and then calls `initialize()`.
+    """
+    session.start()
+    for _ in range(500):
+        if session._ws is not None:
+            break
+        if events.since(0, "fatal"):
+            raise ScenarioError(f"connection failed: {events.since(0, 'fatal')}")
+        await asyncio.sleep(0.02)
+    else:
+        raise ScenarioError("the client's websocket did not connect within 10 s")
+    await session.initialize(sample_rate, 1)
+    await events.wait("SessionReady", lambda: events.since(0, "ready"))
+
+
+async def turn(events: Events, mark: int, what: str, timeout: float = 10.0) -> tuple[int, str]:
+    """Waits for the first complete response after `mark`; returns (turn id, its text)."""
+    begin = await events.wait(f"ResponseBegin ({what})", lambda: events.since(mark, "begin"), timeout)
+    turn_id = begin[0]
+    await events.wait(
+        f"ResponseEnd({turn_id}) ({what})",
+        lambda: turn_id in events.since(mark, "end"),
+        timeout,
+    )
+    fragments = [t for t, tid in events.since(mark, "text") if tid == turn_id]
+    others = [tid for _, tid in events.since(mark, "text") if tid != turn_id]
+    check(not others[:1] or others[0] > turn_id, f"fragments of turn {turn_id} carried turn ids {others}")
+    check(fragments, f"turn {turn_id} ({what}) had no text fragments")
+    return turn_id, "".join(fragments)
+
+
+def open_realtime_sessions(http_base: str) -> int:
+    with urllib.request.urlopen(f"{http_base}/health", timeout=5) as r:
+        return json.load(r)["sessions"]["realtime"]
+
+
+async def session_a(args) -> None:
+    events = Events()
+    s = DeepslateSession.create(options(f"{args.ws_base}/realtime", args.api_key), listener=Recorder(events))
+    await s.update_tools([TOOL])
+    try:
+        await connect(s, events)
+        log("A: SessionReady after InitializeSessionRequest (24 kHz, 1 tool declared)")
+
+        m = events.mark()
+        await s.send_text("hello voxgate")
+        turn_id, text = await turn(events, m, "text turn")
+        check(text.strip() == "You said: hello voxgate", f"text turn reply was {text!r}")
+        log(f"A: text turn {turn_id}: {text!r}")
+
+        m = events.mark()
+        await s.send_text('call get_weather {"city": "Paris"}')
+        call = await events.wait("ToolCallRequest", lambda: events.since(m, "tool_call"))
+        call_id, name, params, call_turn = call[0]
+        check(name == "get_weather", f"tool call named {name!r}")
+        check(params == {"city": "Paris"}, f"tool call arguments {params!r}")
+        log(f"A: ToolCallRequest id={call_id} name={name} params={params} turn={call_turn}")
+        m2 = events.mark()
+        await s.send_tool_response(call_id, {"temp_c": 21, "sky": "clear"})
+        turn_id, text = await turn(events, m2, "continuation after ToolCallResponse")
+        check(
+            text.strip() == 'The tool get_weather returned: {"temp_c": 21, "sky": "clear"}',
+            f"continuation after the tool result was {text!r}",
+        )
+        log(f"A: continuation turn {turn_id}: {text!r}")
+
+        # No observable model behaviour changes with the demo agent; what is checked is that the
+        # request is accepted (no error) and the session keeps serving.
+        await s.reconfigure(system_prompt="You are the interop test assistant.", temperature=0.5)
+        m = events.mark()
+        await s.send_text("after reconfigure")
+        turn_id, text = await turn(events, m, "turn after ReconfigureSessionRequest")
+        check(text.strip() == "You said: after reconfigure", f"reply after reconfigure was {text!r}")
+        no_errors(events)
+        log("A: ReconfigureSessionRequest (system prompt, temperature) accepted; session serves on")
+
+        pcm, rate, channels = read_wav_pcm16(args.wav)
+        check((rate, channels) == (16000, 1), f"{args.wav}: expected 16 kHz mono")
+        m = events.mark()
+        chunk = rate // 50 * 2  # 20 ms
+        for i in range(0, len(pcm), chunk):
+            await s.send_audio(pcm[i : i + chunk], rate, channels)
+            await asyncio.sleep(0.005)  # a few times faster than real time; VAD counts samples
+        total = len(pcm) / 2 / rate
+        (stt_text, stt_turn) = (
+            await events.wait("UserTranscriptionResult", lambda: events.since(m, "transcription"), 15)
+        )[0]
+        vad = events.since(m, "vad")
+        check(
+            any(v[1] == "SPEECH" for v in vad) and vad and vad[-1][1] in ("SILENCE", "SPEECH_ENDING"),
+            f"VAD state events were {vad}",
+        )
+        found = re.fullmatch(r"interop transcript of ([0-9.]+) seconds", stt_text)
+        check(found is not None, f"user transcription {stt_text!r} is not the fake recognizer's")
+        heard = float(found.group(1))
+        # The speech in the fixture lasts 3.6 s; read at the wrong rate it would be 2/3 of that.
+        check(3.5 <= heard <= total + 0.1, f"the recognizer got {heard} s of audio (speech is 3.6 s)")
+        turn_id, text = await turn(events, m, "audio turn", 15)
+        check(text.strip() == f"You said: {stt_text}", f"audio turn reply was {text!r}")
+        log(
+            f"A: audio turn ({total:.1f} s WAV at 16 kHz after a 24 kHz init): {len(vad)} VAD events, "
+            f"transcription {stt_text!r} (turn {stt_turn}), reply turn {turn_id}"
+        )
+
+        m = events.mark()
+        await s.send_direct_speech("This is direct speech.", include_in_history=False)
+        turn_id, text = await turn(events, m, "DirectSpeech")
+        check(text.strip() == "This is direct speech.", f"direct speech came back as {text!r}")
+        log(f"A: DirectSpeech turn {turn_id}")
+
+        m = events.mark()
+        await s.send_conversation_query("q-1", prompt="Summarize the conversation.")
+        (qid, qtext) = (await events.wait("ConversationQueryResult", lambda: events.since(m, "query_result")))[0]
+        check(qid == "q-1", f"query result matched to {qid!r}")
+        check("tool calls" in qtext and "messages so far" in qtext, f"query result {qtext!r}")
+        log(f"A: ConversationQueryResult: {qtext!r}")
+
+        history = await asyncio.wait_for(s.export_chat_history(await_pending=True, exclude_audio=True), 10)
+        check_history(history, stt_text, with_audio=False)
+        full = await asyncio.wait_for(s.export_chat_history(await_pending=True, exclude_audio=False), 10)
+        check_history(full, stt_text, with_audio=True)
+        log(f"A: history export: {len(history)} messages (exclude_audio and with audio)")
+        no_errors(events)
+    finally:
+        await s.close()
+    for _ in range(50):
+        if open_realtime_sessions(args.http_base) == 0:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise ScenarioError("the server still counts an open realtime session 5 s after close")
+    log("A: closed; the server counts no open realtime session")
+
+
+def texts(message) -> list[str]:
+    return [c["text"] for c in message["content"] if c["type"] == "text"]
+
+
+def check_history(history, stt_text: str, with_audio: bool) -> None:
+    roles = [(m["role"], texts(m)) for m in history]
+    user = [t for r, ts in roles if r == "user" for t in ts]
+    assistant = [t.strip() for r, ts in roles if r == "assistant" for t in ts]
+    for said in ("hello voxgate", 'call get_weather {"city": "Paris"}', "after reconfigure"):
+        check(said in user, f"history lacks the user message {said!r}: {roles}")
+    for reply in ("You said: hello voxgate", "You said: after reconfigure", f"You said: {stt_text}"):
+        check(reply in assistant, f"history lacks the reply {reply!r}: {roles}")
+    calls = [c for m in history for c in m["content"] if c["type"] == "tool_call"]
+    results = [c for m in history for c in m["content"] if c["type"] == "tool_result"]
+    check(
+        [(c["name"], c["parameters"]) for c in calls] == [("get_weather", {"city": "Paris"})],
+        f"history tool calls: {calls}",
+    )
+    check(
+        len(results) == 1 and results[0]["id"] == calls[0]["id"] and json.loads(results[0]["result"])["temp_c"] == 21,
+        f"history tool results: {results}",
+    )
+    direct = [m for m in history if "This is direct speech." in [t.strip() for t in texts(m)]]
+    check(len(direct) == 1 and direct[0]["ephemeral"], f"direct speech in history: {direct}")
+    audio = [c for m in history if m["role"] == "user" for c in m["content"] if c["type"] == "input_audio"]
+    check(len(audio) == 1, f"history has {len(audio)} user audio items, expected 1")
+    check(audio[0]["transcription"] == stt_text, f"history audio transcription {audio[0]['transcription']!r}")
+    if with_audio:
+        check(len(audio[0]["audio"]) > 16000, f"history audio has {len(audio[0]['audio'])} bytes")
+    else:
+        check(not audio[0]["audio"], "exclude_audio still returned audio bytes")
+    statuses = {m["delivery_status"] for m in history}
+    check(statuses == {"DELIVERY_COMPLETE"}, f"delivery statuses {statuses}")
+
+
+async def session_b(args) -> None:
+    events = Events()
+    url = f"{args.ws_base}/api/v1/vendors/interop-vendor/organizations/interop-org/realtime/opal-v2.1"
+    s = DeepslateSession.create(options(url, args.api_key), listener=Recorder(events))
+    try:
+        await s.trigger_inference()  # queued before the socket exists: the client self-initializes
+        s.start()
+        await events.wait("SessionReady", lambda: events.since(0, "ready"))
+        turn_id, text = await turn(events, 0, "greeting from TriggerInference")
+        check("Hello" in text, f"greeting was {text!r}")
+        no_errors(events)
+        log(f"B: hosted path with model suffix; TriggerInference greeting turn {turn_id}: {text[:40]!r}...")
+    finally:
+        await s.close()
+
+
+async def session_c(args) -> None:
+    events = Events()
+    s = DeepslateSession.create(options(f"{args.ws_base}/realtime", "wrong-key"), listener=Recorder(events))
+    try:
+        s.start()
+        (fatal,) = await events.wait("the client's fatal error", lambda: events.since(0, "fatal"))
+        check(
+            isinstance(fatal, HandshakeRejectedError) and fatal.status == 401,
+            f"wrong key gave {fatal!r}",
+        )
+        check(not events.since(0, "ready"), "a session with a wrong key became ready")
+        log("C: wrong bearer key -> HandshakeRejectedError(401)")
+    finally:
+        await s.close()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True, help="host:port of the voxgate server")
+    ap.add_argument("--api-key", required=True, help="a bearer key the server accepts")
+    ap.add_argument("--wav", required=True, help="16 kHz mono WAV with speech")
+    args = ap.parse_args()
+    args.ws_base = f"ws://{args.server}"
+    args.http_base = f"http://{args.server}"
+    await session_a(args)
+    await session_b(args)
+    await session_c(args)
+
+
+if __name__ == "__main__":
+    run(main)
