@@ -225,10 +225,11 @@ impl TurnRun {
                     let _ = engine.handle_input(Instant::now(), Input::Provider(event));
                 }
                 Some(done) = self.tool_calls.join_next(), if !self.tool_calls.is_empty() => {
-                    if let Ok((id, result)) = done {
-                        if let Err(e) = engine.handle_input(Instant::now(), Input::ToolResult { id, result }) {
-                            tracing::debug!(error = %e, "tool result refused");
-                        }
+                    if let Ok((id, result)) = done
+                        && let Err(e) =
+                            engine.handle_input(Instant::now(), Input::ToolResult { id, result })
+                    {
+                        tracing::debug!(error = %e, "tool result refused");
                     }
                 }
                 () = tokio::time::sleep_until(sleep_until), if deadline.is_some() => {
@@ -241,9 +242,7 @@ impl TurnRun {
     fn client_event(&mut self, event: ClientEvent, ctx: &TurnContext<'_>) {
         match event {
             ClientEvent::Emotion { emoji, .. } => {
-                if self.emoji.is_none() {
-                    self.emoji = Some(emoji);
-                }
+                self.emoji.get_or_insert(emoji);
             }
             ClientEvent::TextFragment { text, .. } => {
                 // A follow-up response after a tool call continues the same reply.

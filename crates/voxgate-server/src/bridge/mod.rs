@@ -441,24 +441,21 @@ async fn perception_stream(State(app): State<Arc<App>>, headers: HeaderMap) -> A
     let rx = app.shared.perception.subscribe();
     let shutdown = app.shutdown.clone();
     let stream = futures::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
-        loop {
-            let event = tokio::select! {
-                r = rx.recv() => r,
-                _ = shutdown.wait_for(|s| *s) => return None,
-            };
-            match event {
-                Ok(e) => {
-                    let data = serde_json::to_string(&*e).unwrap_or_default();
-                    let sse = Event::default().event("perception").data(data);
-                    return Some((Ok::<_, std::convert::Infallible>(sse), (rx, shutdown)));
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    let sse = Event::default().event("lagged").data(n.to_string());
-                    return Some((Ok(sse), (rx, shutdown)));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
+        let event = tokio::select! {
+            r = rx.recv() => r,
+            _ = shutdown.wait_for(|s| *s) => return None,
+        };
+        let sse = match event {
+            Ok(e) => Event::default()
+                .event("perception")
+                .data(serde_json::to_string(&*e).unwrap_or_default()),
+            // A listener that fell behind is told how many events it missed.
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                Event::default().event("lagged").data(n.to_string())
             }
-        }
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(sse), (rx, shutdown)))
     });
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())

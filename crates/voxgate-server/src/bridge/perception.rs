@@ -238,12 +238,15 @@ impl DeviceState {
     }
 }
 
+/// Device state keyed by id with the sighting counter value of its last event, and the counter.
+type Devices = (HashMap<String, (u64, DeviceState)>, u64);
+
 /// The bus and the per-device state. Shared behind an `Arc`.
 #[derive(Debug)]
 pub(crate) struct PerceptionBus {
     tx: broadcast::Sender<Arc<PerceptionEvent>>,
     /// Device state and a counter ordering devices by last sighting (for eviction).
-    devices: Mutex<(HashMap<String, (u64, DeviceState)>, u64)>,
+    devices: Mutex<Devices>,
 }
 
 impl Default for PerceptionBus {
@@ -261,7 +264,7 @@ impl PerceptionBus {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<String, (u64, DeviceState)>, u64)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Devices> {
         self.devices
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

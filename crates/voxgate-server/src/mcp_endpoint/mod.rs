@@ -169,7 +169,7 @@ async fn upgrade(
 ) -> Response {
     let token = q.token.unwrap_or_default();
     let tokens = &app.config.mcp.tokens;
-    if !tokens.is_empty() && !tokens.iter().any(|t| *t == token) {
+    if !tokens.is_empty() && !tokens.contains(&token) {
         app.metrics.error(Door::Mcp);
         return (StatusCode::UNAUTHORIZED, "missing or unknown MCP token").into_response();
     }
@@ -220,8 +220,12 @@ impl Connection<'_> {
         if *shutdown.borrow() || self.client.start(Instant::now()).is_err() {
             return;
         }
-        while !self.closing {
+        loop {
             if !self.flush().await {
+                break;
+            }
+            if self.closing {
+                let _ = self.socket.send(Message::Close(None)).await;
                 break;
             }
             let deadline = self.client.poll_timeout();

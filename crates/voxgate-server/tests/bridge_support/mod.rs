@@ -3,6 +3,7 @@
 //! way `mcp2xiaozhi` / `xiaozhi-mcp` relay one.
 
 #![allow(dead_code, unreachable_pub, reason = "each test binary uses a subset")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -128,7 +129,7 @@ fn dechunk(mut body: &str) -> String {
             break;
         }
         out.push_str(&rest[..n]);
-        body = &rest[n..].trim_start_matches("\r\n");
+        body = rest[n..].trim_start_matches("\r\n");
     }
     out
 }
