@@ -252,9 +252,33 @@ async fn calls_time_out_and_bad_initialize_closes() {
         send_json(&mut ws, &json!({"jsonrpc":"2.0","id":"x","method":"ping"})).await;
         assert_eq!(recv_json(&mut ws).await["result"], json!({}));
 
-        // A server that never answers initialize is dropped after the request timeout.
+        // A server that is slow to start gets `initialize` again; one that never answers is
+        // dropped after three attempts.
+        let mut slow = mcp_connect(server.addr, "/mcp").await.unwrap();
+        let first = recv_json(&mut slow).await;
+        assert_eq!(first["method"], "initialize");
+        let second = recv_json(&mut slow).await;
+        assert_eq!(second["method"], "initialize");
+        assert_ne!(first["id"], second["id"]);
+        // The late answer to the first is ignored; the second one counts.
+        for id in [&first["id"], &second["id"]] {
+            send_json(
+                &mut slow,
+                &json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":"2024-11-05",
+                    "capabilities":{},"serverInfo":{"name":"late","version":"0"}}}),
+            )
+            .await;
+        }
+        assert_eq!(
+            recv_json(&mut slow).await["method"],
+            "notifications/initialized"
+        );
+        assert_eq!(recv_json(&mut slow).await["method"], "tools/list");
+
         let mut silent = mcp_connect(server.addr, "/mcp").await.unwrap();
-        assert_eq!(recv_json(&mut silent).await["method"], "initialize");
+        for _ in 0..3 {
+            assert_eq!(recv_json(&mut silent).await["method"], "initialize");
+        }
         let closed = tokio::time::timeout(WAIT, async {
             loop {
                 match silent.next().await {

@@ -197,6 +197,7 @@ async fn serve(socket: WebSocket, app: Arc<App>, token: String) {
         socket,
         calls: HashMap::new(),
         closing: false,
+        init_attempts: 1,
     };
     tracing::info!(connection = conn.id, "MCP server connected");
     conn.run(commands).await;
@@ -212,7 +213,12 @@ struct Connection<'a> {
     socket: WebSocket,
     calls: HashMap<CallId, oneshot::Sender<Result<CallToolResult, CallError>>>,
     closing: bool,
+    /// `initialize` requests sent so far.
+    init_attempts: u32,
 }
+
+/// How many times `initialize` is sent before a silent server is dropped.
+const INIT_ATTEMPTS: u32 = 3;
 
 impl Connection<'_> {
     async fn run(&mut self, mut commands: mpsc::Receiver<Command>) {
@@ -319,6 +325,21 @@ impl Connection<'_> {
                     "MCP server initialized"
                 );
                 hub.set_server(self.id, format!("{} {}", info.name, info.version));
+            }
+            ClientOutput::InitializeFailed(CallError::Timeout)
+                if self.init_attempts < INIT_ATTEMPTS =>
+            {
+                // The bridges connect first and start their MCP server process afterwards; a
+                // Python server can take seconds to come up on a busy machine. Ask again (a
+                // late answer to the first request is ignored as an unknown reply).
+                self.init_attempts += 1;
+                tracing::info!(
+                    connection = self.id,
+                    "MCP initialize timed out; asking again"
+                );
+                if self.client.start(Instant::now()).is_err() {
+                    self.closing = true;
+                }
             }
             ClientOutput::InitializeFailed(e) => {
                 tracing::warn!(connection = self.id, error = %e, "MCP initialize failed; closing");
