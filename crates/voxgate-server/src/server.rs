@@ -45,6 +45,9 @@ pub(crate) struct App {
     pub(crate) providers: Providers,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// State doors share across sessions: the perception event bus, the MCP tool hub and the
+    /// Bridge HTTP API's conversations ([`crate::bridge::Shared`]).
+    pub(crate) shared: crate::bridge::Shared,
 }
 
 /// An extra listener a door asks for (for example the Xiaozhi door's own port that accepts any
@@ -115,6 +118,7 @@ impl Server {
             addr,
             extra,
             app: Arc::new(App {
+                shared: crate::bridge::Shared::new(&config),
                 config,
                 providers,
                 metrics: Arc::new(Metrics::new()),
@@ -160,15 +164,24 @@ impl Server {
             let routes = l.routes.with_state(Arc::clone(&self.app));
             let mut stopped = stop.subscribe();
             extra.spawn(async move {
-                axum::serve(l.listener, routes)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.wait_for(|s| *s).await;
-                    })
-                    .await
+                axum::serve(
+                    l.listener,
+                    routes.into_make_service_with_connect_info::<SocketAddr>(),
+                )
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
             });
         }
         tracing::info!(addr = %self.addr, "voxgate server listening");
-        let main = axum::serve(self.listener, router).with_graceful_shutdown(async move {
+        // Connection info lets handlers see the peer address (the Bridge API's localhost-only
+        // `/admin/*`).
+        let main = axum::serve(
+            self.listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down");
             // Sessions watch this and close; HTTP requests in flight finish.

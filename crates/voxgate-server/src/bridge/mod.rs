@@ -1,0 +1,710 @@
+//! The Bridge HTTP API: `POST /api/message` (text in, the agent's reply out), `POST
+//! /api/perception/event` feeding the perception event bus, and localhost-only `/admin/*`.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /api/message` | `{"content", "channel"?, "session_id"?}` → `{"response"}`: one text turn through the configured LLM with the MCP endpoint's tools; history kept per `channel:session_id` |
+//! | `POST /api/perception/event` | `{"name", "data"?, "device_id", "session_id"?, "ts"?}` → `{"ok":true}`, published on the [perception bus](perception) |
+//! | `GET /api/perception/events` | the bus as Server-Sent Events (one `perception` event per bus event) |
+//! | `GET /admin/sessions` | open sessions by door, conversations, bus subscribers, MCP connections |
+//! | `GET /admin/perception[/{device_id}]` | per-device perception state |
+//! | `POST /admin/perception/event` | publish a test event |
+//! | `GET /admin/conversations`, `POST /admin/conversations/clear` | list / forget `/api/message` histories |
+//! | `GET /admin/mcp/tools`, `POST /admin/mcp/call` | the MCP endpoint's tools; call one |
+//!
+//! `/api/*` and `/admin/*` require `Authorization: Bearer <token>` when `[bridge] tokens` is
+//! set; `/admin/*` is served only to loopback peers (and never through a proxy that adds
+//! `Forwarded`/`X-Forwarded-For`). Errors are JSON: `{"ok":false,"error":"<code>","detail":"..."}`
+//! with 400 (bad JSON or fields), 401, 403, 404, 405, 413, 500 (the LLM failed), 503 (shutting
+//! down, every conversation busy) and 504 (the turn timed out).
+//!
+//! For the emoji channels (`stackchan` by default) the model is told to start with one of the
+//! allowed faces and the reply is made to start with one: a missing or disallowed leading emoji
+//! becomes the default face (😐), as the original bridge's `_ensure_emoji_prefix` did.
+
+mod conversation;
+pub(crate) mod perception;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use voxgate_xiaozhi::emotion::EmojiPolicy;
+
+use crate::config::{Config, ConfigError};
+use crate::mcp_endpoint::env_list;
+use crate::mcp_endpoint::hub::{McpHub, Scope};
+use crate::metrics::Door;
+use crate::server::App;
+use conversation::{Conversations, Persona, TurnContext, TurnError};
+use perception::{EventOrigin, PerceptionBus, PerceptionEvent};
+
+/// The seed bridge's nine faces.
+const BRIDGE_EMOJI: [&str; 9] = ["😊", "😆", "😢", "😮", "🤔", "😠", "😐", "😍", "😴"];
+
+/// Settings of this door (`[bridge]` in the configuration file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BridgeConfig {
+    /// Bearer tokens accepted on `/api/*` and `/admin/*`; empty means no authentication.
+    pub tokens: Vec<String>,
+    /// Channels whose replies must start with an allowed emoji (the original: `stackchan`).
+    pub emoji_channels: Vec<String>,
+    /// The faces allowed at the start of an emoji channel's reply.
+    pub emoji_allowlist: Vec<String>,
+    /// The face put in front of a reply without an allowed one.
+    pub default_emoji: String,
+    /// The system prompt of `/api/message` conversations.
+    pub system_prompt: String,
+    /// Offer the MCP endpoint's tools to `/api/message` turns.
+    pub mcp_tools: bool,
+    /// Offer only the tools of MCP connections with this token (`None`: every connection's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_token: Option<String>,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Seconds a turn may take, tool calls included.
+    pub turn_timeout_secs: u64,
+    /// Conversations kept; the least recently used idle one is forgotten beyond this.
+    pub max_conversations: usize,
+    /// Seconds after which an unused conversation is forgotten.
+    pub conversation_idle_secs: u64,
+}
+
+impl Default for BridgeConfig {
+    fn default() -> Self {
+        Self {
+            tokens: Vec::new(),
+            emoji_channels: vec!["stackchan".into()],
+            emoji_allowlist: BRIDGE_EMOJI.iter().map(|e| (*e).to_owned()).collect(),
+            default_emoji: "😐".into(),
+            system_prompt: "You are a friendly voice assistant. Answer briefly, in plain \
+                spoken sentences."
+                .into(),
+            mcp_tools: true,
+            mcp_token: None,
+            max_body_bytes: 64 << 10,
+            turn_timeout_secs: 60,
+            max_conversations: 1024,
+            conversation_idle_secs: 3600,
+        }
+    }
+}
+
+impl BridgeConfig {
+    /// Applies the door's `VOXGATE_BRIDGE_*` environment overrides: `VOXGATE_BRIDGE_TOKENS`
+    /// and `VOXGATE_BRIDGE_EMOJI_CHANNELS` (comma-separated), `VOXGATE_BRIDGE_SYSTEM_PROMPT`,
+    /// `VOXGATE_BRIDGE_MCP_TOKEN`, `VOXGATE_BRIDGE_MAX_BODY_BYTES`,
+    /// `VOXGATE_BRIDGE_TURN_TIMEOUT_SECS`.
+    pub(crate) fn apply_env(
+        &mut self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        if let Some(v) = var("VOXGATE_BRIDGE_TOKENS") {
+            self.tokens = env_list(&v);
+        }
+        if let Some(v) = var("VOXGATE_BRIDGE_EMOJI_CHANNELS") {
+            self.emoji_channels = env_list(&v);
+        }
+        if let Some(v) = var("VOXGATE_BRIDGE_SYSTEM_PROMPT") {
+            self.system_prompt = v;
+        }
+        if let Some(v) = var("VOXGATE_BRIDGE_MCP_TOKEN") {
+            self.mcp_token = Some(v).filter(|t| !t.trim().is_empty());
+        }
+        let number = |name: &'static str| -> Result<Option<u64>, ConfigError> {
+            var(name)
+                .map(|v| {
+                    v.trim().parse::<u64>().map_err(|e| ConfigError::Env {
+                        name,
+                        message: format!("{v:?}: {e}"),
+                    })
+                })
+                .transpose()
+        };
+        if let Some(n) = number("VOXGATE_BRIDGE_MAX_BODY_BYTES")? {
+            self.max_body_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = number("VOXGATE_BRIDGE_TURN_TIMEOUT_SECS")? {
+            self.turn_timeout_secs = n;
+        }
+        Ok(())
+    }
+
+    /// Replaces secrets with `***` for `--print-config`.
+    pub(crate) fn mask_secrets(&mut self) {
+        self.tokens.iter_mut().for_each(|t| *t = "***".into());
+        if self.mcp_token.is_some() {
+            self.mcp_token = Some("***".into());
+        }
+    }
+
+    /// Rejects values out of range.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.turn_timeout_secs == 0 {
+            return Err(ConfigError::Invalid(
+                "[bridge] turn_timeout_secs must be at least 1".into(),
+            ));
+        }
+        if self.max_body_bytes < 256 {
+            return Err(ConfigError::Invalid(format!(
+                "[bridge] max_body_bytes = {} is below the minimum of 256",
+                self.max_body_bytes
+            )));
+        }
+        if self.default_emoji.trim().is_empty() {
+            return Err(ConfigError::Invalid(
+                "[bridge] default_emoji must not be empty".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn persona(&self, channel: &str) -> Persona {
+        if !self.emoji_channels.iter().any(|c| c == channel) {
+            return Persona {
+                system_prompt: self.system_prompt.clone(),
+                emoji: None,
+            };
+        }
+        let policy = EmojiPolicy::new(self.emoji_allowlist.iter().cloned(), &*self.default_emoji);
+        let faces = policy.allowed().map(|a| a.join(" ")).unwrap_or_default();
+        // The original wrapped each user message in an English+emoji "sandwich"; the same
+        // instruction goes into the system prompt here, so history keeps the user's words.
+        let system_prompt = format!(
+            "{}\nAlways answer in English. Start every reply with exactly one of these emoji \
+             that fits your mood: {faces}, then a space, then your answer. Use no other emoji.",
+            self.system_prompt
+        );
+        Persona {
+            system_prompt: system_prompt.trim_start().to_owned(),
+            emoji: Some(policy),
+        }
+    }
+}
+
+/// State every door shares across sessions: [`App::shared`].
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    /// The perception event bus and per-device state.
+    pub(crate) perception: Arc<PerceptionBus>,
+    /// The MCP endpoint's tool hub.
+    pub(crate) mcp: Arc<McpHub>,
+    /// `/api/message` conversations.
+    conversations: Arc<Conversations>,
+}
+
+impl Shared {
+    /// Empty state sized by `config`.
+    pub(crate) fn new(config: &Config) -> Self {
+        Self {
+            perception: Arc::new(PerceptionBus::new()),
+            mcp: Arc::new(McpHub::new()),
+            conversations: Arc::new(Conversations::new(
+                config.bridge.max_conversations,
+                Duration::from_secs(config.bridge.conversation_idle_secs),
+            )),
+        }
+    }
+}
+
+/// The door's routes on the main listener.
+pub(crate) fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/api/message", post(message).fallback(method_not_allowed))
+        .route(
+            "/api/perception/event",
+            post(perception_event).fallback(method_not_allowed),
+        )
+        .route(
+            "/api/perception/events",
+            get(perception_stream).fallback(method_not_allowed),
+        )
+        .route("/api/{*rest}", any(not_found))
+        .route("/admin/sessions", get(admin_sessions))
+        .route("/admin/perception", get(admin_perception))
+        .route(
+            "/admin/perception/event",
+            post(admin_publish).fallback(method_not_allowed),
+        )
+        .route("/admin/perception/{device_id}", get(admin_device))
+        .route("/admin/conversations", get(admin_conversations))
+        .route("/admin/conversations/clear", post(admin_clear))
+        .route("/admin/mcp/tools", get(admin_tools))
+        .route("/admin/mcp/call", post(admin_call))
+        .route("/admin", any(admin_not_found))
+        .route("/admin/{*rest}", any(admin_not_found))
+}
+
+// ---- errors and helpers ---------------------------------------------------------------------
+
+/// A JSON error response.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    detail: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"ok": false, "error": self.code, "detail": self.detail});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+impl From<TurnError> for ApiError {
+    fn from(e: TurnError) -> Self {
+        let (status, code) = match &e {
+            TurnError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, "provider_failed"),
+            TurnError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+            TurnError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
+            TurnError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+        };
+        Self::new(status, code, e.to_string())
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn ok_json(v: Value) -> ApiResult {
+    Ok(axum::Json(v).into_response())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}
+
+/// Checks the bearer token when tokens are configured.
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let tokens = &app.config.bridge.tokens;
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    match given {
+        Some(t) if tokens.iter().any(|k| k == t) => Ok(()),
+        Some(_) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unknown token",
+        )),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing Authorization: Bearer <token>",
+        )),
+    }
+}
+
+fn shutting_down(app: &App) -> Result<(), ApiError> {
+    if *app.shutdown.borrow() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        ));
+    }
+    Ok(())
+}
+
+/// Reads the body (bounded) and parses it as JSON.
+async fn json_body(app: &App, body: Body, headers: &HeaderMap) -> Result<Value, ApiError> {
+    let limit = app.config.bridge.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body exceeds {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let bytes: Bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", format!("{e}")))
+}
+
+fn optional_string(v: &Value, key: &str) -> Result<Option<String>, ApiError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(format!("`{key}` must be a string"))),
+    }
+}
+
+// ---- /api -----------------------------------------------------------------------------------
+
+async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
+    let (parts, body) = request.into_parts();
+    authorize(&app, &parts.headers)?;
+    shutting_down(&app)?;
+    let v = json_body(&app, body, &parts.headers).await?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    let content = optional_string(&v, "content")?
+        .filter(|c| !c.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("`content` is required (a non-empty string)"))?;
+    let channel = optional_string(&v, "channel")?.unwrap_or_else(|| "default".into());
+    let session = optional_string(&v, "session_id")?.unwrap_or_else(|| "default".into());
+    let key = format!("{channel}:{session}");
+    let cfg = &app.config.bridge;
+    let conversation = app
+        .shared
+        .conversations
+        .get_or_create(&key, || cfg.persona(&channel))?;
+    let ctx = TurnContext {
+        providers: &app.providers,
+        metrics: &app.metrics,
+        hub: &app.shared.mcp,
+        tools: cfg
+            .mcp_tools
+            .then(|| Scope::from_option(cfg.mcp_token.as_deref())),
+        tool_timeout: app.config.mcp.call_timeout(),
+        timeout: Duration::from_secs(cfg.turn_timeout_secs),
+    };
+    // Requests of one conversation take turns; others run in parallel.
+    let mut conversation = conversation.lock().await;
+    let reply = conversation.turn(&ctx, content).await?;
+    ok_json(json!({
+        "response": reply.text,
+        "session_id": session,
+        "tools_called": reply.tools_called,
+    }))
+}
+
+async fn perception_event(State(app): State<Arc<App>>, request: Request) -> ApiResult {
+    let (parts, body) = request.into_parts();
+    authorize(&app, &parts.headers)?;
+    shutting_down(&app)?;
+    let v = json_body(&app, body, &parts.headers).await?;
+    let event = PerceptionEvent::from_value(v, None, None, EventOrigin::Http)
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    app.shared.perception.publish(event);
+    ok_json(json!({"ok": true}))
+}
+
+async fn perception_stream(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    authorize(&app, &headers)?;
+    shutting_down(&app)?;
+    let rx = app.shared.perception.subscribe();
+    let shutdown = app.shutdown.clone();
+    let stream = futures::stream::unfold((rx, shutdown), |(mut rx, mut shutdown)| async move {
+        let event = tokio::select! {
+            r = rx.recv() => r,
+            _ = shutdown.wait_for(|s| *s) => return None,
+        };
+        let sse = match event {
+            Ok(e) => Event::default()
+                .event("perception")
+                .data(serde_json::to_string(&*e).unwrap_or_default()),
+            // A listener that fell behind is told how many events it missed.
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                Event::default().event("lagged").data(n.to_string())
+            }
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(sse), (rx, shutdown)))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+// ---- /admin ---------------------------------------------------------------------------------
+
+/// `/admin/*` is for the machine the server runs on: the peer must be a loopback address and
+/// the request must not have come through a proxy (which would make every peer look local).
+fn admin_guard(app: &App, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
+    let proxied = headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
+    if !peer.ip().to_canonical().is_loopback() || proxied {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "/admin is only served to localhost",
+        ));
+    }
+    authorize(app, headers)
+}
+
+type Peer = ConnectInfo<SocketAddr>;
+
+async fn admin_not_found(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult {
+    admin_guard(&app, peer, &headers)?;
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such admin route",
+    ))
+}
+
+async fn admin_sessions(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult {
+    admin_guard(&app, peer, &headers)?;
+    let sessions: serde_json::Map<String, Value> = Door::ALL
+        .iter()
+        .map(|d| (d.label().to_owned(), app.metrics.active_sessions(*d).into()))
+        .collect();
+    ok_json(json!({
+        "sessions": sessions,
+        "conversations": app.shared.conversations.list(),
+        "perception_subscribers": app.shared.perception.subscribers(),
+        "mcp_connections": app.shared.mcp.connections(),
+    }))
+}
+
+async fn admin_perception(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult {
+    admin_guard(&app, peer, &headers)?;
+    ok_json(json!({"devices": app.shared.perception.devices()}))
+}
+
+async fn admin_device(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+    Path(device_id): Path<String>,
+) -> ApiResult {
+    admin_guard(&app, peer, &headers)?;
+    match app.shared.perception.device(&device_id) {
+        Some(state) => ok_json(json!(state)),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no events from device {device_id:?}"),
+        )),
+    }
+}
+
+async fn admin_publish(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    request: Request,
+) -> ApiResult {
+    let (parts, body) = request.into_parts();
+    admin_guard(&app, peer, &parts.headers)?;
+    let v = json_body(&app, body, &parts.headers).await?;
+    let event = PerceptionEvent::from_value(v, Some("admin"), None, EventOrigin::Admin)
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    let delivered = app.shared.perception.publish(event);
+    ok_json(json!({"ok": true, "delivered": delivered}))
+}
+
+async fn admin_conversations(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult {
+    admin_guard(&app, peer, &headers)?;
+    ok_json(json!({"conversations": app.shared.conversations.list()}))
+}
+
+async fn admin_clear(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    request: Request,
+) -> ApiResult {
+    let (parts, body) = request.into_parts();
+    admin_guard(&app, peer, &parts.headers)?;
+    // An empty body clears everything.
+    let bytes = axum::body::to_bytes(body, app.config.bridge.max_body_bytes)
+        .await
+        .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "body too large"))?;
+    let key = if bytes.trim_ascii().is_empty() {
+        None
+    } else {
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", format!("{e}")))?;
+        optional_string(&v, "key")?
+    };
+    let cleared = app.shared.conversations.clear(key.as_deref());
+    ok_json(json!({"ok": true, "cleared": cleared}))
+}
+
+async fn admin_tools(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    headers: HeaderMap,
+) -> ApiResult {
+    admin_guard(&app, peer, &headers)?;
+    ok_json(json!({
+        "tools": app.shared.mcp.tools(&Scope::All),
+        "connections": app.shared.mcp.connections(),
+    }))
+}
+
+async fn admin_call(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): Peer,
+    request: Request,
+) -> ApiResult {
+    let (parts, body) = request.into_parts();
+    admin_guard(&app, peer, &parts.headers)?;
+    let v = json_body(&app, body, &parts.headers).await?;
+    let name =
+        optional_string(&v, "name")?.ok_or_else(|| ApiError::bad_request("`name` is required"))?;
+    let arguments = v.get("arguments").cloned().unwrap_or(Value::Null);
+    let outcome = app
+        .shared
+        .mcp
+        .call_tool(&Scope::All, &name, arguments, app.config.mcp.call_timeout())
+        .await;
+    match outcome {
+        Ok(result) => ok_json(json!({"ok": !result.is_error, "result": result})),
+        Err(crate::mcp_endpoint::hub::HubError::Refused(e)) => {
+            Err(ApiError::bad_request(e.to_string()))
+        }
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "tool_failed",
+            e.to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::providers::Providers;
+
+    fn app(config: Config) -> (Arc<App>, watch::Sender<bool>) {
+        let (stop, shutdown) = watch::channel(false);
+        let app = App {
+            shared: Shared::new(&config),
+            config,
+            providers: Providers::embedded(),
+            metrics: Arc::new(Metrics::new()),
+            shutdown,
+        };
+        (Arc::new(app), stop)
+    }
+
+    #[tokio::test]
+    async fn admin_refuses_remote_and_proxied_peers() {
+        let (app, _stop) = app(Config::default());
+        let remote: SocketAddr = "192.168.1.20:5555".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:5555".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:5555".parse().unwrap();
+        let h = HeaderMap::new();
+        let r = admin_sessions(State(Arc::clone(&app)), ConnectInfo(remote), h.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+        let r = admin_not_found(State(Arc::clone(&app)), ConnectInfo(remote), h.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+        let ok = admin_sessions(State(Arc::clone(&app)), ConnectInfo(local), h.clone())
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert!(admin_guard(&app, mapped, &h).is_ok());
+        let mut proxied = HeaderMap::new();
+        proxied.insert("x-forwarded-for", "10.0.0.9".parse().unwrap());
+        let r = admin_guard(&app, local, &proxied).unwrap_err();
+        assert_eq!(r.status, StatusCode::FORBIDDEN);
+    }
+
+    #[tokio::test]
+    async fn admin_needs_the_token_too() {
+        let mut config = Config::default();
+        config.bridge.tokens = vec!["s3cret".into()];
+        let (app, _stop) = app(config);
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let r = admin_guard(&app, local, &HeaderMap::new()).unwrap_err();
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+        assert!(admin_guard(&app, local, &h).is_ok());
+    }
+
+    #[test]
+    fn config_env_and_persona() {
+        let mut c = BridgeConfig::default();
+        let env = |k: &str| match k {
+            "VOXGATE_BRIDGE_TOKENS" => Some("x,y".to_owned()),
+            "VOXGATE_BRIDGE_EMOJI_CHANNELS" => Some("stackchan, robot".to_owned()),
+            "VOXGATE_BRIDGE_TURN_TIMEOUT_SECS" => Some("9".to_owned()),
+            _ => None,
+        };
+        c.apply_env(&env).unwrap();
+        assert_eq!(c.tokens, ["x", "y"]);
+        assert_eq!(c.emoji_channels, ["stackchan", "robot"]);
+        assert_eq!(c.turn_timeout_secs, 9);
+        c.check().unwrap();
+        let p = c.persona("robot");
+        assert!(p.emoji.is_some());
+        assert!(p.system_prompt.contains("😴"), "{}", p.system_prompt);
+        assert!(c.persona("web").emoji.is_none());
+        c.mask_secrets();
+        assert_eq!(c.tokens, ["***", "***"]);
+        let bad = |k: &str| (k == "VOXGATE_BRIDGE_MAX_BODY_BYTES").then(|| "big".to_owned());
+        assert!(BridgeConfig::default().apply_env(&bad).is_err());
+        c.turn_timeout_secs = 0;
+        assert!(c.check().is_err());
+    }
+}

@@ -1,0 +1,340 @@
+//! Helpers shared by the Bridge HTTP API and MCP endpoint tests: a running server, raw HTTP/1.1
+//! requests, Server-Sent Events, and a scripted MCP server that connects in over WebSocket the
+//! way `mcp2xiaozhi` / `xiaozhi-mcp` relay one.
+
+#![allow(dead_code, unreachable_pub, reason = "each test binary uses a subset")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_server::{Config, Providers, Server};
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct Running {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub async fn start(config: Config) -> Self {
+        Self::start_with(config, Providers::embedded()).await
+    }
+
+    pub async fn start_with(config: Config, providers: Providers) -> Self {
+        let config = config.with_ephemeral_ports();
+        let server = Server::bind_with(config, providers).await.unwrap();
+        let addr = server.local_addr();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server shuts down")
+            .unwrap();
+    }
+}
+
+/// A parsed HTTP response.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// Sends one request (`Connection: close`) and reads the whole response. `body` is sent
+/// verbatim; `headers` are extra header lines.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    // A server may answer (413) before reading a large body and close: ignore write errors.
+    let _ = s.write_all(body).await;
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut raw))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    HttpResponse {
+        status,
+        head: head.to_owned(),
+        body,
+    }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+pub async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> HttpResponse {
+    http(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .await
+}
+
+/// An open Server-Sent Events stream.
+pub struct Sse {
+    reader: BufReader<TcpStream>,
+}
+
+impl Sse {
+    pub async fn open(addr: SocketAddr, path: &str) -> Self {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut reader = BufReader::new(s);
+        // Skip the response head.
+        loop {
+            let mut line = String::new();
+            tokio::time::timeout(WAIT, reader.read_line(&mut line))
+                .await
+                .unwrap()
+                .unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            assert!(!line.starts_with("HTTP/1.1 4"), "{line}");
+        }
+        Self { reader }
+    }
+
+    /// The next `(event, data)`; comments (keep-alives) are skipped. Chunk-size lines of
+    /// the chunked transfer encoding are not `event:`/`data:` lines and are skipped too.
+    pub async fn next(&mut self) -> (String, String) {
+        let mut event = String::new();
+        let mut data = String::new();
+        loop {
+            let mut line = String::new();
+            let n = tokio::time::timeout(WAIT, self.reader.read_line(&mut line))
+                .await
+                .expect("SSE event in time")
+                .unwrap();
+            assert!(n > 0, "SSE stream ended");
+            let line = line.trim_end_matches(['\r', '\n']);
+            if let Some(e) = line.strip_prefix("event:") {
+                event = e.trim().to_owned();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                data.push_str(d.trim_start());
+            } else if line.is_empty() && !data.is_empty() {
+                return (event, data);
+            }
+        }
+    }
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Opens `/mcp...` as a bridge would; `Err` carries the HTTP status of a refused upgrade.
+pub async fn mcp_connect(addr: SocketAddr, path_and_query: &str) -> Result<Ws, u16> {
+    let r = tokio::time::timeout(
+        WAIT,
+        tokio_tungstenite::connect_async(format!("ws://{addr}{path_and_query}")),
+    )
+    .await
+    .expect("connect in time");
+    match r {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
+        Err(e) => panic!("connect failed: {e}"),
+    }
+}
+
+/// The next JSON-RPC message from the server (pings answered by tungstenite).
+pub async fn recv_json(ws: &mut Ws) -> Value {
+    loop {
+        let m = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("message in time")
+            .expect("socket open")
+            .unwrap();
+        match m {
+            Message::Text(t) => {
+                assert_eq!(t.as_str(), t.trim(), "frames are compact, untrimmed JSON");
+                return serde_json::from_str(&t).unwrap();
+            }
+            Message::Close(_) => panic!("closed"),
+            _ => {}
+        }
+    }
+}
+
+pub async fn send_json(ws: &mut Ws, v: &Value) {
+    ws.send(Message::Text(v.to_string().into())).await.unwrap();
+}
+
+pub fn tool(name: &str, description: &str) -> Value {
+    json!({
+        "name": name,
+        "description": description,
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
+                        "required": ["text"]}
+    })
+}
+
+/// Plays the bridge + MCP server through the handshake: answers `initialize`, checks
+/// `notifications/initialized`, then serves `tools/list` from `pages` (one page each, linked
+/// by cursors). Returns the socket with the handshake done.
+pub async fn handshake(ws: &mut Ws, server_name: &str, pages: &[Vec<Value>]) {
+    let init = recv_json(ws).await;
+    assert_eq!(init["jsonrpc"], "2.0");
+    assert_eq!(init["method"], "initialize");
+    assert_eq!(init["params"]["protocolVersion"], "2024-11-05");
+    send_json(
+        ws,
+        &json!({"jsonrpc":"2.0","id":init["id"],"result":{
+            "protocolVersion":"2024-11-05","capabilities":{"tools":{}},
+            "serverInfo":{"name":server_name,"version":"1.0"}}}),
+    )
+    .await;
+    let note = recv_json(ws).await;
+    assert_eq!(note["method"], "notifications/initialized");
+    assert!(note.get("id").is_none());
+    for (i, page) in pages.iter().enumerate() {
+        let list = recv_json(ws).await;
+        assert_eq!(list["method"], "tools/list");
+        let expected_cursor = if i == 0 {
+            String::new()
+        } else {
+            format!("page{i}")
+        };
+        let cursor = list["params"]["cursor"].as_str().unwrap_or_default();
+        assert_eq!(cursor, expected_cursor);
+        let mut result = json!({"tools": page});
+        if i + 1 < pages.len() {
+            result["nextCursor"] = json!(format!("page{}", i + 1));
+        }
+        send_json(
+            ws,
+            &json!({"jsonrpc":"2.0","id":list["id"],"result":result}),
+        )
+        .await;
+    }
+}
+
+/// Answers `tools/call` requests until `n` were served: `echo` returns its text, anything else
+/// an error result. Returns the calls seen.
+pub async fn serve_calls(ws: &mut Ws, n: usize) -> Vec<Value> {
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let call = recv_json(ws).await;
+        if call["method"] != "tools/call" {
+            continue;
+        }
+        let name = call["params"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let text = call["params"]["arguments"]["text"]
+            .as_str()
+            .unwrap_or_default();
+        let result = if name.ends_with("echo") {
+            json!({"content":[{"type":"text","text":format!("echo: {text}")}],"isError":false})
+        } else {
+            json!({"content":[{"type":"text","text":"no such tool"}],"isError":true})
+        };
+        send_json(
+            ws,
+            &json!({"jsonrpc":"2.0","id":call["id"],"result":result}),
+        )
+        .await;
+        seen.push(call);
+    }
+    seen
+}
+
+/// Polls `/admin/mcp/tools` until `check` accepts the tool names.
+pub async fn wait_tools(addr: SocketAddr, check: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = http(addr, "GET", "/admin/mcp/tools", &[], b"").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let names: Vec<String> = r.json()["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect();
+        if check(&names) {
+            return names;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tools never matched: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
