@@ -50,7 +50,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use crate::gemini::GeminiConfig;
-pub use crate::retell::RetellConfig;
+pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::XiaozhiConfig;
 
 /// The whole server configuration. See the [module docs](self) for the file format.

@@ -35,7 +35,9 @@ mod retell;
 mod server;
 mod xiaozhi;
 
-pub use config::{Config, ConfigError, GeminiConfig, RetellConfig, XiaozhiConfig};
+pub use config::{
+    Config, ConfigError, GeminiConfig, RetellAgentSettings, RetellConfig, XiaozhiConfig,
+};
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};
