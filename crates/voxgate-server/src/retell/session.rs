@@ -215,6 +215,9 @@ struct Active {
     /// `end_call` / `transfer_call` asked for: the response ends with it.
     action: Option<ToolOutcome>,
     tools_used: Vec<String>,
+    /// The previous round's text ended without a space: the next round's text needs one, or
+    /// Retell would speak the two glued together.
+    space_before_next: bool,
 }
 
 struct Session {
@@ -393,6 +396,7 @@ impl Session {
             rounds: 0,
             action: None,
             tools_used: Vec::new(),
+            space_before_next: false,
         };
         self.generate(&mut active);
         self.active = Some(active);
@@ -436,6 +440,13 @@ impl Session {
             ProviderEvent::TextDelta { delta, .. } => {
                 // After end_call / transfer_call only the closing message is said.
                 if active.action.is_none() && !delta.is_empty() {
+                    let delta = if std::mem::take(&mut active.space_before_next)
+                        && !delta.starts_with(char::is_whitespace)
+                    {
+                        format!(" {delta}")
+                    } else {
+                        delta
+                    };
                     active.round_text.push_str(&delta);
                     self.send(ServerEvent::Response(voxgate_retell::Response::chunk(
                         active.response_id,
@@ -535,6 +546,11 @@ impl Session {
         }
         if !active.round_calls.is_empty() && active.rounds < self.cfg.max_tool_rounds {
             // Continue the same response with the tool results in context.
+            active.space_before_next = active
+                .round_text
+                .chars()
+                .last()
+                .is_some_and(|c| !c.is_whitespace());
             let mut assistant =
                 ContextMessage::new(ChatRole::Assistant, std::mem::take(&mut active.round_text));
             assistant.tool_calls = std::mem::take(&mut active.round_calls);
