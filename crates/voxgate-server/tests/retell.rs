@@ -939,3 +939,20 @@ async fn disconnects_free_sessions_and_shutdown_closes_with_1000() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_disabled_door_is_not_served() {
+    bounded(async {
+        let server = Running::start(config(|c| c.retell.enabled = false)).await;
+        let url = format!("ws://{}/llm-websocket/call_off", server.addr);
+        let err = tokio_tungstenite::connect_async(url).await.unwrap_err();
+        assert!(
+            matches!(&err, tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 404),
+            "{err:?}"
+        );
+        let (status, _) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        assert_eq!(status, 404);
+        server.stop().await;
+    })
+    .await;
+}

@@ -101,6 +101,10 @@ pub(crate) struct InterruptRequest {
 /// Queue of control requests per connected call.
 const CONTROL_QUEUE: usize = 16;
 
+/// Calls (connected or parked for resuming) one server keeps at most; new call ids beyond it
+/// are refused with 503 so a flood of connections cannot grow the registry without bound.
+const MAX_CALLS: usize = 10_000;
+
 /// The calls this server knows: connected ones and, for a while, disconnected ones.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
@@ -193,6 +197,12 @@ impl Registry {
         });
     }
 
+    /// Whether a connection for `call_id` would fit (known calls always do).
+    fn has_room_for(&self, call_id: &str) -> bool {
+        let calls = self.lock();
+        calls.len() < MAX_CALLS || calls.contains_key(call_id)
+    }
+
     fn control(&self, call_id: &str) -> Option<mpsc::Sender<Control>> {
         self.lock().get(call_id).and_then(|e| e.control.clone())
     }
@@ -236,6 +246,12 @@ async fn upgrade(
     }
     if call_id.is_empty() || call_id.len() > 256 {
         return json_error(StatusCode::BAD_REQUEST, "call_id must be 1 to 256 bytes");
+    }
+    if !registry.has_room_for(&call_id) {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many Retell calls on this server",
+        );
     }
     let max = app.config.retell.max_frame_bytes;
     ws.max_message_size(max)
