@@ -956,3 +956,43 @@ async fn a_disabled_door_is_not_served() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn retell_silence_closes_with_1000_for_a_reconnect() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut ws = connect(server.addr, "call_quiet").await;
+        // One ping arms the keep-alive; then Retell goes quiet.
+        ws.send(Message::Text(
+            r#"{"interaction_type":"ping_pong","timestamp":1}"#.into(),
+        ))
+        .await
+        .unwrap();
+        let started = Instant::now();
+        let mut keepalives = 0;
+        let code = loop {
+            match tokio::time::timeout(WAIT, ws.next()).await.unwrap() {
+                Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(&t).unwrap();
+                    if v["response_type"] == "ping_pong" && v["timestamp"] != 1 {
+                        keepalives += 1;
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("socket ended without a close frame: {other:?}"),
+            }
+        };
+        assert_eq!(code, Some(1000));
+        assert!(
+            started.elapsed() >= Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        // The server kept pinging (every 3 s without Retell's pings) until it gave up.
+        assert!(keepalives >= 1);
+        server.sessions_back_to_zero().await;
+        server.stop().await;
+    })
+    .await;
+}
