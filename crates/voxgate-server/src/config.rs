@@ -52,7 +52,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::GeminiConfig;
 pub use crate::mcp_endpoint::McpEndpointConfig;
-pub use crate::retell::RetellConfig;
+pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::XiaozhiConfig;
 
 /// The whole server configuration. See the [module docs](self) for the file format.

@@ -6,6 +6,8 @@
 //! | `GET /health` | `200` with JSON: status, version, open sessions |
 //! | `GET /metrics` | Prometheus text: sessions by door, turns, errors, provider latencies, dropped frames |
 //! | `/realtime`, `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]` | the realtime protobuf protocol over WebSocket (Deepslate-compatible), optional bearer keys |
+//! | `/llm-websocket/{call_id}` | Retell's custom-LLM WebSocket: we answer as the LLM (`[retell]`, docs/doors/retell.md) |
+//! | `/retell/calls`, `/retell/calls/{call_id}/interrupt`, `/retell/calls/{call_id}/metadata` | Retell door control API: list calls, `agent_interrupt`, `metadata` |
 //!
 //! Each connection is one tokio task driving one sans-IO [`voxgate_engine::Engine`]; provider
 //! requests (LLM, ASR, TTS) run as tasks whose events come back tagged with the engine's request
@@ -38,7 +40,8 @@ mod server;
 mod xiaozhi;
 
 pub use config::{
-    BridgeConfig, Config, ConfigError, GeminiConfig, McpEndpointConfig, RetellConfig, XiaozhiConfig,
+    BridgeConfig, Config, ConfigError, GeminiConfig, McpEndpointConfig, RetellAgentSettings,
+    RetellConfig, XiaozhiConfig,
 };
 pub use metrics::Metrics;
 pub use providers::Providers;

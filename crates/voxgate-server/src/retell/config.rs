@@ -1,0 +1,324 @@
+//! `[retell]`: settings of the Retell custom-LLM door, with `VOXGATE_RETELL_*` overrides.
+
+use serde::{Deserialize, Serialize};
+use voxgate_retell::AgentConfig;
+
+use crate::config::ConfigError;
+
+/// Settings of the Retell door (`[retell]` in the configuration file).
+///
+/// ```toml
+/// [retell]
+/// enabled = true
+/// begin_message = ""                  # "" lets the user speak first
+/// begin_after_call_details = false    # true: begin only once call_details arrived
+/// system_prompt = "You are a friendly voice agent on a phone call. Keep answers short."
+/// auto_reconnect = true               # Retell pings every 2 s and reconnects when we go silent
+/// call_details = true                 # ask Retell for the call object
+/// transcript_with_tool_calls = true
+/// resume_window_secs = 60             # a call's state outlives its socket this long
+/// max_frame_bytes = 16777216
+/// transfer_number = ""                # used when the model transfers without a number
+/// end_call_tool = true
+/// transfer_tool = true
+/// max_tool_rounds = 4
+/// apology = "Sorry, something went wrong on my side. Could you say that again?"
+/// metadata = true                     # a metadata event after each finished response
+/// control_token = ""                  # bearer for /retell/calls/*; "" = loopback listener only
+///
+/// [retell.agent]                      # sent as update_agent when the call starts
+/// responsiveness = 0.8
+/// interruption_sensitivity = 0.6
+/// reminder_trigger_ms = 10000
+/// reminder_max_count = 1
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetellConfig {
+    /// Serve `/llm-websocket/{call_id}` and the control API.
+    pub enabled: bool,
+    /// Text of the begin message (`response_id` 0); empty means "wait for the user".
+    pub begin_message: String,
+    /// Send the begin message only once `call_details` arrives (Retell's Node example) instead
+    /// of right after the config (its Python example). Needs `call_details = true`.
+    pub begin_after_call_details: bool,
+    /// Instructions given to the model before the transcript. `{{name}}` is replaced by the
+    /// call's `retell_llm_dynamic_variables`.
+    pub system_prompt: String,
+    /// `config.auto_reconnect`: ping/pong every 2 s and reconnects when a side goes silent.
+    pub auto_reconnect: bool,
+    /// `config.call_details`: ask Retell for the call object.
+    pub call_details: bool,
+    /// `config.transcript_with_tool_calls`: Retell weaves our tool calls into transcripts, so
+    /// later turns show the model its own tool results.
+    pub transcript_with_tool_calls: bool,
+    /// How long a call's state (begin sent, call details, interrupt ids) is kept after its
+    /// socket closes, so a reconnect to the same `call_id` resumes. 0 forgets at once.
+    pub resume_window_secs: u64,
+    /// Largest inbound frame. Transcripts grow with the call; keep it at several MiB.
+    pub max_frame_bytes: usize,
+    /// Number used when the model calls `transfer_call` without one; empty: the model must
+    /// give one.
+    pub transfer_number: String,
+    /// Offer the model an `end_call` tool (the response then carries `end_call: true`).
+    pub end_call_tool: bool,
+    /// Offer the model a `transfer_call` tool (the response then carries `transfer_number`).
+    pub transfer_tool: bool,
+    /// Tool rounds per response at most (a model looping on tools is cut off).
+    pub max_tool_rounds: u32,
+    /// Said instead when the model fails or a request frame is unreadable.
+    pub apology: String,
+    /// Send a `metadata` event (response id, tools used, actions) after each response.
+    pub metadata: bool,
+    /// Bearer token for the control API (`/retell/calls/...`). Empty: the control API only
+    /// answers when the main listener is on a loopback address.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub control_token: String,
+    /// Agent settings sent as `update_agent` once per call; nothing is sent when all are unset.
+    pub agent: RetellAgentSettings,
+}
+
+/// `[retell.agent]`: the `update_agent` body.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetellAgentSettings {
+    /// 0..=1: lower waits longer before answering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responsiveness: Option<f64>,
+    /// 0..=1: higher lets the user interrupt the agent more easily.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interruption_sensitivity: Option<f64>,
+    /// Silence after agent speech (ms) before Retell asks for a reminder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reminder_trigger_ms: Option<u64>,
+    /// Reminders in a row at most; 0 disables reminders.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reminder_max_count: Option<u64>,
+}
+
+impl RetellAgentSettings {
+    /// The `update_agent` body, `None` when nothing is configured.
+    pub(crate) fn to_agent_config(&self) -> Option<AgentConfig> {
+        if *self == Self::default() {
+            return None;
+        }
+        #[allow(clippy::cast_precision_loss, reason = "milliseconds far below 2^52")]
+        let reminder_trigger_ms = self.reminder_trigger_ms.map(|ms| ms as f64);
+        Some(AgentConfig {
+            responsiveness: self.responsiveness,
+            interruption_sensitivity: self.interruption_sensitivity,
+            reminder_trigger_ms,
+            reminder_max_count: self.reminder_max_count,
+            ..AgentConfig::default()
+        })
+    }
+}
+
+/// Default `system_prompt`.
+pub(crate) const DEFAULT_SYSTEM_PROMPT: &str = "You are a friendly voice agent answering a phone call. \
+    Keep answers short and conversational: they are spoken aloud. Call end_call when the caller \
+    says goodbye, and transfer_call when they ask for a human.";
+
+/// Default `apology`.
+pub(crate) const DEFAULT_APOLOGY: &str =
+    "Sorry, something went wrong on my side. Could you say that again?";
+
+/// Default `max_frame_bytes`: 16 MiB (Retell sends the whole transcript in every event).
+pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
+
+impl Default for RetellConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            begin_message: String::new(),
+            begin_after_call_details: false,
+            system_prompt: DEFAULT_SYSTEM_PROMPT.into(),
+            auto_reconnect: true,
+            call_details: true,
+            transcript_with_tool_calls: true,
+            resume_window_secs: 60,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            transfer_number: String::new(),
+            end_call_tool: true,
+            transfer_tool: true,
+            max_tool_rounds: 4,
+            apology: DEFAULT_APOLOGY.into(),
+            metadata: true,
+            control_token: String::new(),
+            agent: RetellAgentSettings::default(),
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim().parse().map_err(|e| ConfigError::Env {
+        name,
+        message: format!("{v:?}: {e}"),
+    })
+}
+
+fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError::Env {
+            name,
+            message: format!("{v:?} is not a boolean (true/false)"),
+        }),
+    }
+}
+
+impl RetellConfig {
+    /// Applies the door's `VOXGATE_RETELL_*` environment overrides (see docs/doors/retell.md).
+    pub(crate) fn apply_env(
+        &mut self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        macro_rules! set_bool {
+            ($name:literal, $field:expr) => {
+                if let Some(v) = var($name) {
+                    $field = parse_bool($name, &v)?;
+                }
+            };
+        }
+        macro_rules! set_num {
+            ($name:literal, $field:expr) => {
+                if let Some(v) = var($name) {
+                    $field = parse($name, &v)?;
+                }
+            };
+        }
+        macro_rules! set_str {
+            ($name:literal, $field:expr) => {
+                if let Some(v) = var($name) {
+                    $field = v;
+                }
+            };
+        }
+        set_bool!("VOXGATE_RETELL_ENABLED", self.enabled);
+        set_str!("VOXGATE_RETELL_BEGIN_MESSAGE", self.begin_message);
+        set_bool!(
+            "VOXGATE_RETELL_BEGIN_AFTER_CALL_DETAILS",
+            self.begin_after_call_details
+        );
+        set_str!("VOXGATE_RETELL_SYSTEM_PROMPT", self.system_prompt);
+        set_bool!("VOXGATE_RETELL_AUTO_RECONNECT", self.auto_reconnect);
+        set_bool!("VOXGATE_RETELL_CALL_DETAILS", self.call_details);
+        set_bool!(
+            "VOXGATE_RETELL_TRANSCRIPT_WITH_TOOL_CALLS",
+            self.transcript_with_tool_calls
+        );
+        set_num!("VOXGATE_RETELL_RESUME_WINDOW_SECS", self.resume_window_secs);
+        set_num!("VOXGATE_RETELL_MAX_FRAME_BYTES", self.max_frame_bytes);
+        set_str!("VOXGATE_RETELL_TRANSFER_NUMBER", self.transfer_number);
+        set_bool!("VOXGATE_RETELL_END_CALL_TOOL", self.end_call_tool);
+        set_bool!("VOXGATE_RETELL_TRANSFER_TOOL", self.transfer_tool);
+        set_num!("VOXGATE_RETELL_MAX_TOOL_ROUNDS", self.max_tool_rounds);
+        set_str!("VOXGATE_RETELL_APOLOGY", self.apology);
+        set_bool!("VOXGATE_RETELL_METADATA", self.metadata);
+        set_str!("VOXGATE_RETELL_CONTROL_TOKEN", self.control_token);
+        if let Some(v) = var("VOXGATE_RETELL_RESPONSIVENESS") {
+            self.agent.responsiveness = Some(parse("VOXGATE_RETELL_RESPONSIVENESS", &v)?);
+        }
+        if let Some(v) = var("VOXGATE_RETELL_INTERRUPTION_SENSITIVITY") {
+            self.agent.interruption_sensitivity =
+                Some(parse("VOXGATE_RETELL_INTERRUPTION_SENSITIVITY", &v)?);
+        }
+        if let Some(v) = var("VOXGATE_RETELL_REMINDER_TRIGGER_MS") {
+            self.agent.reminder_trigger_ms = Some(parse("VOXGATE_RETELL_REMINDER_TRIGGER_MS", &v)?);
+        }
+        if let Some(v) = var("VOXGATE_RETELL_REMINDER_MAX_COUNT") {
+            self.agent.reminder_max_count = Some(parse("VOXGATE_RETELL_REMINDER_MAX_COUNT", &v)?);
+        }
+        Ok(())
+    }
+
+    /// Replaces secrets with `***` for `--print-config`.
+    pub(crate) fn mask_secrets(&mut self) {
+        if !self.control_token.is_empty() {
+            self.control_token = "***".into();
+        }
+    }
+
+    /// Rejects values out of range.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[retell] {m}")));
+        if self.begin_after_call_details && !self.call_details {
+            return bad(
+                "begin_after_call_details = true needs call_details = true, or the begin \
+                 message is never sent"
+                    .into(),
+            );
+        }
+        if self.max_frame_bytes < 64 * 1024 {
+            return bad(format!(
+                "max_frame_bytes = {} is below the minimum of 65536 (transcripts grow with the call)",
+                self.max_frame_bytes
+            ));
+        }
+        for (name, v) in [
+            ("responsiveness", self.agent.responsiveness),
+            (
+                "interruption_sensitivity",
+                self.agent.interruption_sensitivity,
+            ),
+        ] {
+            if let Some(v) = v
+                && !(0.0..=1.0).contains(&v)
+            {
+                return bad(format!("agent.{name} = {v} is outside 0..=1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_and_checks() {
+        let mut c = RetellConfig::default();
+        let env = |k: &str| match k {
+            "VOXGATE_RETELL_BEGIN_MESSAGE" => Some("Hi there".to_owned()),
+            "VOXGATE_RETELL_BEGIN_AFTER_CALL_DETAILS" => Some("yes".to_owned()),
+            "VOXGATE_RETELL_RESUME_WINDOW_SECS" => Some("5".to_owned()),
+            "VOXGATE_RETELL_REMINDER_MAX_COUNT" => Some("2".to_owned()),
+            "VOXGATE_RETELL_CONTROL_TOKEN" => Some("tok".to_owned()),
+            _ => None,
+        };
+        c.apply_env(&env).unwrap();
+        assert_eq!(c.begin_message, "Hi there");
+        assert!(c.begin_after_call_details);
+        assert_eq!(c.resume_window_secs, 5);
+        assert_eq!(c.agent.reminder_max_count, Some(2));
+        c.check().unwrap();
+        c.mask_secrets();
+        assert_eq!(c.control_token, "***");
+        c.call_details = false;
+        assert!(c.check().is_err());
+        let bad = RetellConfig::default()
+            .apply_env(&|k: &str| (k == "VOXGATE_RETELL_ENABLED").then(|| "maybe".into()));
+        assert!(matches!(bad, Err(ConfigError::Env { .. })));
+        let mut c = RetellConfig::default();
+        c.agent.responsiveness = Some(1.5);
+        assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn agent_update_only_when_configured() {
+        assert_eq!(RetellAgentSettings::default().to_agent_config(), None);
+        let a = RetellAgentSettings {
+            reminder_trigger_ms: Some(5000),
+            ..RetellAgentSettings::default()
+        };
+        assert_eq!(
+            a.to_agent_config().unwrap().reminder_trigger_ms,
+            Some(5000.0)
+        );
+    }
+}

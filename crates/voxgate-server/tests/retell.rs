@@ -1,0 +1,998 @@
+//! The Retell custom-LLM door end to end: a real server on 127.0.0.1:0, a real WebSocket client
+//! (tokio-tungstenite) playing Retell with the codec crate's `RetellDriver`, the embedded demo
+//! agent (or small scripted LLMs through the providers' trait where timing or failure matter).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_providers::{FinishReason, Llm, LlmEvent, LlmRequest, LlmStream, ProviderError};
+use voxgate_retell::{
+    DriverConfig, DriverInput, DriverOutput, EndReason, REMINDER_PROMPT, RetellDriver, ServerEvent,
+    TranscriptItem, Violation,
+};
+use voxgate_server::metrics::Door;
+use voxgate_server::{Config, Metrics, Providers, Server};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Running {
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(config: Config) -> Self {
+        Self::start_with(config, Providers::embedded()).await
+    }
+
+    async fn start_with(config: Config, providers: Providers) -> Self {
+        let server = Server::bind_with(config.with_ephemeral_ports(), providers)
+            .await
+            .unwrap();
+        let addr = server.local_addr();
+        let metrics = server.metrics();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            metrics,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server shuts down")
+            .unwrap();
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        let key = format!("{name}{{door=\"retell\"}} ");
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&key).map(|v| v.parse().unwrap()))
+            .unwrap()
+    }
+
+    async fn sessions_back_to_zero(&self) {
+        let deadline = Instant::now() + WAIT;
+        while self.metrics.active_sessions(Door::Retell) != 0 {
+            assert!(Instant::now() < deadline, "retell sessions stay open");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn connect(addr: SocketAddr, call_id: &str) -> Ws {
+    let url = format!("ws://{addr}/llm-websocket/{call_id}");
+    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        .await
+        .unwrap()
+        .unwrap();
+    ws
+}
+
+/// One simulated Retell call: the socket, the driver, and every frame the server sent.
+struct RetellCall {
+    addr: SocketAddr,
+    call_id: String,
+    ws: Ws,
+    driver: RetellDriver,
+    /// Server frames as JSON, in order (across reconnects).
+    frames: Vec<Value>,
+    /// The close code the server sent, once it closed.
+    closed: Option<u16>,
+    /// Driver outputs seen by `frames_until`, not yet looked at by `until`.
+    backlog: Vec<DriverOutput>,
+}
+
+fn quiet_driver() -> DriverConfig {
+    DriverConfig {
+        reminder_trigger: None,
+        ..DriverConfig::default()
+    }
+}
+
+impl RetellCall {
+    async fn open(addr: SocketAddr, call_id: &str, cfg: DriverConfig) -> Self {
+        let ws = connect(addr, call_id).await;
+        let mut driver = RetellDriver::new(cfg);
+        driver.handle_input(Instant::now(), DriverInput::Connected);
+        Self {
+            addr,
+            call_id: call_id.to_owned(),
+            ws,
+            driver,
+            frames: Vec::new(),
+            closed: None,
+            backlog: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, input: DriverInput) {
+        self.driver.handle_input(Instant::now(), input);
+    }
+
+    async fn send_raw(&mut self, text: &str) {
+        self.ws.send(Message::Text(text.into())).await.unwrap();
+    }
+
+    /// Pumps frames both ways until a driver output matches `pred`; returns every output seen.
+    async fn until(
+        &mut self,
+        what: &str,
+        mut pred: impl FnMut(&DriverOutput) -> bool,
+    ) -> Vec<DriverOutput> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut seen = Vec::new();
+        for o in std::mem::take(&mut self.backlog) {
+            let hit = pred(&o);
+            seen.push(o);
+            if hit {
+                return seen;
+            }
+        }
+        loop {
+            while let Some(o) = self.driver.poll_output() {
+                if let DriverOutput::Send(ev) = &o
+                    && self.closed.is_none()
+                {
+                    let text = ev.to_json().unwrap();
+                    self.ws.send(Message::Text(text.into())).await.unwrap();
+                }
+                let hit = pred(&o);
+                seen.push(o);
+                if hit {
+                    return seen;
+                }
+            }
+            let timer = self
+                .driver
+                .poll_timeout()
+                .map(tokio::time::Instant::from_std);
+            let far = tokio::time::Instant::now() + WAIT;
+            tokio::select! {
+                msg = self.ws.next(), if self.closed.is_none() => self.frame(msg),
+                () = tokio::time::sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
+                    self.driver.handle_timeout(Instant::now());
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    panic!("timed out waiting for {what}; outputs {seen:?}; frames {:#?}", self.frames)
+                }
+            }
+        }
+    }
+
+    fn frame(&mut self, msg: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) {
+        match msg {
+            Some(Ok(Message::Text(t))) => {
+                self.frames.push(serde_json::from_str(&t).unwrap());
+                let ev = ServerEvent::from_json(&t).unwrap();
+                self.input(DriverInput::Received(ev));
+            }
+            Some(Ok(Message::Close(f))) => {
+                self.closed = Some(f.map_or(1005, |f| u16::from(f.code)));
+                self.input(DriverInput::Disconnected);
+            }
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => {
+                self.closed.get_or_insert(1006);
+                self.input(DriverInput::Disconnected);
+            }
+        }
+    }
+
+    /// Sends what the driver wants sent, then reads frames until `done` holds.
+    async fn frames_until(&mut self, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            while let Some(o) = self.driver.poll_output() {
+                if let DriverOutput::Send(ev) = &o
+                    && self.closed.is_none()
+                {
+                    let text = ev.to_json().unwrap();
+                    self.ws.send(Message::Text(text.into())).await.unwrap();
+                }
+                self.backlog.push(o);
+            }
+            if done(self) {
+                return;
+            }
+            assert!(self.closed.is_none(), "closed while waiting for {what}");
+            match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Ok(m) => self.frame(m),
+                Err(_) => panic!("timed out waiting for {what}; frames {:#?}", self.frames),
+            }
+        }
+    }
+
+    /// Waits for the begin message (which the driver does not report when it is empty).
+    async fn begun(&mut self) {
+        self.frames_until("the begin message", |c| !c.responses(0).is_empty())
+            .await;
+    }
+
+    /// The whole text of the next spoken response with this id.
+    async fn spoken(&mut self, response_id: u64) -> String {
+        let out = self
+            .until(&format!("response {response_id}"), |o| {
+                matches!(o, DriverOutput::AgentSpoke { response_id: r, .. } if *r == response_id)
+            })
+            .await;
+        assert_no_violation(&out);
+        match out.last() {
+            Some(DriverOutput::AgentSpoke { content, .. }) => content.clone(),
+            _ => unreachable!(),
+        }
+    }
+
+    /// A new socket to the same URL (Retell's reconnect).
+    async fn reconnect(&mut self) {
+        self.ws = connect(self.addr, &self.call_id).await;
+        self.closed = None;
+        self.input(DriverInput::Connected);
+    }
+
+    /// Frames without keep-alives (their timestamps depend on timing), for snapshots.
+    fn shown_frames(&self) -> Vec<Value> {
+        self.frames
+            .iter()
+            .filter(|f| f["response_type"] != "ping_pong")
+            .cloned()
+            .collect()
+    }
+
+    fn responses(&self, id: u64) -> Vec<&Value> {
+        self.frames
+            .iter()
+            .filter(|f| f["response_type"] == "response" && f["response_id"] == id)
+            .collect()
+    }
+}
+
+fn assert_no_violation(out: &[DriverOutput]) {
+    let v: Vec<&Violation> = out
+        .iter()
+        .filter_map(|o| match o {
+            DriverOutput::Violation(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert!(v.is_empty(), "protocol violations: {v:?}");
+}
+
+/// A bounded test: every test body runs under this.
+async fn bounded<F: Future<Output = ()>>(f: F) {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("test finished in time");
+}
+
+fn config(f: impl FnOnce(&mut Config)) -> Config {
+    let mut c = Config::default();
+    f(&mut c);
+    c
+}
+
+#[tokio::test]
+async fn config_then_begin_at_once() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.begin_message = "Hello from voxgate.".into();
+        }))
+        .await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        let begin = call.spoken(0).await;
+        assert_eq!(begin, "Hello from voxgate.");
+        insta::assert_json_snapshot!("begin_at_once", call.shown_frames());
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn begin_after_call_details() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.begin_message = "Thanks for calling.".into();
+            c.retell.begin_after_call_details = true;
+        }))
+        .await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        let out = call
+            .until("begin", |o| matches!(o, DriverOutput::AgentSpoke { .. }))
+            .await;
+        // The driver sent call_details (asked for by the config) before the begin arrived.
+        let details = out
+            .iter()
+            .position(|o| {
+                matches!(
+                    o,
+                    DriverOutput::Send(voxgate_retell::RetellEvent::CallDetails(_))
+                )
+            })
+            .expect("call details sent");
+        assert!(details < out.len() - 1);
+        assert_eq!(call.frames[0]["response_type"], "config");
+        assert_eq!(call.frames[1]["response_id"], 0);
+        insta::assert_json_snapshot!("begin_after_call_details", call.shown_frames());
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_turn_streams_chunks_and_completes() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("hello there".into()));
+        let text = call.spoken(1).await;
+        assert_eq!(text, "😊 You said: hello there");
+        let chunks = call.responses(1);
+        assert!(chunks.len() > 2, "streamed in pieces: {chunks:?}");
+        assert!(
+            chunks[..chunks.len() - 1]
+                .iter()
+                .all(|c| c["content_complete"] == false)
+        );
+        assert_eq!(chunks.last().unwrap()["content_complete"], true);
+        // The metadata event follows the response.
+        call.until("metadata", |o| matches!(o, DriverOutput::Metadata(_)))
+            .await;
+        assert_eq!(server.counter("voxgate_turns_total"), 1);
+        insta::assert_json_snapshot!("turn", call.shown_frames());
+        server.stop().await;
+    })
+    .await;
+}
+
+/// Streams `words` words, one every `gap`, for any request.
+struct SlowLlm {
+    words: usize,
+    gap: Duration,
+}
+
+impl Llm for SlowLlm {
+    fn generate(&self, _request: LlmRequest) -> LlmStream {
+        let (words, gap) = (self.words, self.gap);
+        Box::pin(futures::stream::unfold(0, move |i| async move {
+            if i > words {
+                return None;
+            }
+            tokio::time::sleep(gap).await;
+            let ev = if i == words {
+                LlmEvent::Done {
+                    finish_reason: FinishReason::Stop,
+                    usage: None,
+                }
+            } else {
+                LlmEvent::TextDelta(format!("w{i} "))
+            };
+            Some((ev, i + 1))
+        }))
+    }
+}
+
+fn with_llm(llm: impl Llm + 'static) -> Providers {
+    Providers {
+        llm: Arc::new(llm),
+        ..Providers::embedded()
+    }
+}
+
+#[tokio::test]
+async fn a_newer_response_id_stops_the_stale_one() {
+    bounded(async {
+        let llm = SlowLlm {
+            words: 40,
+            gap: Duration::from_millis(20),
+        };
+        let server = Running::start_with(Config::default(), with_llm(llm)).await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("first".into()));
+        // Wait for the first chunk of response 1, then ask again.
+        call.frames_until("a chunk of response 1", |c| !c.responses(1).is_empty())
+            .await;
+        call.input(DriverInput::UserSaid("second".into()));
+        let text = call.spoken(2).await;
+        assert_eq!(text.split_whitespace().count(), 40);
+        let stale = call.responses(1);
+        assert!(
+            stale.len() < 40,
+            "response 1 went on streaming: {} chunks",
+            stale.len()
+        );
+        assert!(stale.iter().all(|c| c["content_complete"] == false));
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn reminders_get_the_synthetic_turn() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.begin_message = "Hi, anyone there?".into();
+        }))
+        .await;
+        let driver = DriverConfig {
+            reminder_trigger: Some(Duration::from_millis(150)),
+            reminder_max_count: 1,
+            ..DriverConfig::default()
+        };
+        let mut call = RetellCall::open(server.addr, "call_test", driver).await;
+        call.begun().await;
+        // After 150 ms of silence the driver sends reminder_required with id 1.
+        let text = call.spoken(1).await;
+        assert_eq!(text, format!("😊 You said: {REMINDER_PROMPT}"));
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tool_calls_are_reported_and_the_same_response_continues() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("call get_call_details {}".into()));
+        let text = call.spoken(1).await;
+        assert!(
+            text.starts_with(
+                "🛠️ Calling get_call_details. 🔧 The tool get_call_details returned: "
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#""call_id":"call_test""#), "{text}");
+        let kinds: Vec<&str> = call
+            .frames
+            .iter()
+            .filter_map(|f| f["response_type"].as_str())
+            .filter(|t| *t != "ping_pong")
+            .collect();
+        let inv = kinds
+            .iter()
+            .position(|k| *k == "tool_call_invocation")
+            .unwrap();
+        assert_eq!(kinds[inv + 1], "tool_call_result");
+        assert_eq!(kinds[inv - 1], "response");
+        assert_eq!(kinds[inv + 2], "response");
+        let woven = call.driver.transcript_with_tool_calls();
+        assert!(
+            woven
+                .iter()
+                .any(|i| matches!(i, TranscriptItem::ToolCallResult { .. }))
+        );
+        insta::assert_json_snapshot!("tool_call", call.shown_frames());
+        // The next request carries the tool call in transcript_with_tool_calls; the context
+        // built from it is accepted and the conversation goes on.
+        call.input(DriverInput::UserSaid("thanks".into()));
+        assert_eq!(call.spoken(2).await, "😊 You said: thanks");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn end_call_from_the_model() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        call.input(DriverInput::UserSaid(
+            r#"call end_call {"message": "Goodbye!"}"#.into(),
+        ));
+        let out = call
+            .until("call end", |o| matches!(o, DriverOutput::CallEnded(_)))
+            .await;
+        assert_no_violation(&out);
+        assert!(out.contains(&DriverOutput::CallEnded(EndReason::EndCallRequested)));
+        assert!(out.contains(&DriverOutput::AgentSpoke {
+            response_id: 1,
+            content: "🛠️ Calling end_call. Goodbye!".into()
+        }));
+        let last = call.responses(1).last().copied().unwrap().clone();
+        insta::assert_json_snapshot!("end_call", last);
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn transfer_from_the_model() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.transfer_number = "+15550100".into();
+        }))
+        .await;
+        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("call transfer_call {}".into()));
+        let out = call
+            .until("transfer", |o| matches!(o, DriverOutput::Transfer { .. }))
+            .await;
+        assert!(out.contains(&DriverOutput::Transfer {
+            number: "+15550100".into()
+        }));
+        let last = call.responses(1).last().copied().unwrap().clone();
+        insta::assert_json_snapshot!("transfer", last);
+        // A number from the model wins over the configured desk.
+        call.input(DriverInput::UserSaid(
+            r#"call transfer_call {"number": "+15550199", "message": "Connecting you."}"#.into(),
+        ));
+        let out = call
+            .until("transfer", |o| matches!(o, DriverOutput::Transfer { .. }))
+            .await;
+        assert!(out.contains(&DriverOutput::Transfer {
+            number: "+15550199".into()
+        }));
+        server.stop().await;
+    })
+    .await;
+}
+
+/// A tiny HTTP/1.1 client: (status, body).
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn agent_interrupt_and_metadata_from_the_control_api() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut call = RetellCall::open(server.addr, "call_ctl", quiet_driver()).await;
+        call.frames_until("config", |c| !c.frames.is_empty()).await;
+        let path = "/retell/calls/call_ctl/interrupt";
+        let (status, body) = http(
+            server.addr,
+            "POST",
+            path,
+            r#"{"content":"Sorry to cut in."}"#,
+            None,
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["interrupt_id"],
+            1
+        );
+        let out = call
+            .until("interrupt", |o| {
+                matches!(o, DriverOutput::InterruptSpoken { .. })
+            })
+            .await;
+        assert!(out.contains(&DriverOutput::InterruptSpoken {
+            interrupt_id: 1,
+            content: "Sorry to cut in.".into()
+        }));
+        let frame = call
+            .frames
+            .iter()
+            .find(|f| f["response_type"] == "agent_interrupt")
+            .unwrap()
+            .clone();
+        insta::assert_json_snapshot!("agent_interrupt", frame);
+
+        let (status, _) = http(
+            server.addr,
+            "POST",
+            "/retell/calls/call_ctl/metadata",
+            r#"{"step":"checkout"}"#,
+            None,
+        )
+        .await;
+        assert_eq!(status, 202);
+        let out = call
+            .until("metadata", |o| matches!(o, DriverOutput::Metadata(_)))
+            .await;
+        assert_eq!(
+            out.last(),
+            Some(&DriverOutput::Metadata(Some(json!({"step": "checkout"}))))
+        );
+
+        let (status, body) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap(),
+            json!({"calls": [{"call_id": "call_ctl", "connected": true}]})
+        );
+        let (status, _) = http(
+            server.addr,
+            "POST",
+            "/retell/calls/nope/interrupt",
+            r#"{"content":"x"}"#,
+            None,
+        )
+        .await;
+        assert_eq!(status, 404);
+        let (status, _) = http(server.addr, "POST", path, r#"{"text":"wrong field"}"#, None).await;
+        assert_eq!(status, 400);
+        server.stop().await;
+
+        // With a token, the control API wants it.
+        let server = Running::start(config(|c| c.retell.control_token = "s3cret".into())).await;
+        let (status, _) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        assert_eq!(status, 401);
+        let (status, _) = http(server.addr, "GET", "/retell/calls", "", Some("s3cret")).await;
+        assert_eq!(status, 200);
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ping_pong_echoes_the_timestamp() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut ws = connect(server.addr, "call_ping").await;
+        ws.send(Message::Text(
+            r#"{"interaction_type":"ping_pong","timestamp":1700000000123}"#.into(),
+        ))
+        .await
+        .unwrap();
+        loop {
+            let msg = tokio::time::timeout(WAIT, ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let v: Value = serde_json::from_str(msg.to_text().unwrap()).unwrap();
+            if v["response_type"] == "ping_pong" {
+                insta::assert_json_snapshot!("ping_pong", v);
+                break;
+            }
+        }
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn update_agent_from_config_once_per_call() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.agent.responsiveness = Some(0.8);
+            c.retell.agent.reminder_trigger_ms = Some(5000);
+            c.retell.agent.reminder_max_count = Some(2);
+        }))
+        .await;
+        let mut call = RetellCall::open(server.addr, "call_ua", quiet_driver()).await;
+        call.begun().await;
+        call.frames_until("update_agent", |c| {
+            c.frames
+                .iter()
+                .any(|f| f["response_type"] == "update_agent")
+        })
+        .await;
+        let frame = call
+            .frames
+            .iter()
+            .find(|f| f["response_type"] == "update_agent")
+            .unwrap()
+            .clone();
+        insta::assert_json_snapshot!("update_agent", frame);
+        // A reconnect resumes: config again, no second update_agent.
+        call.ws.close(None).await.unwrap();
+        call.until("reconnect", |o| matches!(o, DriverOutput::Reconnect { .. }))
+            .await;
+        let before = call.frames.len();
+        call.reconnect().await;
+        call.input(DriverInput::UserSaid("hi".into()));
+        call.spoken(1).await;
+        let after: Vec<_> = call.frames[before..]
+            .iter()
+            .map(|f| f["response_type"].clone())
+            .collect();
+        assert_eq!(after[0], "config");
+        assert!(!after.contains(&json!("update_agent")), "{after:?}");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reconnect_resumes_the_call() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.begin_message = "Welcome.".into();
+        }))
+        .await;
+        let mut call = RetellCall::open(server.addr, "call_rc", quiet_driver()).await;
+        call.begun().await;
+        call.input(DriverInput::UserSaid("one".into()));
+        call.spoken(1).await;
+        let (status, _) = http(
+            server.addr,
+            "POST",
+            "/retell/calls/call_rc/interrupt",
+            r#"{"content":"Note."}"#,
+            None,
+        )
+        .await;
+        assert_eq!(status, 202);
+        call.until("interrupt", |o| {
+            matches!(o, DriverOutput::InterruptSpoken { .. })
+        })
+        .await;
+
+        // The socket drops (Retell's side); Retell reconnects to the same URL.
+        call.ws.close(None).await.unwrap();
+        call.until("reconnect", |o| matches!(o, DriverOutput::Reconnect { .. }))
+            .await;
+        server.sessions_back_to_zero().await;
+        let before = call.frames.len();
+        call.reconnect().await;
+        call.input(DriverInput::UserSaid("two".into()));
+        // The driver flags a repeated begin message as a violation; `spoken` asserts none.
+        assert_eq!(call.spoken(2).await, "😊 You said: two");
+        assert!(!call.frames[before..].iter().any(|f| f["response_id"] == 0));
+        // Interrupt ids go on from the first socket's.
+        let (status, body) = http(
+            server.addr,
+            "POST",
+            "/retell/calls/call_rc/interrupt",
+            r#"{"content":"Again."}"#,
+            None,
+        )
+        .await;
+        assert_eq!(status, 202);
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["interrupt_id"],
+            2
+        );
+        server.stop().await;
+
+        // With no resume window the same call_id starts over: a fresh begin message.
+        let server = Running::start(config(|c| {
+            c.retell.begin_message = "Welcome.".into();
+            c.retell.resume_window_secs = 0;
+        }))
+        .await;
+        let mut ws = connect(server.addr, "call_rc").await;
+        ws.close(None).await.unwrap();
+        server.sessions_back_to_zero().await;
+        let mut call = RetellCall::open(server.addr, "call_rc", quiet_driver()).await;
+        assert_eq!(call.spoken(0).await, "Welcome.");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_second_socket_takes_over_and_the_first_is_closed_with_1000() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut first = RetellCall::open(server.addr, "call_dup", quiet_driver()).await;
+        first.begun().await;
+        let mut second = RetellCall::open(server.addr, "call_dup", quiet_driver()).await;
+        first.frames_until("close", |c| c.closed.is_some()).await;
+        assert_eq!(first.closed, Some(1000));
+        // The second socket resumed the call: config but no begin message.
+        second.input(DriverInput::UserSaid("still there?".into()));
+        assert_eq!(second.spoken(1).await, "😊 You said: still there?");
+        assert!(!second.frames.iter().any(|f| f["response_id"] == 0));
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn malformed_frames_are_survived_and_unreadable_requests_get_the_apology() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut call = RetellCall::open(server.addr, "call_bad", quiet_driver()).await;
+        call.begun().await;
+        call.send_raw("this is not json").await;
+        call.send_raw("[1, 2, 3]").await;
+        call.send_raw(r#"{"no_type": true}"#).await;
+        call.send_raw(r#"{"interaction_type":"from_the_future","x":1}"#)
+            .await;
+        call.ws
+            .send(Message::Binary(vec![0xff, 0x00, 0x13].into()))
+            .await
+            .unwrap();
+        // A request the codec cannot read (transcript is not a list) still gets an answer.
+        call.send_raw(
+            r#"{"interaction_type":"response_required","response_id":7,"transcript":"oops"}"#,
+        )
+        .await;
+        call.frames_until("the apology", |c| {
+            c.responses(7).iter().any(|r| r["content_complete"] == true)
+        })
+        .await;
+        let apology = call.responses(7).last().copied().unwrap().clone();
+        insta::assert_json_snapshot!("apology", apology);
+        assert!(call.closed.is_none());
+        // Four unreadable frames and the unreadable request; the unknown type is not an error.
+        assert_eq!(server.counter("voxgate_errors_total"), 5);
+        // The session goes on: the driver's next id is 1 (it never saw the raw request),
+        // which is lower than 7 and still wins as the latest request.
+        call.input(DriverInput::UserSaid("still fine?".into()));
+        let out = call
+            .until("answer", |o| {
+                matches!(o, DriverOutput::AgentSpoke { response_id: 1, .. })
+            })
+            .await;
+        assert!(out.contains(&DriverOutput::AgentSpoke {
+            response_id: 1,
+            content: "😊 You said: still fine?".into()
+        }));
+        server.stop().await;
+    })
+    .await;
+}
+
+/// Fails every request.
+struct BrokenLlm;
+
+impl Llm for BrokenLlm {
+    fn generate(&self, _request: LlmRequest) -> LlmStream {
+        Box::pin(futures::stream::iter([LlmEvent::Error(
+            ProviderError::Config("model unreachable".into()),
+        )]))
+    }
+}
+
+#[tokio::test]
+async fn llm_failure_is_an_apology_not_a_close() {
+    bounded(async {
+        let server = Running::start_with(Config::default(), with_llm(BrokenLlm)).await;
+        let mut call = RetellCall::open(server.addr, "call_fail", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("hello".into()));
+        assert_eq!(
+            call.spoken(1).await,
+            voxgate_server::RetellConfig::default().apology
+        );
+        assert!(call.closed.is_none());
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn disconnects_free_sessions_and_shutdown_closes_with_1000() {
+    bounded(async {
+        let llm = SlowLlm {
+            words: 1000,
+            gap: Duration::from_millis(5),
+        };
+        let server = Running::start_with(Config::default(), with_llm(llm)).await;
+        let mut a = RetellCall::open(server.addr, "call_a", quiet_driver()).await;
+        let mut b = RetellCall::open(server.addr, "call_b", quiet_driver()).await;
+        a.begun().await;
+        b.begun().await;
+        assert_eq!(server.metrics.active_sessions(Door::Retell), 2);
+        // A disconnect mid-response frees the session (the LLM task is aborted with it).
+        a.input(DriverInput::UserSaid("talk a lot".into()));
+        a.until("request sent", |o| {
+            matches!(
+                o,
+                DriverOutput::Send(voxgate_retell::RetellEvent::ResponseRequired(_))
+            )
+        })
+        .await;
+        a.ws.close(None).await.unwrap();
+        drop(a);
+        let deadline = Instant::now() + WAIT;
+        while server.metrics.active_sessions(Door::Retell) != 1 {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Shutdown closes the remaining socket with 1000, the only code Retell treats as normal.
+        let metrics = Arc::clone(&server.metrics);
+        let stop = server.stop();
+        let close = async {
+            while b.closed.is_none() {
+                let m = tokio::time::timeout(WAIT, b.ws.next()).await.unwrap();
+                b.frame(m);
+            }
+        };
+        tokio::join!(stop, close);
+        assert_eq!(b.closed, Some(1000));
+        assert_eq!(metrics.active_sessions(Door::Retell), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_disabled_door_is_not_served() {
+    bounded(async {
+        let server = Running::start(config(|c| c.retell.enabled = false)).await;
+        let url = format!("ws://{}/llm-websocket/call_off", server.addr);
+        let err = tokio_tungstenite::connect_async(url).await.unwrap_err();
+        assert!(
+            matches!(&err, tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 404),
+            "{err:?}"
+        );
+        let (status, _) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        assert_eq!(status, 404);
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retell_silence_closes_with_1000_for_a_reconnect() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut ws = connect(server.addr, "call_quiet").await;
+        // One ping arms the keep-alive; then Retell goes quiet.
+        ws.send(Message::Text(
+            r#"{"interaction_type":"ping_pong","timestamp":1}"#.into(),
+        ))
+        .await
+        .unwrap();
+        let started = Instant::now();
+        let mut keepalives = 0;
+        let code = loop {
+            match tokio::time::timeout(WAIT, ws.next()).await.unwrap() {
+                Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(&t).unwrap();
+                    if v["response_type"] == "ping_pong" && v["timestamp"] != 1 {
+                        keepalives += 1;
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("socket ended without a close frame: {other:?}"),
+            }
+        };
+        assert_eq!(code, Some(1000));
+        assert!(
+            started.elapsed() >= Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        // The server kept pinging (every 3 s without Retell's pings) until it gave up.
+        assert!(keepalives >= 1);
+        server.sessions_back_to_zero().await;
+        server.stop().await;
+    })
+    .await;
+}
