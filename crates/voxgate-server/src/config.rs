@@ -49,7 +49,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::gemini::GeminiConfig;
+pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::retell::RetellConfig;
 pub use crate::xiaozhi::XiaozhiConfig;
 
