@@ -3,6 +3,8 @@
 //! `/audio/transcriptions` for spoken turns, and a local fake of the Gemini Live API for
 //! pass-through mode.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// The handshake callback's error type is tungstenite's, not ours to shrink.
+#![allow(clippy::result_large_err)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -117,7 +119,7 @@ async fn quiet_for(ws: &mut Ws, d: Duration) {
 }
 
 /// An Android-style config: explicit nulls everywhere, modalities as given.
-fn live_config(modalities: Value) -> Value {
+fn live_config(modalities: &Value) -> Value {
     json!({
         "model": "models/gemini-2.0-flash-live-001",
         "systemInstruction": {"role": null, "parts": [{"text": "You are helpful.", "inlineData": null}]},
@@ -192,7 +194,7 @@ fn assert_closed_by(messages: &[Value], flag: &str, closing: &str) {
 
 fn b64_bytes(bytes: &[u8]) -> String {
     // Even-length byte strings encode exactly like their s16le samples.
-    assert!(bytes.len() % 2 == 0);
+    assert!(bytes.len().is_multiple_of(2));
     let samples: Vec<i16> = bytes
         .chunks_exact(2)
         .map(|c| i16::from_le_bytes([c[0], c[1]]))
@@ -265,7 +267,7 @@ async fn own_listener_any_path_and_main_route_connect_then_setup() {
         format!("ws://{own}/any/path?x=1"),
         format!("ws://{}/gemini", server.addr),
     ] {
-        let mut ws = session(url, live_config(json!("TEXT"))).await;
+        let mut ws = session(url, live_config(&json!("TEXT"))).await;
         send(&mut ws, json!({"type": "DISCONNECT_GEMINI"})).await;
         assert_eq!(kind(&recv(&mut ws).await), "GEMINI_DISCONNECTED");
     }
@@ -301,7 +303,7 @@ async fn text_turn_in_engine_mode() {
     let server = Running::start(Config::default()).await;
     let mut ws = session(
         format!("ws://{}/gemini", server.addr),
-        live_config(json!(["text"])),
+        live_config(&json!(["text"])),
     )
     .await;
     // turnComplete null: defaults to true.
@@ -340,7 +342,7 @@ async fn audio_turn_with_a_wav_in_one_frame() {
     config.gemini.audio_chunks = true;
     let server = Running::start(config).await;
     let own = server.own.unwrap();
-    let mut ws = session(format!("ws://{own}/"), live_config(json!("audio"))).await;
+    let mut ws = session(format!("ws://{own}/"), live_config(&json!("audio"))).await;
     send(
         &mut ws,
         json!({"type": "SEND_REALTIME_INPUT", "payload": {
@@ -349,17 +351,20 @@ async fn audio_turn_with_a_wav_in_one_frame() {
     )
     .await;
     let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
-    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    // The VAD may cut the fixture's words into several utterances, each transcribed; they
+    // make one user turn.
+    let uploads = hits.load(Ordering::SeqCst);
+    assert!(uploads >= 1);
     let heard = turn
         .iter()
         .find_map(|m| m["payload"]["serverContent"]["inputTranscription"]["text"].as_str())
         .expect("an input transcription");
-    assert_eq!(heard, "what is the weather");
+    assert_eq!(heard, vec!["what is the weather"; uploads].join(" "));
     let said: String = turn
         .iter()
         .filter_map(|m| m["payload"]["serverContent"]["outputTranscription"]["text"].as_str())
         .collect();
-    assert_eq!(said, "You said: what is the weather");
+    assert_eq!(said, format!("You said: {heard}"));
     let audio = audio_parts(&turn);
     assert!(!audio.is_empty());
     let mut samples = 0;
@@ -412,7 +417,7 @@ async fn user_speech_interrupts_a_spoken_reply() {
     let server = Running::start(with_asr(asr_url)).await;
     let mut ws = session(
         format!("ws://{}/gemini", server.addr),
-        live_config(json!(["AUDIO"])),
+        live_config(&json!(["AUDIO"])),
     )
     .await;
     send(
@@ -472,8 +477,11 @@ async fn user_speech_interrupts_a_spoken_reply() {
     let mut ws = ws_tx.reunite(ws_rx).unwrap();
     let next = recv_until(&mut ws, "TURN_COMPLETE").await;
     assert!(
-        next.iter()
-            .any(|m| m["payload"]["serverContent"]["inputTranscription"]["text"] == "stop"),
+        next.iter().any(
+            |m| m["payload"]["serverContent"]["inputTranscription"]["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("stop"))
+        ),
         "{next:#?}"
     );
     assert!(hits.load(Ordering::SeqCst) >= 1);
@@ -481,7 +489,7 @@ async fn user_speech_interrupts_a_spoken_reply() {
 }
 
 fn weather_tools() -> Value {
-    let mut c = live_config(json!("TEXT"));
+    let mut c = live_config(&json!("TEXT"));
     c["tools"] = json!([{"functionDeclarations": [{
         "name": "get_weather", "description": "Weather in a city.",
         "parameters": {"type": "OBJECT", "properties": {"city": {"type": "STRING"}},
@@ -578,13 +586,13 @@ async fn update_config_and_second_connect_replace_the_session() {
     let server = Running::start(Config::default()).await;
     let mut ws = session(
         format!("ws://{}/gemini", server.addr),
-        live_config(json!("TEXT")),
+        live_config(&json!("TEXT")),
     )
     .await;
     // UPDATE_CONFIG's payload is the config itself; it ends with a new SETUP_COMPLETE only.
     send(
         &mut ws,
-        json!({"type": "UPDATE_CONFIG", "payload": live_config(json!(["AUDIO"]))}),
+        json!({"type": "UPDATE_CONFIG", "payload": live_config(&json!(["AUDIO"]))}),
     )
     .await;
     assert_eq!(
@@ -606,7 +614,7 @@ async fn update_config_and_second_connect_replace_the_session() {
     // Mid-reply, a second CONNECT_GEMINI replaces the session: nothing of the old one follows.
     send(
         &mut ws,
-        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(json!("text"))}}),
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(&json!("text"))}}),
     )
     .await;
     loop {
@@ -637,7 +645,7 @@ async fn update_config_and_second_connect_replace_the_session() {
 async fn disconnect_keeps_the_socket_and_allows_reconnect() {
     let server = Running::start(Config::default()).await;
     let url = format!("ws://{}/gemini", server.addr);
-    let mut ws = session(url, live_config(json!("TEXT"))).await;
+    let mut ws = session(url, live_config(&json!("TEXT"))).await;
     send(
         &mut ws,
         json!({"type": "DISCONNECT_GEMINI", "payload": null}),
@@ -656,7 +664,7 @@ async fn disconnect_keeps_the_socket_and_allows_reconnect() {
     );
     send(
         &mut ws,
-        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(json!("TEXT"))}}),
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(&json!("TEXT"))}}),
     )
     .await;
     assert_eq!(kind(&recv(&mut ws).await), "GEMINI_CONNECTED");
@@ -743,8 +751,7 @@ async fn malformed_frames_get_errors_and_the_session_goes_on() {
     assert!(msg(&e).contains("exceeds the limit of 4096 bytes"), "{e}");
 
     // JSON in a binary frame is accepted.
-    let connect_frame =
-        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(json!("TEXT"))}});
+    let connect_frame = json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(&json!("TEXT"))}});
     send_raw(
         &mut ws,
         Message::Binary(connect_frame.to_string().into_bytes().into()),
@@ -867,7 +874,7 @@ async fn passthrough_relays_to_a_fake_live_api() {
     config.gemini.api_key = Some("test-key".into());
     config.gemini.base_url = base_url;
     let server = Running::start(config).await;
-    let mut c = live_config(json!("text"));
+    let mut c = live_config(&json!("text"));
     c["model"] = json!("gemini-live-test");
     c["tools"] = weather_tools()["tools"].clone();
     let mut ws = session(format!("ws://{}/", server.own.unwrap()), c).await;

@@ -15,7 +15,7 @@ use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::resample::Resampler;
 use voxgate_engine::{
     ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, State,
-    ToolDefinition, TriggerMode,
+    ToolDefinition, TriggerMode, TurnId,
 };
 use voxgate_gemini::live::{INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE};
 use voxgate_gemini::{
@@ -57,6 +57,9 @@ pub(super) struct EngineSession {
     transcribed: bool,
     /// Client tool calls of the open turn awaiting `SEND_TOOL_RESPONSE`: (id, name).
     pending_calls: Vec<(String, String)>,
+    /// Responses that called client tools: the engine ends them once the results are in
+    /// and answers in a new response, which closes the bridge turn.
+    call_turns: Vec<TurnId>,
     cancelled: Vec<String>,
 }
 
@@ -176,6 +179,7 @@ impl EngineSession {
             speaking: false,
             transcribed: false,
             pending_calls: Vec::new(),
+            call_turns: Vec::new(),
             cancelled: Vec::new(),
         };
         let mut out = Vec::new();
@@ -461,6 +465,7 @@ impl EngineSession {
 
     fn end_turn(&mut self) {
         self.turn_open = false;
+        self.call_turns.clear();
         self.speaking = false;
         self.transcribed = false;
         if let Some((_, r)) = &mut self.out_resampler {
@@ -498,21 +503,25 @@ impl EngineSession {
                     }));
                 }
                 let audio = self.convert(&samples, sample_rate);
-                self.push_audio(audio, out);
+                self.push_audio(&audio, out);
             }
             ClientEvent::ResponseEnd { .. } => {
                 let tail = self.flush_audio();
-                self.push_audio(tail, out);
+                self.push_audio(&tail, out);
             }
             ClientEvent::ClearPlayback => {
                 if let Some((_, r)) = &mut self.out_resampler {
                     r.reset();
                 }
             }
-            ClientEvent::ResponseFinished { interrupted, .. } => {
+            ClientEvent::ResponseFinished { turn, interrupted } => {
                 self.metrics.turn(Door::Gemini);
+                let called = self.call_turns.iter().position(|t| *t == turn);
                 if interrupted {
                     self.interrupt(out);
+                } else if let Some(i) = called.filter(|_| self.pending_calls.is_empty()) {
+                    // The follow-up response with the tool results comes next.
+                    self.call_turns.remove(i);
                 } else if self.pending_calls.is_empty() && self.turn_open {
                     if self.speaking && self.flags.assistant_speaking {
                         out.push(ServerMessage::AssistantSpeaking { speaking: false });
@@ -543,9 +552,12 @@ impl EngineSession {
                 id,
                 name,
                 arguments,
-                ..
+                turn,
             } => {
                 self.turn_open = true;
+                if !self.call_turns.contains(&turn) {
+                    self.call_turns.push(turn);
+                }
                 self.pending_calls.push((id.clone(), name.clone()));
                 out.push(ServerMessage::ToolCall(ToolCall {
                     function_calls: vec![FunctionCall {
@@ -564,7 +576,7 @@ impl EngineSession {
         }
     }
 
-    fn push_audio(&mut self, samples: Vec<i16>, out: &mut Vec<ServerMessage>) {
+    fn push_audio(&mut self, samples: &[i16], out: &mut Vec<ServerMessage>) {
         if samples.is_empty() {
             return;
         }
@@ -574,7 +586,7 @@ impl EngineSession {
                 out.push(ServerMessage::AssistantSpeaking { speaking: true });
             }
         }
-        let blob = Blob::pcm(&samples, OUTPUT_SAMPLE_RATE);
+        let blob = Blob::pcm(samples, OUTPUT_SAMPLE_RATE);
         let data = self.flags.audio_chunks.then(|| blob.data.clone());
         out.push(content(model_parts(vec![Part::inline(blob)])));
         if let Some(data) = data {

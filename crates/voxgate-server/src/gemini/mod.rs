@@ -179,6 +179,8 @@ enum Backend {
 }
 
 /// What woke the connection loop.
+// One lives on the stack per loop turn; boxing client messages would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
 enum Event {
     Client(Option<Incoming>),
     Provider(voxgate_engine::ProviderEvent),
@@ -379,7 +381,7 @@ impl Connection {
                     Err(message) => {
                         self.metrics.error(Door::Gemini);
                         self.batch
-                            .push(ServerMessage::setup_failed(Some(500), message.clone()));
+                            .push(ServerMessage::setup_failed(Some(503), message.clone()));
                         self.batch.push(ServerMessage::error(message));
                     }
                 }

@@ -33,8 +33,8 @@ const EVENT_QUEUE: usize = 256;
 pub(super) enum UpEvent {
     /// The WebSocket is open and `setup` was sent.
     Open,
-    /// A decoded upstream message.
-    Message(LiveServerMessage),
+    /// A decoded upstream message (boxed: it is large and events queue up).
+    Message(Box<LiveServerMessage>),
     /// An upstream frame that could not be decoded.
     Bad(String),
     /// The connection could not be opened.
@@ -189,7 +189,7 @@ impl PassSession {
                     _ => {}
                 }
                 let mut relayed = Vec::new();
-                self.forwarder.forward(m, &mut relayed);
+                self.forwarder.forward(*m, &mut relayed);
                 out.extend(relayed.into_iter().filter(|m| {
                     self.assistant_speaking || !matches!(m, ServerMessage::AssistantSpeaking { .. })
                 }));
@@ -350,7 +350,7 @@ async fn relay(
 
 fn decode(r: Result<LiveServerMessage, voxgate_gemini::DecodeError>) -> UpEvent {
     match r {
-        Ok(m) => UpEvent::Message(m),
+        Ok(m) => UpEvent::Message(Box::new(m)),
         Err(e) => UpEvent::Bad(e.to_string()),
     }
 }
