@@ -289,9 +289,9 @@ impl EngineSession {
         }
     }
 
-    /// The user's input is complete: a spoken turn still being captured is cut and answered;
-    /// with `or_trigger` false and nothing captured, a reply is asked for anyway (an empty
-    /// `SEND_MESSAGE` with `turnComplete`).
+    /// The user's input is complete: a spoken turn still being captured is cut and answered.
+    /// With `only_if_listening` false a reply is asked for even when nothing was captured (an
+    /// empty `SEND_MESSAGE` with `turnComplete`, as upstream).
     fn end_of_input(
         &mut self,
         now: Instant,
