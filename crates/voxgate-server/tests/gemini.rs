@@ -1029,3 +1029,21 @@ async fn passthrough_failures_are_clear() {
     assert!(!e.to_string().contains("key=k"), "the key leaked: {e}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn shutdown_tells_the_app_and_closes() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(
+        format!("ws://{}/", server.own.unwrap()),
+        live_config(&json!("TEXT")),
+    )
+    .await;
+    let stopping = tokio::spawn(server.stop());
+    assert_eq!(
+        recv(&mut ws).await,
+        json!({"type": "GEMINI_DISCONNECTED", "payload": {"reason": "server shutting down"}})
+    );
+    let end = tokio::time::timeout(WAIT, ws.next()).await.unwrap();
+    assert!(matches!(end, None | Some(Ok(Message::Close(_)))), "{end:?}");
+    tokio::time::timeout(WAIT, stopping).await.unwrap().unwrap();
+}
