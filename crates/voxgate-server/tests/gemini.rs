@@ -1013,7 +1013,7 @@ async fn passthrough_failures_are_clear() {
     drop(dead);
     config.gemini.api_key = Some("k".into());
     config.gemini.base_url = format!("ws://{dead_addr}");
-    let server = Running::start(config).await;
+    let server = Running::start(config.clone()).await;
     let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
     send(&mut ws, json!({"type": "CONNECT_GEMINI"})).await;
     let setup = recv(&mut ws).await;
@@ -1027,6 +1027,32 @@ async fn passthrough_failures_are_clear() {
         "{e}"
     );
     assert!(!e.to_string().contains("key=k"), "the key leaked: {e}");
+    server.stop().await;
+
+    // wss:// to something that is not TLS: the TLS client is set up and fails cleanly.
+    let not_tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    config.gemini.base_url = format!("wss://{}", not_tls.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = not_tls.accept().await {
+            use tokio::io::AsyncWriteExt;
+            let _ = sock.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let server = Running::start(config).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    send(&mut ws, json!({"type": "CONNECT_GEMINI"})).await;
+    assert_eq!(
+        recv(&mut ws).await["payload"]["setupComplete"]["success"],
+        false
+    );
+    let e = recv(&mut ws).await;
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Could not connect to Gemini"),
+        "{e}"
+    );
     server.stop().await;
 }
 
