@@ -50,7 +50,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use crate::bridge::BridgeConfig;
-pub use crate::gemini::GeminiConfig;
+pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
 pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::XiaozhiConfig;

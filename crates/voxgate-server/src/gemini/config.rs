@@ -1,0 +1,223 @@
+//! `[gemini]`: the Gemini bridge door's settings and their `VOXGATE_GEMINI_*` overrides.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// Who answers a bridge session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum GeminiMode {
+    /// voxgate's own pipeline (the configured LLM, ASR and TTS): no Google account needed.
+    #[default]
+    Engine,
+    /// Relay the session to the real Gemini Live API with [`GeminiConfig::api_key`].
+    Passthrough,
+}
+
+impl GeminiMode {
+    fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "engine" => Some(Self::Engine),
+            "passthrough" | "pass-through" | "relay" => Some(Self::Passthrough),
+            _ => None,
+        }
+    }
+}
+
+/// Default upstream of pass-through sessions.
+const DEFAULT_GEMINI_BASE_URL: &str = "wss://generativelanguage.googleapis.com";
+/// Default model of pass-through sessions whose config names none.
+const DEFAULT_GEMINI_MODEL: &str = "models/gemini-2.0-flash-live-001";
+
+/// Settings of the Gemini bridge door (`[gemini]` in the configuration file).
+///
+/// ```toml
+/// [gemini]
+/// enabled = true                 # serve /gemini and the own listener
+/// own_listener = true            # the bridge's own port, any path
+/// listen = "127.0.0.1:3001"
+/// mode = "engine"                # or "passthrough"
+/// api_key = "..."                # passthrough: the Gemini API key
+/// base_url = "wss://generativelanguage.googleapis.com"
+/// model = "models/gemini-2.0-flash-live-001"   # passthrough default model
+/// audio_chunks = false           # also send model audio as AUDIO_CHUNK
+/// assistant_speaking = true      # send ASSISTANT_SPEAKING around spoken replies
+/// max_frame_bytes = 8388608      # a whole WAV file may come in one frame
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GeminiConfig {
+    /// Serve the door at all (`/gemini` on the main listener and the own listener).
+    pub enabled: bool,
+    /// Open the door's own listener at [`Self::listen`] (accepting any path).
+    pub own_listener: bool,
+    /// Address of the own listener. Default `127.0.0.1:3001`.
+    pub listen: SocketAddr,
+    /// `engine` (default) or `passthrough`.
+    pub mode: GeminiMode,
+    /// Gemini API key for pass-through sessions (sent as `?key=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Upstream WebSocket root (`wss://host` or `ws://host:port`); the Live API path is
+    /// appended unless the URL already has a path.
+    pub base_url: String,
+    /// Model for pass-through sessions whose config names none.
+    pub model: String,
+    /// Also send each piece of model audio as `AUDIO_CHUNK {data}` after its `CONTENT_MESSAGE`
+    /// (declared by the original bridge but never sent; some clients read it). Default off.
+    pub audio_chunks: bool,
+    /// Send `ASSISTANT_SPEAKING {speaking}` when spoken output starts and ends. Default on.
+    pub assistant_speaking: bool,
+    /// Largest client frame accepted, in bytes (a whole WAV file may arrive as one frame).
+    /// Frames up to twice this are refused with a `GEMINI_ERROR`; larger ones end the
+    /// connection.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for GeminiConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            own_listener: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 3001)),
+            mode: GeminiMode::Engine,
+            api_key: None,
+            base_url: DEFAULT_GEMINI_BASE_URL.to_owned(),
+            model: DEFAULT_GEMINI_MODEL.to_owned(),
+            audio_chunks: false,
+            assistant_speaking: true,
+            max_frame_bytes: voxgate_gemini::bridge::RECOMMENDED_MAX_FRAME_BYTES,
+        }
+    }
+}
+
+fn flag(name: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError::Env {
+            name,
+            message: format!("{v:?} is not a boolean (true/false)"),
+        }),
+    }
+}
+
+impl GeminiConfig {
+    /// Applies the door's `VOXGATE_GEMINI_*` environment overrides: `ENABLED`, `LISTEN` (an
+    /// address, or `off` for no own listener), `MODE`, `API_KEY`, `BASE_URL`, `MODEL`,
+    /// `AUDIO_CHUNKS`, `ASSISTANT_SPEAKING`, `MAX_FRAME_BYTES`.
+    pub(crate) fn apply_env(
+        &mut self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        if let Some(v) = var("VOXGATE_GEMINI_ENABLED") {
+            self.enabled = flag("VOXGATE_GEMINI_ENABLED", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_LISTEN") {
+            if v.trim().eq_ignore_ascii_case("off") || v.trim().is_empty() {
+                self.own_listener = false;
+            } else {
+                self.listen = v.trim().parse().map_err(|e| ConfigError::Env {
+                    name: "VOXGATE_GEMINI_LISTEN",
+                    message: format!("{v:?} is not a socket address (or \"off\"): {e}"),
+                })?;
+                self.own_listener = true;
+            }
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_MODE") {
+            self.mode = GeminiMode::parse(&v).ok_or_else(|| ConfigError::Env {
+                name: "VOXGATE_GEMINI_MODE",
+                message: format!("{v:?} is neither \"engine\" nor \"passthrough\""),
+            })?;
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_API_KEY") {
+            self.api_key = Some(v).filter(|k| !k.trim().is_empty());
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_BASE_URL") {
+            self.base_url = v.trim().to_owned();
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_MODEL") {
+            self.model = v.trim().to_owned();
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_AUDIO_CHUNKS") {
+            self.audio_chunks = flag("VOXGATE_GEMINI_AUDIO_CHUNKS", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_ASSISTANT_SPEAKING") {
+            self.assistant_speaking = flag("VOXGATE_GEMINI_ASSISTANT_SPEAKING", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_GEMINI_MAX_FRAME_BYTES") {
+            self.max_frame_bytes = v.trim().parse().map_err(|e| ConfigError::Env {
+                name: "VOXGATE_GEMINI_MAX_FRAME_BYTES",
+                message: format!("{v:?}: {e}"),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Replaces secrets with `***` for `--print-config`.
+    pub(crate) fn mask_secrets(&mut self) {
+        if self.api_key.is_some() {
+            self.api_key = Some("***".into());
+        }
+    }
+
+    /// Moves the door's own listener (when enabled) to a free loopback port.
+    pub(crate) fn ephemeral_ports(&mut self) {
+        if self.own_listener {
+            self.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        }
+    }
+
+    /// Rejects values out of range. A missing API key in pass-through mode is not an error
+    /// here (it may come from the environment later); sessions report it instead.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.max_frame_bytes < 1024 {
+            return Err(ConfigError::Invalid(format!(
+                "gemini.max_frame_bytes = {} is below the minimum of 1024",
+                self.max_frame_bytes
+            )));
+        }
+        if !(self.base_url.starts_with("ws://") || self.base_url.starts_with("wss://")) {
+            return Err(ConfigError::Invalid(format!(
+                "gemini.base_url = {:?} must start with ws:// or wss://",
+                self.base_url
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_and_masking() {
+        let mut c = GeminiConfig::default();
+        let env = |k: &str| match k {
+            "VOXGATE_GEMINI_LISTEN" => Some("off".to_owned()),
+            "VOXGATE_GEMINI_MODE" => Some("PassThrough".to_owned()),
+            "VOXGATE_GEMINI_API_KEY" => Some("k".to_owned()),
+            "VOXGATE_GEMINI_AUDIO_CHUNKS" => Some("yes".to_owned()),
+            _ => None,
+        };
+        c.apply_env(&env).unwrap();
+        assert!(!c.own_listener);
+        assert_eq!(c.mode, GeminiMode::Passthrough);
+        assert!(c.audio_chunks);
+        c.mask_secrets();
+        assert_eq!(c.api_key.as_deref(), Some("***"));
+        let bad = GeminiConfig::default()
+            .apply_env(&|k: &str| (k == "VOXGATE_GEMINI_MODE").then(|| "cloud".to_owned()));
+        assert!(matches!(bad, Err(ConfigError::Env { .. })));
+        let c = GeminiConfig {
+            base_url: "https://x".into(),
+            ..GeminiConfig::default()
+        };
+        assert!(c.check().is_err());
+    }
+}

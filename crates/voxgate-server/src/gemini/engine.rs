@@ -1,0 +1,662 @@
+//! Engine mode: a bridge session answered by voxgate's own pipeline.
+//!
+//! The bridge's messages become engine inputs (typed text, 16 kHz PCM or a whole WAV file,
+//! client tool results) and the engine's events become the Live API shapes the bridge's apps
+//! read inside `CONTENT_MESSAGE`: `modelTurn` text or 24 kHz `inlineData` audio,
+//! `inputTranscription`/`outputTranscription`, `interrupted` and `turnComplete` (each followed
+//! by its own `INTERRUPTED`/`TURN_COMPLETE`), and `TOOL_CALL`/`TOOL_CALL_CANCELLATION`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use voxgate_audio::format::{f32_to_i16, i16_to_f32};
+use voxgate_audio::resample::Resampler;
+use voxgate_engine::{
+    ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, State,
+    ToolDefinition, TriggerMode, TurnId,
+};
+use voxgate_gemini::live::{INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE};
+use voxgate_gemini::{
+    Blob, ClientMessage, Content, FunctionCall, LiveConfig, Modality, Part, RealtimeInput,
+    ServerContent, ServerMessage, ToolCall, ToolCallCancellation, ToolResponse, Transcription,
+};
+
+use crate::metrics::{Door, Metrics};
+use crate::providers::{Providers, Runner};
+
+/// Per-connection output options from the door's configuration.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Flags {
+    pub(super) audio_chunks: bool,
+    pub(super) assistant_speaking: bool,
+}
+
+/// Ids of cancelled calls remembered so a late `SEND_TOOL_RESPONSE` for one is ignored quietly.
+const CANCELLED_MEMORY: usize = 64;
+
+/// One bridge session driven by an [`Engine`]. Dropping it aborts its provider work.
+pub(super) struct EngineSession {
+    engine: Engine,
+    runner: Runner,
+    provider_rx: mpsc::Receiver<ProviderEvent>,
+    metrics: Arc<Metrics>,
+    flags: Flags,
+    /// Replies are spoken (AUDIO modality) rather than written.
+    audio_out: bool,
+    in_resampler: Option<(u32, Resampler)>,
+    out_resampler: Option<(u32, Resampler)>,
+    samples: Vec<i16>,
+    floats: Vec<f32>,
+    /// A model turn is open: it still owes the client `turnComplete` or `interrupted`.
+    turn_open: bool,
+    /// Spoken output of the open turn has started.
+    speaking: bool,
+    /// Output transcription of the open turn has started (sentences are joined by a space).
+    transcribed: bool,
+    /// Client tool calls of the open turn awaiting `SEND_TOOL_RESPONSE`: (id, name).
+    pending_calls: Vec<(String, String)>,
+    /// Responses that called client tools: the engine ends them once the results are in
+    /// and answers in a new response, which closes the bridge turn.
+    call_turns: Vec<TurnId>,
+    cancelled: Vec<String>,
+}
+
+/// Spoken output unless the config asks for text only (the Live API's default is audio).
+fn wants_audio(config: &LiveConfig) -> bool {
+    match config
+        .generation_config
+        .as_ref()
+        .and_then(|g| g.response_modalities.as_ref())
+    {
+        None => true,
+        Some(m) if m.is_empty() => true,
+        Some(m) => m.contains(&Modality::Audio),
+    }
+}
+
+fn system_prompt(config: &LiveConfig) -> String {
+    config
+        .system_instruction
+        .as_ref()
+        .map(Content::joined_text)
+        .unwrap_or_default()
+}
+
+fn temperature(config: &LiveConfig) -> Option<f64> {
+    config.generation_config.as_ref()?.temperature
+}
+
+/// Gemini declares parameter types in OpenAPI style (`"OBJECT"`, `"STRING"`); JSON Schema
+/// wants them lower case.
+fn json_schema(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = match (k.as_str(), v) {
+                        ("type", Value::String(t)) => Value::String(t.to_ascii_lowercase()),
+                        _ => json_schema(v),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(json_schema).collect()),
+        other => other.clone(),
+    }
+}
+
+fn tools(config: &LiveConfig) -> Vec<ToolDefinition> {
+    config
+        .tools
+        .iter()
+        .flat_map(|t| &t.function_declarations)
+        .filter(|f| !f.name.is_empty())
+        .map(|f| {
+            let schema = f
+                .extra
+                .get("parametersJsonSchema")
+                .or(f.parameters.as_ref())
+                .map(json_schema)
+                .filter(Value::is_object)
+                .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+            ToolDefinition {
+                name: f.name.clone(),
+                description: f.description.clone().unwrap_or_default(),
+                parameters: schema,
+            }
+        })
+        .collect()
+}
+
+fn content(c: ServerContent) -> ServerMessage {
+    ServerMessage::ContentMessage(c)
+}
+
+fn model_parts(parts: Vec<Part>) -> ServerContent {
+    ServerContent {
+        model_turn: Some(Content { role: None, parts }),
+        ..ServerContent::default()
+    }
+}
+
+impl EngineSession {
+    /// A session with `config`, and the messages its setup produced (tool declarations the
+    /// engine refused, as `GEMINI_ERROR`s).
+    pub(super) fn new(
+        config: &LiveConfig,
+        providers: &Providers,
+        metrics: Arc<Metrics>,
+        flags: Flags,
+        now: Instant,
+    ) -> Result<(Self, Vec<ServerMessage>), String> {
+        let audio_out = wants_audio(config);
+        let engine_config = EngineConfig {
+            input_rate: INPUT_SAMPLE_RATE,
+            output_audio: audio_out.then_some(OutputAudio {
+                bytes_per_second: OUTPUT_SAMPLE_RATE * 2,
+            }),
+            system_prompt: system_prompt(config),
+            temperature: temperature(config),
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
+        let (runner, provider_rx) = Runner::new(providers.clone(), Arc::clone(&metrics));
+        let mut s = Self {
+            engine,
+            runner,
+            provider_rx,
+            metrics,
+            flags,
+            audio_out,
+            in_resampler: None,
+            out_resampler: None,
+            samples: Vec::new(),
+            floats: Vec::new(),
+            turn_open: false,
+            speaking: false,
+            transcribed: false,
+            pending_calls: Vec::new(),
+            call_turns: Vec::new(),
+            cancelled: Vec::new(),
+        };
+        let mut out = Vec::new();
+        s.input(now, Input::SetTools(tools(config)), &mut out);
+        Ok((s, out))
+    }
+
+    pub(super) fn provider_rx(&mut self) -> &mut mpsc::Receiver<ProviderEvent> {
+        &mut self.provider_rx
+    }
+
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.engine.poll_timeout()
+    }
+
+    pub(super) fn timeout(&mut self, out: &mut Vec<ServerMessage>) {
+        self.engine.handle_timeout(Instant::now());
+        self.drain(out);
+    }
+
+    pub(super) fn provider_event(&mut self, event: ProviderEvent, out: &mut Vec<ServerMessage>) {
+        self.runner.finished(&event);
+        self.input(Instant::now(), Input::Provider(event), out);
+    }
+
+    /// `UPDATE_CONFIG` can be applied in place (keeping the conversation) unless it switches
+    /// between spoken and written replies.
+    pub(super) fn can_reconfigure(&self, config: &LiveConfig) -> bool {
+        wants_audio(config) == self.audio_out
+    }
+
+    pub(super) fn reconfigure(&mut self, config: &LiveConfig, out: &mut Vec<ServerMessage>) {
+        let now = Instant::now();
+        self.input(
+            now,
+            Input::Reconfigure {
+                input_rate: None,
+                system_prompt: Some(system_prompt(config)),
+                temperature: temperature(config),
+            },
+            out,
+        );
+        self.input(now, Input::SetTools(tools(config)), out);
+    }
+
+    /// Ends the session: the engine cancels its work, and dropping `self` aborts the tasks.
+    pub(super) fn close(&mut self) {
+        let _ = self.engine.handle_input(Instant::now(), Input::Close);
+        while let Some(o) = self.engine.poll_output() {
+            if let Output::Provider(r) = o {
+                self.runner.start(r);
+            }
+        }
+    }
+
+    /// A session message (`SEND_MESSAGE`, `SEND_REALTIME_INPUT`, `SEND_TOOL_RESPONSE`).
+    pub(super) fn handle(&mut self, msg: ClientMessage, out: &mut Vec<ServerMessage>) {
+        let now = Instant::now();
+        match msg {
+            ClientMessage::SendMessage {
+                parts,
+                turn_complete,
+            } => {
+                let mut heard_audio = false;
+                for blob in parts.iter().filter_map(|p| p.inline_data.as_ref()) {
+                    if blob.is_audio() {
+                        heard_audio |= self.audio(now, blob, out);
+                    }
+                }
+                let text: String = parts
+                    .iter()
+                    .filter_map(|p| p.text.as_deref())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                if !text.trim().is_empty() {
+                    self.text(now, text, turn_complete, out);
+                } else if turn_complete {
+                    self.end_of_input(now, heard_audio, out);
+                }
+            }
+            ClientMessage::SendRealtimeInput(r) => self.realtime_input(now, r, out),
+            ClientMessage::SendToolResponse(r) => self.tool_response(now, r, out),
+            _ => {}
+        }
+    }
+
+    fn realtime_input(&mut self, now: Instant, r: RealtimeInput, out: &mut Vec<ServerMessage>) {
+        if r.activity_start {
+            self.input(now, Input::StartCapture, out);
+        }
+        if let Some(blob) = &r.audio {
+            let whole_file = self.audio(now, blob, out);
+            // A whole WAV file is a complete utterance: answer it without waiting for more.
+            if whole_file {
+                self.end_of_input(now, true, out);
+            }
+        }
+        // Video frames are accepted and ignored: the pipeline has no vision model.
+        if let Some(text) = r.text.filter(|t| !t.trim().is_empty()) {
+            self.text(now, text, true, out);
+        }
+        if r.activity_end {
+            self.input(now, Input::StopCapture, out);
+        }
+        if r.audio_stream_end {
+            self.end_of_input(now, true, out);
+        }
+    }
+
+    /// The user's input is complete: a spoken turn still being captured is cut and answered.
+    /// With `only_if_listening` false a reply is asked for even when nothing was captured (an
+    /// empty `SEND_MESSAGE` with `turnComplete`, as upstream).
+    fn end_of_input(
+        &mut self,
+        now: Instant,
+        only_if_listening: bool,
+        out: &mut Vec<ServerMessage>,
+    ) {
+        if only_if_listening && self.engine.state() != State::Listening {
+            return;
+        }
+        self.input(
+            now,
+            Input::TriggerInference {
+                instructions: None,
+                flush_vad: true,
+            },
+            out,
+        );
+    }
+
+    fn text(
+        &mut self,
+        now: Instant,
+        text: String,
+        turn_complete: bool,
+        out: &mut Vec<ServerMessage>,
+    ) {
+        let mode = if turn_complete {
+            // New content interrupts the model, as upstream: a turn waiting on tool results
+            // is cancelled here (the engine does not report that as an interruption).
+            if !self.pending_calls.is_empty() {
+                self.interrupt(out);
+            }
+            TriggerMode::Immediate
+        } else {
+            TriggerMode::NoTrigger
+        };
+        self.input(now, Input::Text { text, mode }, out);
+    }
+
+    /// Feeds an audio blob; true if it was a whole WAV file.
+    fn audio(&mut self, now: Instant, blob: &Blob, out: &mut Vec<ServerMessage>) -> bool {
+        self.samples.clear();
+        let info = match blob.decode_pcm(&mut self.samples) {
+            Ok(info) => info,
+            Err(e) => {
+                self.metrics.error(Door::Gemini);
+                out.push(ServerMessage::error(format!(
+                    "Invalid audio in {}: {e}.",
+                    if blob.mime_type.is_empty() {
+                        "audio blob"
+                    } else {
+                        blob.mime_type.as_str()
+                    }
+                )));
+                return false;
+            }
+        };
+        let rate = info.sample_rate.unwrap_or(INPUT_SAMPLE_RATE);
+        let channels = usize::from(info.channels.max(1));
+        self.floats.clear();
+        self.floats
+            .extend(self.samples.chunks(channels).map(|frame| {
+                let sum: f32 = frame.iter().map(|&s| i16_to_f32(s)).sum();
+                #[allow(clippy::cast_precision_loss, reason = "a handful of channels")]
+                let n = frame.len() as f32;
+                sum / n
+            }));
+        if rate == INPUT_SAMPLE_RATE {
+            self.engine.handle_audio(now, &self.floats);
+        } else {
+            if self
+                .in_resampler
+                .as_ref()
+                .is_none_or(|(from, _)| *from != rate)
+            {
+                match Resampler::new(rate, INPUT_SAMPLE_RATE) {
+                    Ok(r) => self.in_resampler = Some((rate, r)),
+                    Err(e) => {
+                        self.metrics.error(Door::Gemini);
+                        out.push(ServerMessage::error(format!(
+                            "Unusable audio sample rate {rate} Hz: {e}."
+                        )));
+                        return false;
+                    }
+                }
+            }
+            let mut converted = Vec::new();
+            if let Some((_, r)) = &mut self.in_resampler {
+                r.process(&self.floats, &mut converted);
+                if info.wav.is_some() {
+                    r.flush(&mut converted);
+                }
+            }
+            self.engine.handle_audio(now, &converted);
+        }
+        self.drain(out);
+        info.wav.is_some()
+    }
+
+    fn tool_response(&mut self, now: Instant, r: ToolResponse, out: &mut Vec<ServerMessage>) {
+        for fr in r.function_responses {
+            let id = fr.id.clone().or_else(|| {
+                self.pending_calls
+                    .iter()
+                    .find(|(_, name)| *name == fr.name)
+                    .map(|(id, _)| id.clone())
+            });
+            let Some(id) = id else {
+                self.metrics.error(Door::Gemini);
+                out.push(ServerMessage::error(format!(
+                    "No pending tool call named {:?}.",
+                    fr.name
+                )));
+                continue;
+            };
+            if let Some(pos) = self.pending_calls.iter().position(|(p, _)| *p == id) {
+                self.pending_calls.remove(pos);
+                let result = serde_json::to_string(&fr.response).unwrap_or_default();
+                self.input(now, Input::ToolResult { id, result }, out);
+            } else if !self.cancelled.contains(&id) {
+                self.metrics.error(Door::Gemini);
+                out.push(ServerMessage::error(format!(
+                    "No pending tool call with id {id:?}."
+                )));
+            }
+        }
+    }
+
+    fn input(&mut self, now: Instant, input: Input, out: &mut Vec<ServerMessage>) {
+        if let Err(e) = self.engine.handle_input(now, input) {
+            self.metrics.error(Door::Gemini);
+            out.push(ServerMessage::error(e.to_string()));
+        }
+        self.drain(out);
+    }
+
+    fn drain(&mut self, out: &mut Vec<ServerMessage>) {
+        while let Some(o) = self.engine.poll_output() {
+            match o {
+                Output::Provider(r) => self.runner.start(r),
+                Output::Client(event) => self.client_event(event, out),
+                _ => {}
+            }
+        }
+    }
+
+    /// Closes the open turn as interrupted, cancelling its pending tool calls.
+    fn interrupt(&mut self, out: &mut Vec<ServerMessage>) {
+        if !self.turn_open && self.pending_calls.is_empty() {
+            return;
+        }
+        if self.speaking && self.flags.assistant_speaking {
+            out.push(ServerMessage::AssistantSpeaking { speaking: false });
+        }
+        out.push(content(ServerContent {
+            interrupted: true,
+            ..ServerContent::default()
+        }));
+        out.push(ServerMessage::Interrupted);
+        if !self.pending_calls.is_empty() {
+            let ids: Vec<String> = self.pending_calls.drain(..).map(|(id, _)| id).collect();
+            self.cancelled.extend(ids.iter().cloned());
+            let excess = self.cancelled.len().saturating_sub(CANCELLED_MEMORY);
+            self.cancelled.drain(..excess);
+            out.push(ServerMessage::ToolCallCancellation(ToolCallCancellation {
+                ids,
+            }));
+        }
+        self.end_turn();
+    }
+
+    fn end_turn(&mut self) {
+        self.turn_open = false;
+        self.call_turns.clear();
+        self.speaking = false;
+        self.transcribed = false;
+        if let Some((_, r)) = &mut self.out_resampler {
+            r.reset();
+        }
+    }
+
+    fn client_event(&mut self, event: ClientEvent, out: &mut Vec<ServerMessage>) {
+        match event {
+            ClientEvent::ResponseBegin { .. } => self.turn_open = true,
+            ClientEvent::TextFragment { text, .. } => {
+                self.turn_open = true;
+                out.push(content(model_parts(vec![Part::text(text)])));
+            }
+            ClientEvent::AudioChunk {
+                samples,
+                sample_rate,
+                transcript,
+                ..
+            } => {
+                self.turn_open = true;
+                if let Some(text) = transcript {
+                    let text = if self.transcribed {
+                        format!(" {text}")
+                    } else {
+                        text
+                    };
+                    self.transcribed = true;
+                    out.push(content(ServerContent {
+                        output_transcription: Some(Transcription {
+                            text,
+                            finished: None,
+                        }),
+                        ..ServerContent::default()
+                    }));
+                }
+                let audio = self.convert(&samples, sample_rate);
+                self.push_audio(&audio, out);
+            }
+            ClientEvent::ResponseEnd { .. } => {
+                let tail = self.flush_audio();
+                self.push_audio(&tail, out);
+            }
+            ClientEvent::ClearPlayback => {
+                if let Some((_, r)) = &mut self.out_resampler {
+                    r.reset();
+                }
+            }
+            ClientEvent::ResponseFinished { turn, interrupted } => {
+                self.metrics.turn(Door::Gemini);
+                let called = self.call_turns.iter().position(|t| *t == turn);
+                if interrupted {
+                    self.interrupt(out);
+                } else if let Some(i) = called.filter(|_| self.pending_calls.is_empty()) {
+                    // The follow-up response with the tool results comes next.
+                    self.call_turns.remove(i);
+                } else if self.pending_calls.is_empty() && self.turn_open {
+                    if self.speaking && self.flags.assistant_speaking {
+                        out.push(ServerMessage::AssistantSpeaking { speaking: false });
+                    }
+                    out.push(content(ServerContent {
+                        turn_complete: true,
+                        ..ServerContent::default()
+                    }));
+                    out.push(ServerMessage::TurnComplete);
+                    self.end_turn();
+                }
+                // With calls pending the turn goes on once their results are in.
+            }
+            ClientEvent::UserTranscription { text, .. } => {
+                // The user spoke over a turn that waits on tool results: it is cut off.
+                if !self.pending_calls.is_empty() {
+                    self.interrupt(out);
+                }
+                out.push(content(ServerContent {
+                    input_transcription: Some(Transcription {
+                        text,
+                        finished: Some(true),
+                    }),
+                    ..ServerContent::default()
+                }));
+            }
+            ClientEvent::ToolCallRequest {
+                id,
+                name,
+                arguments,
+                turn,
+            } => {
+                self.turn_open = true;
+                if !self.call_turns.contains(&turn) {
+                    self.call_turns.push(turn);
+                }
+                self.pending_calls.push((id.clone(), name.clone()));
+                out.push(ServerMessage::ToolCall(ToolCall {
+                    function_calls: vec![FunctionCall {
+                        id: Some(id),
+                        name,
+                        args: Some(arguments),
+                    }],
+                }));
+            }
+            ClientEvent::Error { message, .. } => {
+                self.metrics.error(Door::Gemini);
+                out.push(ServerMessage::error(message));
+            }
+            // VAD telemetry, subtitles, faces and device MCP have no bridge message.
+            _ => {}
+        }
+    }
+
+    fn push_audio(&mut self, samples: &[i16], out: &mut Vec<ServerMessage>) {
+        if samples.is_empty() {
+            return;
+        }
+        if !self.speaking {
+            self.speaking = true;
+            if self.flags.assistant_speaking {
+                out.push(ServerMessage::AssistantSpeaking { speaking: true });
+            }
+        }
+        let blob = Blob::pcm(samples, OUTPUT_SAMPLE_RATE);
+        let data = self.flags.audio_chunks.then(|| blob.data.clone());
+        out.push(content(model_parts(vec![Part::inline(blob)])));
+        if let Some(data) = data {
+            out.push(ServerMessage::AudioChunk { data });
+        }
+    }
+
+    /// Reply audio (mono i16 at `rate`) at the bridge's 24 kHz.
+    fn convert(&mut self, samples: &[i16], rate: u32) -> Vec<i16> {
+        if rate == OUTPUT_SAMPLE_RATE {
+            return samples.to_vec();
+        }
+        if self
+            .out_resampler
+            .as_ref()
+            .is_none_or(|(from, _)| *from != rate)
+        {
+            match Resampler::new(rate, OUTPUT_SAMPLE_RATE) {
+                Ok(r) => self.out_resampler = Some((rate, r)),
+                Err(e) => {
+                    tracing::warn!(%e, rate, "cannot resample reply audio");
+                    self.out_resampler = None;
+                    return Vec::new();
+                }
+            }
+        }
+        let floats: Vec<f32> = samples.iter().map(|&s| i16_to_f32(s)).collect();
+        let mut converted = Vec::new();
+        if let Some((_, r)) = &mut self.out_resampler {
+            r.process(&floats, &mut converted);
+        }
+        converted.into_iter().map(f32_to_i16).collect()
+    }
+
+    fn flush_audio(&mut self) -> Vec<i16> {
+        let Some((_, r)) = self.out_resampler.as_mut() else {
+            return Vec::new();
+        };
+        let mut tail = Vec::new();
+        r.flush(&mut tail);
+        tail.into_iter().map(f32_to_i16).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openapi_types_become_json_schema() {
+        let v = serde_json::json!({"type": "OBJECT", "properties": {"city": {"type": "STRING"}},
+            "required": ["city"]});
+        assert_eq!(
+            json_schema(&v),
+            serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"]})
+        );
+    }
+
+    #[test]
+    fn modality_defaults_to_audio() {
+        let text: LiveConfig = serde_json::from_str(
+            r#"{"generationConfig":{"responseModalities":"text","temperature":null}}"#,
+        )
+        .unwrap();
+        assert!(!wants_audio(&text));
+        let audio: LiveConfig =
+            serde_json::from_str(r#"{"generationConfig":{"responseModalities":["Audio"]}}"#)
+                .unwrap();
+        assert!(wants_audio(&audio));
+        assert!(wants_audio(&LiveConfig::default()));
+    }
+}

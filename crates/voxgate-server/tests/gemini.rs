@@ -1,0 +1,1075 @@
+//! The Gemini bridge door end to end: a real server on loopback, a tokio-tungstenite client
+//! playing the app, the embedded demo agent and TTS, a local fake of OpenAI's
+//! `/audio/transcriptions` for spoken turns, and a local fake of the Gemini Live API for
+//! pass-through mode.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// The handshake callback's error type is tungstenite's, not ours to shrink.
+#![allow(clippy::result_large_err)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_server::config::{AsrConfig, GeminiMode};
+use voxgate_server::{Config, Server};
+
+const WAIT: Duration = Duration::from_secs(15);
+const SPEECH_WAV: &[u8] = include_bytes!("../../voxgate-audio/tests/fixtures/speech.wav");
+
+struct Running {
+    addr: SocketAddr,
+    own: Option<SocketAddr>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(config: Config) -> Self {
+        let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
+        let addr = server.local_addr();
+        let own = server.listener_addr("gemini");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            own,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server shuts down")
+            .unwrap();
+    }
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn connect(url: String) -> Ws {
+    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        .await
+        .unwrap()
+        .unwrap();
+    ws
+}
+
+async fn send(ws: &mut Ws, v: Value) {
+    ws.send(Message::Text(v.to_string().into())).await.unwrap();
+}
+
+async fn send_raw(ws: &mut Ws, m: Message) {
+    ws.send(m).await.unwrap();
+}
+
+/// The next bridge message; panics on close or timeout.
+async fn recv(ws: &mut Ws) -> Value {
+    loop {
+        let msg = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a message within the timeout")
+            .expect("the socket stays open")
+            .unwrap();
+        match msg {
+            Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+fn kind(v: &Value) -> &str {
+    v["type"].as_str().unwrap_or_default()
+}
+
+/// Messages up to and including the first of type `last`.
+async fn recv_until(ws: &mut Ws, last: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let m = recv(ws).await;
+        let done = kind(&m) == last;
+        out.push(m);
+        if done {
+            return out;
+        }
+    }
+}
+
+/// Nothing arrives for `d`.
+async fn quiet_for(ws: &mut Ws, d: Duration) {
+    if let Ok(Some(Ok(m))) = tokio::time::timeout(d, ws.next()).await {
+        panic!("unexpected message {m:?}");
+    }
+}
+
+/// An Android-style config: explicit nulls everywhere, modalities as given.
+fn live_config(modalities: &Value) -> Value {
+    json!({
+        "model": "models/gemini-2.0-flash-live-001",
+        "systemInstruction": {"role": null, "parts": [{"text": "You are helpful.", "inlineData": null}]},
+        "generationConfig": {
+            "temperature": null, "topK": null, "topP": null, "maxOutputTokens": null,
+            "stopSequences": null, "responseModalities": modalities,
+            "speechConfig": {"voiceConfig": {"prebuiltVoiceConfig": {"voiceName": "Aoede"}}}
+        },
+        "tools": null,
+        "safetySettings": null,
+        "realtimeInputConfig": null
+    })
+}
+
+/// Connects and sets up a session: GEMINI_CONNECTED, then SETUP_COMPLETE.
+async fn session(url: String, config: Value) -> Ws {
+    let mut ws = connect(url).await;
+    send(
+        &mut ws,
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": config}}),
+    )
+    .await;
+    let first = recv(&mut ws).await;
+    assert_eq!(kind(&first), "GEMINI_CONNECTED", "{first}");
+    let second = recv(&mut ws).await;
+    assert_eq!(
+        second,
+        json!({"type": "SETUP_COMPLETE", "payload": {"setupComplete": {"success": true}}})
+    );
+    ws
+}
+
+fn model_text(messages: &[Value]) -> String {
+    messages
+        .iter()
+        .filter(|m| kind(m) == "CONTENT_MESSAGE")
+        .flat_map(|m| {
+            m["payload"]["serverContent"]["modelTurn"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|p| p["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn audio_parts(messages: &[Value]) -> Vec<Value> {
+    messages
+        .iter()
+        .filter(|m| kind(m) == "CONTENT_MESSAGE")
+        .flat_map(|m| {
+            m["payload"]["serverContent"]["modelTurn"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|p| p.get("inlineData").is_some())
+        .collect()
+}
+
+/// The flags of the last CONTENT_MESSAGE before a closing `TURN_COMPLETE`/`INTERRUPTED`.
+fn assert_closed_by(messages: &[Value], flag: &str, closing: &str) {
+    let n = messages.len();
+    assert!(n >= 2, "{messages:?}");
+    assert_eq!(kind(&messages[n - 1]), closing);
+    assert_eq!(
+        messages[n - 2],
+        json!({"type": "CONTENT_MESSAGE", "payload": {"serverContent": {flag: true}}}),
+        "{messages:#?}"
+    );
+}
+
+fn b64_bytes(bytes: &[u8]) -> String {
+    // Even-length byte strings encode exactly like their s16le samples.
+    assert!(bytes.len().is_multiple_of(2));
+    let samples: Vec<i16> = bytes
+        .chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let mut out = String::new();
+    voxgate_gemini::audio::encode_pcm_base64(&samples, &mut out);
+    out
+}
+
+/// A fake OpenAI transcription endpoint answering every upload with `text`.
+async fn fake_asr(text: &'static str) -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&hits);
+    let router = axum::Router::new().route(
+        "/v1/audio/transcriptions",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let h = Arc::clone(&h);
+            async move {
+                // A multipart upload with the model name and a WAV file.
+                let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+                assert!(
+                    has(b"whisper-1") && has(b"RIFF"),
+                    "not a transcription upload"
+                );
+                h.fetch_add(1, Ordering::SeqCst);
+                (
+                    [("content-type", "application/json")],
+                    json!({ "text": text }).to_string(),
+                )
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    (format!("http://{addr}/v1"), hits)
+}
+
+fn with_asr(base_url: String) -> Config {
+    Config {
+        asr: Some(AsrConfig {
+            base_url,
+            model: "whisper-1".into(),
+            api_key: None,
+        }),
+        ..Config::default()
+    }
+}
+
+fn redact_audio(mut v: Value) -> Value {
+    if let Some(parts) = v["payload"]["serverContent"]["modelTurn"]["parts"].as_array_mut() {
+        for p in parts {
+            if p.get("inlineData").is_some() {
+                p["inlineData"]["data"] = json!("[base64 s16le]");
+            }
+        }
+    }
+    v
+}
+
+#[tokio::test]
+async fn own_listener_any_path_and_main_route_connect_then_setup() {
+    let server = Running::start(Config::default()).await;
+    let own = server.own.expect("own listener on by default");
+    assert_ne!(own, server.addr);
+    for url in [
+        format!("ws://{own}/"),
+        format!("ws://{own}/any/path?x=1"),
+        format!("ws://{}/gemini", server.addr),
+    ] {
+        let mut ws = session(url, live_config(&json!("TEXT"))).await;
+        send(&mut ws, json!({"type": "DISCONNECT_GEMINI"})).await;
+        assert_eq!(kind(&recv(&mut ws).await), "GEMINI_DISCONNECTED");
+    }
+    // Only the own listener accepts any path.
+    let other = tokio_tungstenite::connect_async(format!("ws://{}/elsewhere", server.addr)).await;
+    assert!(other.is_err());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn disabled_door_and_no_own_listener() {
+    let mut config = Config::default();
+    config.gemini.own_listener = false;
+    let server = Running::start(config).await;
+    assert!(server.own.is_none());
+    drop(session(format!("ws://{}/gemini", server.addr), json!(null)).await);
+    server.stop().await;
+
+    let mut config = Config::default();
+    config.gemini.enabled = false;
+    let server = Running::start(config).await;
+    assert!(server.own.is_none());
+    assert!(
+        tokio_tungstenite::connect_async(format!("ws://{}/gemini", server.addr))
+            .await
+            .is_err()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn text_turn_in_engine_mode() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(
+        format!("ws://{}/gemini", server.addr),
+        live_config(&json!(["text"])),
+    )
+    .await;
+    // turnComplete null: defaults to true.
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {
+            "parts": [{"text": "hello there", "inlineData": null}], "turnComplete": null}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: hello there");
+    assert_closed_by(&turn, "turnComplete", "TURN_COMPLETE");
+    assert!(audio_parts(&turn).is_empty());
+    assert!(
+        turn.iter()
+            .all(|m| kind(m) == "CONTENT_MESSAGE" || kind(m) == "TURN_COMPLETE")
+    );
+    insta::assert_json_snapshot!("content_message_text", turn[0]);
+    insta::assert_json_snapshot!("content_message_turn_complete", turn[turn.len() - 2]);
+
+    // Realtime text input is a user turn too.
+    send(
+        &mut ws,
+        json!({"type": "SEND_REALTIME_INPUT", "payload": {"text": "again", "audio": null, "video": null}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: again");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn audio_turn_with_a_wav_in_one_frame() {
+    let (asr_url, hits) = fake_asr("what is the weather").await;
+    let mut config = with_asr(asr_url);
+    config.gemini.audio_chunks = true;
+    let server = Running::start(config).await;
+    let own = server.own.unwrap();
+    let mut ws = session(format!("ws://{own}/"), live_config(&json!("audio"))).await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_REALTIME_INPUT", "payload": {
+            "text": null, "video": null, "mediaChunks": null, "chunks": null,
+            "audio": {"mimeType": "audio/pcm;rate=16000", "data": b64_bytes(SPEECH_WAV)}}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    // The VAD may cut the fixture's words into several utterances, each transcribed; they
+    // make one user turn.
+    let uploads = hits.load(Ordering::SeqCst);
+    assert!(uploads >= 1);
+    let heard = turn
+        .iter()
+        .find_map(|m| m["payload"]["serverContent"]["inputTranscription"]["text"].as_str())
+        .expect("an input transcription");
+    assert_eq!(heard, vec!["what is the weather"; uploads].join(" "));
+    let said: String = turn
+        .iter()
+        .filter_map(|m| m["payload"]["serverContent"]["outputTranscription"]["text"].as_str())
+        .collect();
+    assert_eq!(said, format!("You said: {heard}"));
+    let audio = audio_parts(&turn);
+    assert!(!audio.is_empty());
+    let mut samples = 0;
+    for p in &audio {
+        assert_eq!(p["inlineData"]["mimeType"], "audio/pcm;rate=24000");
+        samples += p["inlineData"]["data"].as_str().unwrap().len() * 3 / 8;
+    }
+    // Some speech, at 24 kHz: at least half a second.
+    assert!(samples > 12_000, "{samples} samples");
+    // Each audio CONTENT_MESSAGE is followed by its AUDIO_CHUNK copy.
+    for (i, m) in turn.iter().enumerate() {
+        if let Some(data) =
+            m["payload"]["serverContent"]["modelTurn"]["parts"][0]["inlineData"]["data"].as_str()
+        {
+            assert_eq!(
+                turn[i + 1],
+                json!({"type": "AUDIO_CHUNK", "payload": {"data": data}})
+            );
+        }
+    }
+    // The speaking overlay brackets the audio; the turn closes with TURN_COMPLETE.
+    let speaking: Vec<&Value> = turn
+        .iter()
+        .filter(|m| kind(m) == "ASSISTANT_SPEAKING")
+        .collect();
+    assert_eq!(speaking.len(), 2, "{turn:#?}");
+    assert_eq!(speaking[0]["payload"]["speaking"], true);
+    assert_eq!(speaking[1]["payload"]["speaking"], false);
+    assert_closed_by(&turn, "turnComplete", "TURN_COMPLETE");
+    let first_audio = turn
+        .iter()
+        .find(|m| !audio_parts(std::slice::from_ref(m)).is_empty())
+        .unwrap();
+    insta::assert_json_snapshot!("content_message_audio", redact_audio(first_audio.clone()));
+    insta::assert_json_snapshot!(
+        "content_message_input_transcription",
+        turn.iter()
+            .find(|m| m["payload"]["serverContent"]
+                .get("inputTranscription")
+                .is_some())
+            .unwrap()
+    );
+    insta::assert_json_snapshot!("assistant_speaking", speaking[0]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn user_speech_interrupts_a_spoken_reply() {
+    let (asr_url, hits) = fake_asr("stop").await;
+    let server = Running::start(with_asr(asr_url)).await;
+    let mut ws = session(
+        format!("ws://{}/gemini", server.addr),
+        live_config(&json!(["AUDIO"])),
+    )
+    .await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text":
+            "please tell me a rather long story about the sea and the wind and the stars"}],
+            "turnComplete": true}}),
+    )
+    .await;
+    // Wait for the reply's first audio.
+    loop {
+        let m = recv(&mut ws).await;
+        assert_ne!(kind(&m), "TURN_COMPLETE");
+        if !audio_parts(std::slice::from_ref(&m)).is_empty() {
+            break;
+        }
+    }
+    // Stream the speech fixture as raw 16 kHz PCM, 100 ms a frame, five times real time.
+    let (mut ws_tx, mut ws_rx) = ws.split();
+    let pcm = SPEECH_WAV[44..].to_vec();
+    let streamer = tokio::spawn(async move {
+        for chunk in pcm.chunks(3200) {
+            let frame = json!({"type": "SEND_REALTIME_INPUT", "payload": {"audio": {
+                "mimeType": "audio/pcm;rate=16000", "data": b64_bytes(chunk)}}});
+            ws_tx
+                .send(Message::Text(frame.to_string().into()))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        ws_tx
+    });
+    let mut seen = Vec::new();
+    loop {
+        let m = tokio::time::timeout(WAIT, ws_rx.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let Message::Text(t) = m else { continue };
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        assert_ne!(
+            kind(&v),
+            "TURN_COMPLETE",
+            "the reply finished uninterrupted"
+        );
+        let done = kind(&v) == "INTERRUPTED";
+        seen.push(v);
+        if done {
+            break;
+        }
+    }
+    assert_closed_by(&seen, "interrupted", "INTERRUPTED");
+    insta::assert_json_snapshot!("interrupted", seen[seen.len() - 1]);
+    // The user's words become the next turn.
+    let ws_tx = streamer.await.unwrap();
+    let mut ws = ws_tx.reunite(ws_rx).unwrap();
+    let next = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert!(
+        next.iter().any(
+            |m| m["payload"]["serverContent"]["inputTranscription"]["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("stop"))
+        ),
+        "{next:#?}"
+    );
+    assert!(hits.load(Ordering::SeqCst) >= 1);
+    server.stop().await;
+}
+
+fn weather_tools() -> Value {
+    let mut c = live_config(&json!("TEXT"));
+    c["tools"] = json!([{"functionDeclarations": [{
+        "name": "get_weather", "description": "Weather in a city.",
+        "parameters": {"type": "OBJECT", "properties": {"city": {"type": "STRING"}},
+            "required": ["city"]},
+        "behavior": "NON_BLOCKING"}], "googleSearch": null}]);
+    c
+}
+
+#[tokio::test]
+async fn tool_calls_and_cancellation_on_interruption() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(format!("ws://{}/gemini", server.addr), weather_tools()).await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text":
+            "call get_weather {\"city\": \"Paris\"}"}]}}),
+    )
+    .await;
+    let calls = recv_until(&mut ws, "TOOL_CALL").await;
+    let call = calls.last().unwrap().clone();
+    let fc = &call["payload"]["toolCall"]["functionCalls"][0];
+    assert_eq!(fc["name"], "get_weather");
+    assert_eq!(fc["args"], json!({"city": "Paris"}));
+    let id = fc["id"].as_str().unwrap().to_owned();
+    let mut shown = call.clone();
+    shown["payload"]["toolCall"]["functionCalls"][0]["id"] = json!("[id]");
+    insta::assert_json_snapshot!("tool_call", shown);
+    // No TURN_COMPLETE while the call is pending.
+    quiet_for(&mut ws, Duration::from_millis(300)).await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {"functionResponses": [
+            {"id": id, "name": "get_weather", "response": {"forecast": "sunny"}}]}}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert!(
+        model_text(&turn).contains("get_weather returned"),
+        "{turn:#?}"
+    );
+    assert_closed_by(&turn, "turnComplete", "TURN_COMPLETE");
+
+    // A second call, interrupted by new user content: cancelled.
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text":
+            "call get_weather {\"city\": \"Oslo\"}"}], "turnComplete": true}}),
+    )
+    .await;
+    let calls = recv_until(&mut ws, "TOOL_CALL").await;
+    let id2 = calls.last().unwrap()["payload"]["toolCall"]["functionCalls"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(id, id2);
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "never mind"}]}}),
+    )
+    .await;
+    let cut = recv_until(&mut ws, "TOOL_CALL_CANCELLATION").await;
+    assert_eq!(
+        cut,
+        vec![
+            json!({"type": "CONTENT_MESSAGE", "payload": {"serverContent": {"interrupted": true}}}),
+            json!({"type": "INTERRUPTED"}),
+            json!({"type": "TOOL_CALL_CANCELLATION", "payload": {"toolCallCancellation": {"ids": [id2]}}}),
+        ]
+    );
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: never mind");
+    // A late answer to the cancelled call is ignored quietly.
+    send(
+        &mut ws,
+        json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {"functionResponses": [
+            {"id": id2, "name": "get_weather", "response": {"forecast": "rain"}}]}}}),
+    )
+    .await;
+    quiet_for(&mut ws, Duration::from_millis(300)).await;
+    // An answer to a call that never was is an error.
+    send(
+        &mut ws,
+        json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {"functionResponses": [
+            {"id": "nope", "name": "get_weather", "response": {}}]}}}),
+    )
+    .await;
+    let e = recv(&mut ws).await;
+    assert_eq!(kind(&e), "GEMINI_ERROR");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn update_config_and_second_connect_replace_the_session() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(
+        format!("ws://{}/gemini", server.addr),
+        live_config(&json!("TEXT")),
+    )
+    .await;
+    // UPDATE_CONFIG's payload is the config itself; it ends with a new SETUP_COMPLETE only.
+    send(
+        &mut ws,
+        json!({"type": "UPDATE_CONFIG", "payload": live_config(&json!(["AUDIO"]))}),
+    )
+    .await;
+    assert_eq!(
+        recv(&mut ws).await,
+        json!({"type": "SETUP_COMPLETE", "payload": {"setupComplete": {"success": true}}})
+    );
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "now speak a long sentence to me please"}]}}),
+    )
+    .await;
+    loop {
+        let m = recv(&mut ws).await;
+        assert_ne!(kind(&m), "TURN_COMPLETE");
+        if !audio_parts(std::slice::from_ref(&m)).is_empty() {
+            break;
+        }
+    }
+    // Mid-reply, a second CONNECT_GEMINI replaces the session: nothing of the old one follows.
+    send(
+        &mut ws,
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(&json!("text"))}}),
+    )
+    .await;
+    loop {
+        let m = recv(&mut ws).await;
+        if kind(&m) == "GEMINI_CONNECTED" {
+            break;
+        }
+        // Audio already queued before the switch may still drain.
+        assert!(
+            !audio_parts(std::slice::from_ref(&m)).is_empty() || kind(&m) == "ASSISTANT_SPEAKING",
+            "{m}"
+        );
+    }
+    assert_eq!(kind(&recv(&mut ws).await), "SETUP_COMPLETE");
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "second"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: second");
+    assert!(audio_parts(&turn).is_empty(), "{turn:#?}");
+    quiet_for(&mut ws, Duration::from_millis(1500)).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn disconnect_keeps_the_socket_and_allows_reconnect() {
+    let server = Running::start(Config::default()).await;
+    let url = format!("ws://{}/gemini", server.addr);
+    let mut ws = session(url, live_config(&json!("TEXT"))).await;
+    send(
+        &mut ws,
+        json!({"type": "DISCONNECT_GEMINI", "payload": null}),
+    )
+    .await;
+    let bye = recv(&mut ws).await;
+    insta::assert_json_snapshot!("gemini_disconnected", bye);
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    assert_eq!(
+        recv(&mut ws).await,
+        json!({"type": "GEMINI_ERROR", "payload": {"message": "Gemini not connected. Send CONNECT_GEMINI first."}})
+    );
+    send(
+        &mut ws,
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(&json!("TEXT"))}}),
+    )
+    .await;
+    assert_eq!(kind(&recv(&mut ws).await), "GEMINI_CONNECTED");
+    assert_eq!(kind(&recv(&mut ws).await), "SETUP_COMPLETE");
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: hi");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn webrtc_is_refused_with_a_clear_error() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    for m in [
+        json!({"type": "WEBRTC_OFFER", "payload": {"sdp": "v=0\r\n"}}),
+        json!({"type": "WEBRTC_ICE_CANDIDATE", "payload": {"candidate":
+            {"candidate": "candidate:1 1 UDP 1 10.0.0.1 9 typ host", "sdpMid": "0", "sdpMLineIndex": 0}}}),
+        json!({"type": "WEBRTC_ICE_CANDIDATE", "payload": {
+            "candidate": "candidate:1 1 UDP 1 10.0.0.1 9 typ host", "sdpMid": "0", "sdpMLineIndex": "0"}}),
+    ] {
+        send(&mut ws, m).await;
+        let e = recv(&mut ws).await;
+        assert_eq!(kind(&e), "GEMINI_ERROR");
+        assert!(
+            e["payload"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("WebRTC is not supported"),
+            "{e}"
+        );
+    }
+    insta::assert_json_snapshot!(
+        "webrtc_error",
+        recv_after(
+            &mut ws,
+            json!({"type": "WEBRTC_OFFER", "payload": {"sdp": ""}})
+        )
+        .await
+    );
+    server.stop().await;
+}
+
+async fn recv_after(ws: &mut Ws, m: Value) -> Value {
+    send(ws, m).await;
+    recv(ws).await
+}
+
+#[tokio::test]
+async fn malformed_frames_get_errors_and_the_session_goes_on() {
+    let mut config = Config::default();
+    config.gemini.max_frame_bytes = 4096;
+    let server = Running::start(config).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    let msg = |v: &Value| v["payload"]["message"].as_str().unwrap().to_owned();
+
+    let e = recv_after(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": []}}),
+    )
+    .await;
+    assert_eq!(msg(&e), "Gemini not connected. Send CONNECT_GEMINI first.");
+    send_raw(&mut ws, Message::Text("{not json".into())).await;
+    let e = recv(&mut ws).await;
+    insta::assert_json_snapshot!("error_invalid_json", e);
+    send_raw(&mut ws, Message::Text(r#"{"payload":{}}"#.into())).await;
+    assert_eq!(msg(&recv(&mut ws).await), "Invalid JSON message received.");
+    send_raw(&mut ws, Message::Binary(vec![0xff, 0x00, 0x12].into())).await;
+    assert_eq!(msg(&recv(&mut ws).await), "Invalid JSON message received.");
+    let e = recv_after(&mut ws, json!({"type": "FOO"})).await;
+    insta::assert_json_snapshot!("error_unknown_type", e);
+    let e = recv_after(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": 5}}),
+    )
+    .await;
+    assert_eq!(msg(&e), "Invalid payload for SEND_MESSAGE.");
+    let big = json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "x".repeat(5000)}]}});
+    let e = recv_after(&mut ws, big).await;
+    assert!(msg(&e).contains("exceeds the limit of 4096 bytes"), "{e}");
+
+    // JSON in a binary frame is accepted.
+    let connect_frame = json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live_config(&json!("TEXT"))}});
+    send_raw(
+        &mut ws,
+        Message::Binary(connect_frame.to_string().into_bytes().into()),
+    )
+    .await;
+    assert_eq!(kind(&recv(&mut ws).await), "GEMINI_CONNECTED");
+    assert_eq!(kind(&recv(&mut ws).await), "SETUP_COMPLETE");
+    let e = recv_after(
+        &mut ws,
+        json!({"type": "SEND_REALTIME_INPUT", "payload": {"audio": {"mimeType": "audio/pcm;rate=16000", "data": "!!!!"}}}),
+    )
+    .await;
+    assert!(msg(&e).starts_with("Invalid audio"), "{e}");
+    let e = recv_after(
+        &mut ws,
+        json!({"type": "GENERATE_IMAGE", "payload": {"text": "a cat", "imageData": null}}),
+    )
+    .await;
+    assert_eq!(kind(&e), "IMAGE_GENERATION_RESULT");
+    assert_eq!(e["payload"]["success"], false);
+    // Still serving.
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "still there?"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: still there?");
+    server.stop().await;
+}
+
+/// What the fake Live API saw.
+#[derive(Debug, Default)]
+struct Seen {
+    uri: String,
+    messages: Vec<Value>,
+}
+
+/// A fake Gemini Live API for one connection, speaking its wire format: it waits for `setup`,
+/// answers `setupComplete`, answers a `clientContent` turn with text, audio, a tool call and
+/// its cancellation and `turnComplete`, records `realtimeInput` and `toolResponse`, then
+/// closes with 1000.
+async fn fake_live_api() -> (String, tokio::task::JoinHandle<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let uri = Arc::new(std::sync::Mutex::new(String::new()));
+        let u2 = Arc::clone(&uri);
+        let mut ws = tokio_tungstenite::accept_hdr_async(
+            stream,
+            move |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
+                *u2.lock().unwrap() = req.uri().to_string();
+                Ok(resp)
+            },
+        )
+        .await
+        .unwrap();
+        let mut seen = Seen {
+            uri: uri.lock().unwrap().clone(),
+            ..Seen::default()
+        };
+        let next = async |ws: &mut WebSocketStream<TcpStream>| loop {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Text(t) => return serde_json::from_str::<Value>(t.as_str()).unwrap(),
+                Message::Binary(b) => return serde_json::from_slice::<Value>(&b).unwrap(),
+                _ => continue,
+            }
+        };
+        let setup = next(&mut ws).await;
+        seen.messages.push(setup);
+        // The real service sends JSON in binary frames.
+        ws.send(Message::Binary(br#"{"setupComplete":{}}"#.to_vec().into()))
+            .await
+            .unwrap();
+        let turn = next(&mut ws).await;
+        seen.messages.push(turn);
+        for reply in [
+            json!({"serverContent": {"modelTurn": {"role": "model", "parts": [{"text": "Bonjour"}]}}}),
+            json!({"serverContent": {"modelTurn": {"parts": [{"inlineData": {
+                "mimeType": "audio/pcm;rate=24000", "data": "AAABAAIA"}}]}},
+                "usageMetadata": {"totalTokenCount": "12"}}),
+            json!({"toolCall": {"functionCalls": [{"id": "fc-1", "name": "get_weather", "args": {"city": "Paris"}}]}}),
+            json!({"toolCallCancellation": {"ids": ["fc-1"]}}),
+            json!({"serverContent": {"outputTranscription": {"text": "Bonjour"}, "turnComplete": true}}),
+        ] {
+            ws.send(Message::Text(reply.to_string().into()))
+                .await
+                .unwrap();
+        }
+        let audio = next(&mut ws).await;
+        seen.messages.push(audio);
+        let tool = next(&mut ws).await;
+        seen.messages.push(tool);
+        ws.send(Message::Text(
+            json!({"serverContent": {"interrupted": true}})
+                .to_string()
+                .into(),
+        ))
+        .await
+        .unwrap();
+        ws.close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+            code: 1000.into(),
+            reason: "session over".into(),
+        }))
+        .await
+        .unwrap();
+        // Let the close handshake finish.
+        while let Some(Ok(_)) = ws.next().await {}
+        seen
+    });
+    (format!("ws://{addr}"), task)
+}
+
+#[tokio::test]
+async fn passthrough_relays_to_a_fake_live_api() {
+    let (base_url, fake) = fake_live_api().await;
+    let mut config = Config::default();
+    config.gemini.mode = GeminiMode::Passthrough;
+    config.gemini.api_key = Some("test-key".into());
+    config.gemini.base_url = base_url;
+    let server = Running::start(config).await;
+    let mut c = live_config(&json!("text"));
+    c["model"] = json!("gemini-live-test");
+    c["tools"] = weather_tools()["tools"].clone();
+    let mut ws = session(format!("ws://{}/", server.own.unwrap()), c).await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "Salut"}], "turnComplete": null}}),
+    )
+    .await;
+    let relayed = recv_until(&mut ws, "TURN_COMPLETE").await;
+    let kinds: Vec<&str> = relayed.iter().map(kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            "CONTENT_MESSAGE",
+            "ASSISTANT_SPEAKING",
+            "CONTENT_MESSAGE",
+            "TOOL_CALL",
+            "TOOL_CALL_CANCELLATION",
+            "CONTENT_MESSAGE",
+            "TURN_COMPLETE"
+        ]
+    );
+    assert_eq!(model_text(&relayed), "Bonjour");
+    assert_eq!(
+        audio_parts(&relayed),
+        vec![json!({"inlineData": {"mimeType": "audio/pcm;rate=24000", "data": "AAABAAIA"}})]
+    );
+    assert_eq!(
+        relayed[3]["payload"]["toolCall"]["functionCalls"][0],
+        json!({"id": "fc-1", "name": "get_weather", "args": {"city": "Paris"}})
+    );
+    assert_eq!(
+        relayed[4],
+        json!({"type": "TOOL_CALL_CANCELLATION", "payload": {"toolCallCancellation": {"ids": ["fc-1"]}}})
+    );
+    assert_eq!(
+        relayed[5]["payload"]["serverContent"],
+        json!({"outputTranscription": {"text": "Bonjour"}, "turnComplete": true})
+    );
+    // A whole WAV file goes upstream as raw PCM; tool responses in the flat form.
+    send(
+        &mut ws,
+        json!({"type": "SEND_REALTIME_INPUT", "payload": {"text": null, "video": null,
+            "audio": {"mimeType": "audio/pcm;rate=16000", "data": b64_bytes(SPEECH_WAV)}}}),
+    )
+    .await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {"functionResponses": [
+            {"id": "fc-1", "name": "get_weather", "response": {"forecast": "sunny"}}]}}}),
+    )
+    .await;
+    let end = recv_until(&mut ws, "GEMINI_DISCONNECTED").await;
+    assert_eq!(kind(&end[0]), "CONTENT_MESSAGE");
+    assert_eq!(kind(&end[1]), "INTERRUPTED");
+    insta::assert_json_snapshot!("passthrough_disconnected", end.last().unwrap());
+    // The socket stays open: the app may connect again (the fake is gone: a clear failure).
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    assert_eq!(
+        recv(&mut ws).await["payload"]["message"],
+        "Gemini not connected. Send CONNECT_GEMINI first."
+    );
+
+    let seen = tokio::time::timeout(WAIT, fake).await.unwrap().unwrap();
+    assert!(
+        seen.uri.starts_with(
+            "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent?"
+        ),
+        "{}",
+        seen.uri
+    );
+    assert!(seen.uri.ends_with("key=test-key"), "{}", seen.uri);
+    let setup = &seen.messages[0]["setup"];
+    assert_eq!(setup["model"], "models/gemini-live-test");
+    assert_eq!(
+        setup["generationConfig"]["responseModalities"],
+        json!(["TEXT"])
+    );
+    assert_eq!(
+        setup["systemInstruction"]["parts"][0]["text"],
+        "You are helpful."
+    );
+    assert_eq!(
+        setup["tools"][0]["functionDeclarations"][0]["behavior"],
+        "NON_BLOCKING"
+    );
+    assert_eq!(
+        seen.messages[1],
+        json!({"clientContent": {"turns": [{"role": "user", "parts": [{"text": "Salut"}]}],
+            "turnComplete": true}})
+    );
+    let audio = &seen.messages[2]["realtimeInput"]["audio"];
+    assert_eq!(audio["mimeType"], "audio/pcm;rate=16000");
+    let data = audio["data"].as_str().unwrap();
+    assert!(!data.starts_with("UklGR"), "the RIFF header went upstream");
+    assert_eq!(data, b64_bytes(&SPEECH_WAV[44..]));
+    assert_eq!(
+        seen.messages[3],
+        json!({"toolResponse": {"functionResponses": [
+            {"id": "fc-1", "name": "get_weather", "response": {"forecast": "sunny"}}]}})
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn passthrough_failures_are_clear() {
+    // No key.
+    let mut config = Config::default();
+    config.gemini.mode = GeminiMode::Passthrough;
+    let server = Running::start(config.clone()).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    send(
+        &mut ws,
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": null}}),
+    )
+    .await;
+    let setup = recv(&mut ws).await;
+    assert_eq!(setup["payload"]["setupComplete"]["success"], false);
+    insta::assert_json_snapshot!("setup_failed_no_key", setup);
+    let e = recv(&mut ws).await;
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("API key")
+    );
+    server.stop().await;
+
+    // Nobody listens upstream.
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    config.gemini.api_key = Some("k".into());
+    config.gemini.base_url = format!("ws://{dead_addr}");
+    let server = Running::start(config.clone()).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    send(&mut ws, json!({"type": "CONNECT_GEMINI"})).await;
+    let setup = recv(&mut ws).await;
+    assert_eq!(setup["payload"]["setupComplete"]["success"], false);
+    let e = recv(&mut ws).await;
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Could not connect to Gemini"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("key=k"), "the key leaked: {e}");
+    server.stop().await;
+
+    // wss:// to something that is not TLS: the TLS client is set up and fails cleanly.
+    let not_tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    config.gemini.base_url = format!("wss://{}", not_tls.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = not_tls.accept().await {
+            use tokio::io::AsyncWriteExt;
+            let _ = sock.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let server = Running::start(config).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    send(&mut ws, json!({"type": "CONNECT_GEMINI"})).await;
+    assert_eq!(
+        recv(&mut ws).await["payload"]["setupComplete"]["success"],
+        false
+    );
+    let e = recv(&mut ws).await;
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Could not connect to Gemini"),
+        "{e}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_tells_the_app_and_closes() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(
+        format!("ws://{}/", server.own.unwrap()),
+        live_config(&json!("TEXT")),
+    )
+    .await;
+    let stopping = tokio::spawn(server.stop());
+    assert_eq!(
+        recv(&mut ws).await,
+        json!({"type": "GEMINI_DISCONNECTED", "payload": {"reason": "server shutting down"}})
+    );
+    let end = tokio::time::timeout(WAIT, ws.next()).await.unwrap();
+    assert!(matches!(end, None | Some(Ok(Message::Close(_)))), "{end:?}");
+    tokio::time::timeout(WAIT, stopping).await.unwrap().unwrap();
+}
