@@ -23,6 +23,7 @@ use voxgate_engine::{
     ClientEvent, Engine, EngineConfig, ErrorCategory, Input, Output, OutputAudio, ProviderEvent,
     ToolDefinition, TriggerMode, TurnId,
 };
+use voxgate_providers::{ElevenLabsConfig, ElevenLabsLocation, ElevenLabsTts, Tts};
 use voxgate_realtime::prost_types;
 use voxgate_realtime::proto::{
     self, ChatDeliveryStatus, ChatMessageContent, ChatMessageRole, InferenceTriggerMode,
@@ -30,7 +31,7 @@ use voxgate_realtime::proto::{
 };
 use voxgate_realtime::{
     AudioFormat, ClientBoundMessage, Open, ProtocolError, ServiceBoundMessage, SessionConfig,
-    SessionUpdate,
+    SessionUpdate, TtsSettings,
 };
 
 use crate::metrics::{Door, Metrics};
@@ -43,6 +44,9 @@ pub(crate) struct DoorContext {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) max_frame_bytes: usize,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// Replaces ElevenLabs' regional hosts for client-configured ElevenLabs TTS
+    /// (`[realtime] elevenlabs_base_url`).
+    pub(crate) elevenlabs_base_url: Option<String>,
 }
 
 /// A decoded frame, or the error to report for it.
@@ -133,6 +137,7 @@ pub(crate) async fn serve(socket: WebSocket, ctx: DoorContext) {
         metrics: Arc::clone(&ctx.metrics),
         session: None,
         runner,
+        elevenlabs_base_url: ctx.elevenlabs_base_url.clone(),
     };
     conn.run(in_rx, provider_rx, ctx.shutdown).await;
     // Dropping the connection aborts provider work and closes the writer's queue.
@@ -153,6 +158,7 @@ struct Connection {
     metrics: Arc<Metrics>,
     session: Option<Session>,
     runner: Runner,
+    elevenlabs_base_url: Option<String>,
 }
 
 /// An initialized session.
@@ -167,6 +173,8 @@ struct Session {
     last_packet: u64,
     /// The response being delivered (playback reports without `turn_id` refer to it).
     current_turn: Option<TurnId>,
+    /// Output-format bytes of reply audio sent for `current_turn` so far.
+    turn_bytes: u64,
     /// Wall clock and monotonic clock at the start, to date history messages.
     epoch: (Instant, SystemTime),
 }
@@ -293,8 +301,13 @@ impl Connection {
                     self.fatal(voxgate_realtime::Error::from(e).to_client_message())
                         .await
                 }
-                Ok(config) => match Session::new(config, now) {
-                    Ok(s) => {
+                Ok(config) => match session_tts(&config, self.elevenlabs_base_url.as_deref())
+                    .and_then(|tts| Ok((tts, Session::new(config, now)?)))
+                {
+                    Ok((tts, s)) => {
+                        if let Some(tts) = tts {
+                            self.runner.set_tts(tts);
+                        }
                         self.session = Some(s);
                         self.send(ClientBoundMessage::session_ready()).await;
                         Flow::Continue
@@ -393,20 +406,32 @@ impl Connection {
                     return Flow::Continue;
                 }
                 Ok(update) => {
-                    let input_rate = update.input.map(AudioFormat::sample_rate);
+                    // Only a changed rate swaps the engine's VAD; a new channel count or
+                    // sample format is the decoder's business alone.
+                    let input_rate = update
+                        .input
+                        .map(AudioFormat::sample_rate)
+                        .filter(|r| *r != session.config.input.sample_rate());
                     let (system_prompt, temperature) = match &update.inference {
                         Some(i) => (Some(i.system_prompt().to_owned()), Some(i.temperature())),
                         None => (None, None),
                     };
+                    let input = Input::Reconfigure {
+                        input_rate,
+                        system_prompt,
+                        temperature,
+                    };
+                    if let Err(e) = session.engine.handle_input(now, input) {
+                        // Refused unchanged: keep decoding the old format too.
+                        let category = category(e.category());
+                        self.error(category, e.to_string()).await;
+                        return Flow::Continue;
+                    }
                     if let Some(format) = update.input.and_then(pcm_format) {
                         session.decoder = PcmDecoder::new(format);
                     }
                     update.apply(&mut session.config);
-                    Input::Reconfigure {
-                        input_rate,
-                        system_prompt,
-                        temperature,
-                    }
+                    return Flow::Continue;
                 }
             },
         };
@@ -489,6 +514,7 @@ impl Session {
             scratch: Vec::new(),
             last_packet: 0,
             current_turn: None,
+            turn_bytes: 0,
             epoch: (now, SystemTime::now()),
         })
     }
@@ -502,19 +528,46 @@ impl Session {
         match event {
             ClientEvent::ResponseBegin { turn } => {
                 self.current_turn = Some(turn);
+                self.turn_bytes = 0;
                 vec![ClientBoundMessage::response_begin(turn.0)]
             }
             ClientEvent::ResponseEnd { turn } => {
                 let mut out = Vec::new();
                 if let Some(tail) = self.flush_audio() {
+                    self.turn_bytes += tail.len() as u64;
                     out.push(ClientBoundMessage::model_audio_chunk(tail, Some(turn.0)));
                 }
+                // Generation is over (finished or cut off): nothing more will be inferred
+                // for this turn, though its audio may still be playing.
+                out.push(ClientBoundMessage::inference_complete(turn.0));
                 out.push(ClientBoundMessage::response_end(turn.0));
                 out
             }
-            ClientEvent::ResponseFinished { .. } => {
+            ClientEvent::ResponseFinished { turn, .. } => {
                 metrics.turn(Door::Realtime);
-                Vec::new()
+                // The reply's history entry is final now (truncated to what was heard when
+                // cut off): the client's authoritative record of the turn.
+                let message = self
+                    .engine
+                    .history()
+                    .iter()
+                    .rev()
+                    .find(|m| m.turn == Some(turn) && m.role == history::Role::Assistant)
+                    .map(|m| self.chat_message(&m.without_audio()));
+                message
+                    .map(|m| ClientBoundMessage::turn_snapshot(m, true))
+                    .into_iter()
+                    .collect()
+            }
+            ClientEvent::SentenceStart { turn, text } => {
+                // The sentence becomes audible where its audio starts in the turn's stream;
+                // per sentence, so not exact.
+                vec![ClientBoundMessage::model_speech_progress(
+                    turn.0,
+                    text,
+                    self.turn_bytes,
+                    false,
+                )]
             }
             ClientEvent::TextFragment { turn, text } => {
                 vec![ClientBoundMessage::model_text_fragment(text, Some(turn.0))]
@@ -529,6 +582,7 @@ impl Session {
                 if audio.is_empty() {
                     return Vec::new();
                 }
+                self.turn_bytes += audio.len() as u64;
                 vec![ClientBoundMessage::model_audio_chunk(audio, Some(turn.0))]
             }
             ClientEvent::ClearPlayback => {
@@ -599,7 +653,8 @@ impl Session {
                 metrics.error(Door::Realtime);
                 vec![ClientBoundMessage::error(category(c), message, None)]
             }
-            // Sentence subtitles, faces and device MCP belong to other doors.
+            // The protocol has no face: the reply's leading emoji is neither spoken nor shown
+            // (see docs/doors/realtime.md). Device MCP belongs to the Xiaozhi door.
             _ => Vec::new(),
         }
     }
@@ -735,6 +790,49 @@ fn chat_audio(a: &history::AudioData) -> proto::ChatAudioData {
     let format = AudioFormat::new(a.sample_rate, 1, proto::SampleFormat::Signed16Bit)
         .unwrap_or(AudioFormat::SPEECH_16K);
     proto::ChatAudioData::new(Bytes::from(bytes), format, a.transcription.clone())
+}
+
+/// ElevenLabs' PCM output rates (`output_format=pcm_<rate>`).
+const ELEVENLABS_RATES: [u32; 5] = [8_000, 16_000, 22_050, 24_000, 44_100];
+
+/// The synthesizer a session's `TtsConfiguration` asks for: `Some` for ElevenLabs with the
+/// client's key, voice, model, settings and location (at the supported rate nearest the
+/// client's output rate, so little or no resampling is needed); `None` keeps the server's own
+/// (hosted TTS, or no TTS at all).
+fn session_tts(
+    config: &SessionConfig,
+    base_url: Option<&str>,
+) -> Result<Option<Arc<dyn Tts>>, String> {
+    let Some(TtsSettings::ElevenLabs(e)) = &config.tts else {
+        return Ok(None);
+    };
+    let out_rate = config.output.sample_rate();
+    let sample_rate = ELEVENLABS_RATES
+        .iter()
+        .copied()
+        .min_by_key(|r| r.abs_diff(out_rate))
+        .unwrap_or(24_000);
+    let mut c = ElevenLabsConfig::new(e.api_key(), e.voice_id());
+    c.model_id = e.model_id().map(str::to_owned);
+    c.voice_settings = e
+        .voice_settings()
+        .map(|v| voxgate_providers::VoiceSettings {
+            stability: v.stability(),
+            similarity_boost: v.similarity_boost(),
+            style: v.style(),
+            use_speaker_boost: v.use_speaker_boost(),
+            speed: v.speed(),
+        });
+    c.location = match e.location() {
+        proto::ElevenLabsLocation::Eu => ElevenLabsLocation::Eu,
+        proto::ElevenLabsLocation::India => ElevenLabsLocation::India,
+        _ => ElevenLabsLocation::Us,
+    };
+    c.base_url = base_url.map(str::to_owned);
+    c.sample_rate = sample_rate;
+    ElevenLabsTts::new(c)
+        .map(|t| Some(Arc::new(t) as Arc<dyn Tts>))
+        .map_err(|e| format!("tts_configuration.eleven_labs: {e}"))
 }
 
 fn voxgate_turn_config(playback_reports: bool) -> voxgate_turn::Config {
