@@ -1,0 +1,600 @@
+//! The realtime door's audio paths end to end: a real server on 127.0.0.1:0, a real WebSocket
+//! client, speech from the voxgate-audio fixtures, and local fakes of the cloud services the
+//! server calls (OpenAI `/audio/transcriptions` via `[asr] base_url`, ElevenLabs streaming TTS
+//! via `[realtime] elevenlabs_base_url`), each speaking the service's wire format.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss,
+    clippy::cast_sign_loss
+)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::HeaderMap;
+use futures::stream::SplitStream;
+use futures::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_audio::format::{PcmEncoder, PcmFormat, SampleFormat};
+use voxgate_audio::resample::Resampler;
+use voxgate_providers::ToneTts;
+use voxgate_realtime::proto::chat_message_content::Content;
+use voxgate_realtime::proto::client_bound_message::Payload as Down;
+use voxgate_realtime::proto::{
+    self, ChatDeliveryStatus, ChatMessageRole, InferenceTriggerMode, SessionErrorCategory,
+    VadState,
+};
+use voxgate_realtime::{
+    AudioFormat, ClientBoundMessage, ElevenLabsSettings, HostedTtsSettings, HostedVoice,
+    ServiceBoundMessage, SessionConfig, SessionUpdate, TtsSettings, VoiceSettings,
+};
+use voxgate_server::config::AsrConfig;
+use voxgate_server::{Config, Providers, Server};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+// ---- server -------------------------------------------------------------------------------
+
+struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// The server `config` describes, with the placeholder tone synthesizer as its own TTS so
+    /// reply audio lengths are known (220 ms per word).
+    async fn start(config: Config) -> Self {
+        let config = config.with_ephemeral_ports();
+        let mut providers = Providers::from_config(&config).unwrap();
+        providers.tts = Arc::new(ToneTts);
+        let server = Server::bind_with(config, providers).await.unwrap();
+        let addr = server.local_addr();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("server shuts down")
+            .unwrap();
+    }
+}
+
+/// A configuration whose recognizer is the fake at `asr`.
+fn with_asr(asr: &str) -> Config {
+    Config {
+        asr: Some(AsrConfig {
+            base_url: format!("{asr}/v1"),
+            model: "whisper-1".into(),
+            api_key: Some("sk-test".into()),
+        }),
+        ..Config::default()
+    }
+}
+
+// ---- client -------------------------------------------------------------------------------
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A realtime client: one writer task (so audio can stream while the test reads), one reader.
+struct Client {
+    tx: mpsc::UnboundedSender<Message>,
+    rx: SplitStream<Ws>,
+    next_packet: u64,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Self {
+        let (ws, _) = tokio::time::timeout(
+            WAIT,
+            tokio_tungstenite::connect_async(format!("ws://{addr}/realtime")),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let (mut sink, rx) = ws.split();
+        let (tx, mut out) = mpsc::unbounded_channel::<Message>();
+        tokio::spawn(async move {
+            while let Some(m) = out.recv().await {
+                if sink.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            tx,
+            rx,
+            next_packet: 1,
+        }
+    }
+
+    /// Connects and initializes; waits for `SessionReady`.
+    async fn initialized(addr: SocketAddr, config: &SessionConfig) -> Self {
+        let mut c = Self::connect(addr).await;
+        c.send(&ServiceBoundMessage::initialize(config).unwrap());
+        assert!(matches!(c.next().await, Down::SessionReady(_)));
+        c
+    }
+
+    fn send(&self, m: &ServiceBoundMessage) {
+        self.tx.send(Message::Binary(m.to_frame())).unwrap();
+    }
+
+    /// Streams `audio` in packets of `packet_bytes`, one every `pace` (zero: all at once),
+    /// from a task of its own; the returned handle ends when the last packet is queued.
+    fn stream_audio(
+        &mut self,
+        audio: Vec<u8>,
+        packet_bytes: usize,
+        pace: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let packets: Vec<(u64, Vec<u8>)> = audio
+            .chunks(packet_bytes)
+            .map(|p| {
+                let id = self.next_packet;
+                self.next_packet += 1;
+                (id, p.to_vec())
+            })
+            .collect();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(pace.max(Duration::from_micros(1)));
+            for (id, p) in packets {
+                if !pace.is_zero() {
+                    tick.tick().await;
+                }
+                let m = ServiceBoundMessage::user_audio(id, InferenceTriggerMode::Immediate, p.into());
+                if tx.send(Message::Binary(m.to_frame())).is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// The next protocol message; `None` when the server closed.
+    async fn recv(&mut self) -> Option<ClientBoundMessage> {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.rx.next())
+                .await
+                .expect("a message within the timeout");
+            match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    return Some(ClientBoundMessage::decode_frame(b).unwrap());
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Down {
+        self.recv().await.expect("server still open").payload.unwrap()
+    }
+
+    /// Every message up to and including the first that `stop` accepts.
+    async fn until(&mut self, stop: impl Fn(&Down) -> bool) -> Vec<Down> {
+        let mut out = Vec::new();
+        loop {
+            let m = self.next().await;
+            let done = stop(&m);
+            out.push(m);
+            if done {
+                return out;
+            }
+        }
+    }
+
+    async fn history(&mut self, exclude_audio: bool) -> Vec<proto::ChatMessage> {
+        self.send(&ServiceBoundMessage::export_chat_history(true, exclude_audio));
+        let all = self.until(|m| matches!(m, Down::ChatHistory(_))).await;
+        match all.into_iter().last() {
+            Some(Down::ChatHistory(h)) => h.messages,
+            _ => unreachable!(),
+        }
+    }
+}
+
+fn text_of(m: &proto::ChatMessage) -> String {
+    m.content
+        .iter()
+        .filter_map(|c| match &c.content {
+            Some(Content::TextContent(t)) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn snapshot_of(msgs: &[Down], turn: u32) -> Option<proto::ChatMessage> {
+    msgs.iter().find_map(|m| match m {
+        Down::TurnSnapshot(s) if s.message.as_ref().and_then(|m| m.turn_id) == Some(turn) => {
+            assert!(s.is_final);
+            s.message.clone()
+        }
+        _ => None,
+    })
+}
+
+fn fragments(msgs: &[Down], turn: u32) -> String {
+    msgs.iter()
+        .filter_map(|m| match m {
+            Down::ModelTextFragment(f) if f.turn_id == Some(turn) => Some(f.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn response_begin(msgs: &[Down]) -> Option<u32> {
+    msgs.iter().find_map(|m| match m {
+        Down::ResponseBegin(b) => Some(b.turn_id),
+        _ => None,
+    })
+}
+
+fn has_emoji(s: &str) -> bool {
+    s.chars().any(|c| u32::from(c) >= 0x2600)
+}
+
+// ---- audio --------------------------------------------------------------------------------
+
+/// The speech fixture (16 kHz mono): 0.8 s silence, "Hello there. Could you turn on the
+/// kitchen lights, please?", 0.8 s silence.
+fn speech() -> Vec<f32> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../voxgate-audio/tests/fixtures/speech.wav"
+    );
+    let wav = voxgate_audio::wav::read_wav(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(wav.sample_rate, 16_000);
+    wav.to_mono()
+}
+
+/// Speech start and end in the fixture, in seconds (fixtures.txt).
+const SPEECH_START: f64 = 12_800.0 / 16_000.0;
+const SPEECH_END: f64 = 69_730.0 / 16_000.0;
+
+/// 16 kHz mono samples as raw PCM in `format`.
+fn encode(samples: &[f32], format: AudioFormat) -> Vec<u8> {
+    let mut audio = samples.to_vec();
+    if format.sample_rate() != 16_000 {
+        let mut r = Resampler::new(16_000, format.sample_rate()).unwrap();
+        audio.clear();
+        r.process(samples, &mut audio);
+        r.flush(&mut audio);
+    }
+    let sample_format = match format.sample_format() {
+        proto::SampleFormat::Unsigned8Bit => SampleFormat::Unsigned8,
+        proto::SampleFormat::Signed16Bit => SampleFormat::Signed16,
+        proto::SampleFormat::Signed32Bit => SampleFormat::Signed32,
+        proto::SampleFormat::Float32Bit => SampleFormat::Float32,
+        proto::SampleFormat::Float64Bit => SampleFormat::Float64,
+    };
+    let pcm = PcmFormat::new(format.sample_rate(), format.channels(), sample_format).unwrap();
+    let mut out = Vec::new();
+    PcmEncoder::new(pcm).encode_f32(&audio, &mut out);
+    out
+}
+
+/// Bytes of `seconds` of audio in `format`.
+fn bytes_for(format: AudioFormat, seconds: f64) -> usize {
+    let frame = format.channels() as usize * format.sample_format_bytes();
+    (seconds * f64::from(format.sample_rate())) as usize * frame
+}
+
+trait FormatBytes {
+    fn sample_format_bytes(&self) -> usize;
+}
+
+impl FormatBytes for AudioFormat {
+    fn sample_format_bytes(&self) -> usize {
+        match self.sample_format() {
+            proto::SampleFormat::Unsigned8Bit => 1,
+            proto::SampleFormat::Signed16Bit => 2,
+            proto::SampleFormat::Signed32Bit | proto::SampleFormat::Float32Bit => 4,
+            proto::SampleFormat::Float64Bit => 8,
+        }
+    }
+}
+
+fn hosted_tts() -> TtsSettings {
+    TtsSettings::Hosted(HostedTtsSettings {
+        voice: HostedVoice::Ref {
+            voice_id: "default".into(),
+        },
+        mode: proto::HostedTtsMode::LowLatency,
+    })
+}
+
+// ---- fake OpenAI /audio/transcriptions ---------------------------------------------------
+
+/// One upload the fake recognizer received.
+#[derive(Debug, Clone)]
+struct Upload {
+    auth: Option<String>,
+    model: String,
+    sample_rate: u32,
+    channels: u16,
+    samples: usize,
+}
+
+/// `needle`'s first position in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The parts of a `multipart/form-data` body: (name, content).
+fn multipart(content_type: &str, body: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let boundary = content_type.split("boundary=").nth(1).unwrap().trim_matches('"');
+    let delim = format!("--{boundary}");
+    let mut parts = Vec::new();
+    let mut rest = body;
+    while let Some(start) = find(rest, delim.as_bytes()) {
+        rest = &rest[start + delim.len()..];
+        if rest.starts_with(b"--") {
+            break;
+        }
+        let end = find(rest, delim.as_bytes()).unwrap_or(rest.len());
+        let part = &rest[..end];
+        let split = find(part, b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&part[..split]).to_string();
+        let mut content = &part[split + 4..];
+        if content.ends_with(b"\r\n") {
+            content = &content[..content.len() - 2];
+        }
+        let name = head
+            .split("name=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap()
+            .to_owned();
+        parts.push((name, content.to_vec()));
+    }
+    parts
+}
+
+/// A local stand-in for OpenAI's `POST /v1/audio/transcriptions` (multipart upload of a WAV,
+/// `response_format=json`). It answers with what it can honestly tell about the audio: its
+/// length, as `{"text": "I heard <n> milliseconds"}`.
+async fn fake_asr() -> (String, Arc<Mutex<Vec<Upload>>>) {
+    let seen: Arc<Mutex<Vec<Upload>>> = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let router = axum::Router::new().route(
+        "/v1/audio/transcriptions",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let seen = Arc::clone(&s2);
+            async move {
+                let ct = headers["content-type"].to_str().unwrap().to_owned();
+                let parts = multipart(&ct, &body);
+                let field = |n: &str| parts.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+                let wav = voxgate_audio::wav::read_wav(&field("file").unwrap()).unwrap();
+                assert_eq!(field("response_format").unwrap(), b"json");
+                let up = Upload {
+                    auth: headers
+                        .get("authorization")
+                        .map(|v| v.to_str().unwrap().to_owned()),
+                    model: String::from_utf8(field("model").unwrap()).unwrap(),
+                    sample_rate: wav.sample_rate,
+                    channels: wav.channels,
+                    samples: wav.frames(),
+                };
+                let ms = up.samples as u64 * 1000 / u64::from(up.sample_rate);
+                seen.lock().unwrap().push(up);
+                (
+                    [("content-type", "application/json")],
+                    serde_json::json!({ "text": format!("I heard {ms} milliseconds") })
+                        .to_string(),
+                )
+            }
+        }),
+    );
+    (serve(router).await, seen)
+}
+
+async fn serve(router: axum::Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    format!("http://{addr}")
+}
+
+/// The milliseconds in a fake transcript.
+fn heard_ms(text: &str) -> u64 {
+    text.strip_prefix("I heard ")
+        .and_then(|t| t.strip_suffix(" milliseconds"))
+        .unwrap_or_else(|| panic!("not a fake transcript: {text:?}"))
+        .parse()
+        .unwrap()
+}
+
+/// Checks one audio turn's messages: a well-formed VAD event chain whose speech starts where
+/// the fixture's does, the transcription, then the reply echoing it. Returns the transcript.
+fn check_audio_turn(msgs: &[Down], input_rate: u32) -> String {
+    let vad: Vec<&proto::VadStateEvent> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            Down::VadStateEvent(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert!(vad.len() >= 4, "VAD events: {vad:?}");
+    assert_eq!(vad[0].from_state, VadState::Silence as i32);
+    assert_eq!(vad[0].to_state, VadState::SpeechStarting as i32);
+    assert!(vad.iter().any(|e| e.to_state == VadState::Speech as i32));
+    assert_eq!(vad.last().unwrap().to_state, VadState::Silence as i32);
+    for w in vad.windows(2) {
+        assert_eq!(w[0].to_state, w[1].from_state, "{vad:?}");
+        assert!(w[0].packet_id <= w[1].packet_id);
+        let t = |e: &proto::VadStateEvent| e.session_time.as_ref().map(|d| (d.seconds, d.nanos));
+        assert!(t(w[0]) <= t(w[1]));
+    }
+    assert!(vad[0].packet_id >= 1);
+    let start = vad[0].session_time.as_ref().unwrap();
+    let start = start.seconds as f64 + f64::from(start.nanos) / 1e9;
+    assert!(
+        (start - SPEECH_START).abs() < 0.35,
+        "speech detected at {start} s at {input_rate} Hz, fixture says {SPEECH_START}"
+    );
+    let transcription = msgs
+        .iter()
+        .position(|m| matches!(m, Down::UserTranscriptionResult(_)))
+        .expect("a user transcription");
+    let begin = msgs
+        .iter()
+        .position(|m| matches!(m, Down::ResponseBegin(_)))
+        .expect("a reply");
+    assert!(transcription < begin, "transcription before the reply");
+    let Down::UserTranscriptionResult(t) = &msgs[transcription] else {
+        unreachable!()
+    };
+    let turn = response_begin(msgs).unwrap();
+    assert_eq!(fragments(msgs, turn), format!("You said: {}", t.text));
+    t.text.clone()
+}
+
+#[tokio::test]
+async fn audio_turns_in_every_sample_format_are_transcribed_and_answered() {
+    let (asr, uploads) = fake_asr().await;
+    let server = Running::start(with_asr(&asr)).await;
+    let speech = speech();
+    let formats = [
+        AudioFormat::new(16_000, 1, proto::SampleFormat::Signed16Bit).unwrap(),
+        AudioFormat::new(24_000, 1, proto::SampleFormat::Float32Bit).unwrap(),
+        AudioFormat::new(8_000, 1, proto::SampleFormat::Unsigned8Bit).unwrap(),
+        AudioFormat::new(48_000, 2, proto::SampleFormat::Signed32Bit).unwrap(),
+        AudioFormat::new(44_100, 1, proto::SampleFormat::Float64Bit).unwrap(),
+    ];
+    let runs = formats.iter().enumerate().map(|(i, &format)| {
+        let speech = speech.clone();
+        let addr = server.addr;
+        async move {
+            let mut config = SessionConfig::new(format, AudioFormat::SPEECH_24K);
+            // One session also asks for per-frame VAD telemetry.
+            config.enable_vad_frame_telemetry = i == 0;
+            let mut c = Client::initialized(addr, &config).await;
+            // 100 ms packets at five times real time.
+            let audio = encode(&speech, format);
+            c.stream_audio(audio, bytes_for(format, 0.1), Duration::from_millis(20));
+            let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+            let text = check_audio_turn(&msgs, format.sample_rate());
+            let ms = heard_ms(&text) as f64 / 1000.0;
+            // The utterance: the speech plus at most the VAD's backbuffer and stop time.
+            assert!(
+                ms > SPEECH_END - SPEECH_START - 0.2 && ms < SPEECH_END - SPEECH_START + 1.6,
+                "utterance of {ms} s"
+            );
+            let frames = msgs
+                .iter()
+                .filter(|m| matches!(m, Down::VadAnalysisFrame(_)))
+                .count();
+            if i == 0 {
+                // One per 16 ms frame of the audio sent so far.
+                assert!(frames > 200, "{frames} VAD frames");
+            } else {
+                assert_eq!(frames, 0);
+            }
+            // History: the spoken user turn with its audio and transcription, then the reply.
+            let h = c.history(false).await;
+            assert_eq!(h.len(), 2, "{h:?}");
+            assert_eq!(h[0].role, ChatMessageRole::User as i32);
+            let audio = h[0]
+                .content
+                .iter()
+                .find_map(|c| match &c.content {
+                    Some(Content::InputAudio(a)) => Some(a),
+                    _ => None,
+                })
+                .expect("the user's audio in history");
+            assert_eq!(audio.transcription, text);
+            let fmt = audio.format.as_ref().unwrap();
+            let secs = audio.audio.as_ref().unwrap().data.len() as f64
+                / f64::from(fmt.sample_rate * 2 * fmt.channel_count);
+            assert!((secs - ms).abs() < 0.1, "{secs} s of audio for {ms} s heard");
+            assert_eq!(h[1].role, ChatMessageRole::Assistant as i32);
+            assert_eq!(text_of(&h[1]), format!("You said: {text}"));
+            assert_eq!(h[1].delivery_status, ChatDeliveryStatus::DeliveryComplete as i32);
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(runs))
+        .await
+        .unwrap();
+    let uploads = uploads.lock().unwrap().clone();
+    assert_eq!(uploads.len(), formats.len());
+    for u in uploads {
+        assert_eq!(u.model, "whisper-1");
+        assert_eq!(u.auth.as_deref(), Some("Bearer sk-test"));
+        assert_eq!((u.sample_rate, u.channels), (16_000, 1));
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn trigger_inference_with_flush_vad_ends_the_utterance_at_once() {
+    let (asr, _) = fake_asr().await;
+    let server = Running::start(with_asr(&asr)).await;
+    let mut c = Client::initialized(
+        server.addr,
+        &SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K),
+    )
+    .await;
+    // The first two seconds: the user is still speaking when the client flushes.
+    let speech = speech();
+    let cut = 32_000;
+    let sent = c.stream_audio(
+        encode(&speech[..cut], AudioFormat::SPEECH_16K),
+        3_200,
+        Duration::ZERO,
+    );
+    sent.await.unwrap();
+    let msgs = c
+        .until(|m| {
+            matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32)
+        })
+        .await;
+    assert!(!msgs.iter().any(|m| matches!(m, Down::UserTranscriptionResult(_))));
+    c.send(&ServiceBoundMessage::trigger_inference(None, true));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    // The VAD reports the cut as a return to silence, then the cut utterance is transcribed
+    // and answered: no trailing silence was needed.
+    assert!(msgs.iter().any(
+        |m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Silence as i32)
+    ));
+    let t = msgs
+        .iter()
+        .find_map(|m| match m {
+            Down::UserTranscriptionResult(t) => Some(t.text.clone()),
+            _ => None,
+        })
+        .expect("the flushed utterance is transcribed");
+    let ms = heard_ms(&t) as f64 / 1000.0;
+    let sent_speech = cut as f64 / 16_000.0 - SPEECH_START;
+    assert!(
+        ms > sent_speech - 0.2 && ms < sent_speech + 1.1,
+        "{ms} s of {sent_speech} s"
+    );
+    let turn = response_begin(&msgs).unwrap();
+    assert_eq!(fragments(&msgs, turn), format!("You said: {t}"));
+    server.stop().await;
+}
