@@ -598,3 +598,278 @@ async fn trigger_inference_with_flush_vad_ends_the_utterance_at_once() {
     assert_eq!(fragments(&msgs, turn), format!("You said: {t}"));
     server.stop().await;
 }
+
+/// A reply of `words` words: "You said: w1 w2 ...", about 220 ms of tone audio per word.
+fn long_text(words: usize) -> String {
+    (1..=words)
+        .map(|i| format!("word{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Waits for one full spoken response and returns its turn id and the messages.
+async fn spoken_response(c: &mut Client) -> (u32, Vec<Down>) {
+    let msgs = c.until(|m| matches!(m, Down::ResponseEnd(_))).await;
+    let turn = response_begin(&msgs).expect("ResponseBegin");
+    assert!(msgs.iter().any(|m| matches!(m, Down::ModelAudioChunk(_))));
+    (turn, msgs)
+}
+
+#[tokio::test]
+async fn user_speech_during_a_reply_clears_playback_and_truncates_the_reply() {
+    let (asr, _) = fake_asr().await;
+    let server = Running::start(with_asr(&asr)).await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+    config.tts = Some(hosted_tts());
+    let mut c = Client::initialized(server.addr, &config).await;
+    let said = long_text(30);
+    c.send(&ServiceBoundMessage::user_text(
+        100,
+        InferenceTriggerMode::Queue,
+        said.clone(),
+    ));
+    // About 7 s of reply audio arrives at once; the server estimates playback from time.
+    let (turn, _) = spoken_response(&mut c).await;
+    // The user talks over it, in real time, from 0.2 s before their speech starts.
+    let speech = speech();
+    let from = (SPEECH_START * 16_000.0) as usize - 3_200;
+    let sender = c.stream_audio(
+        encode(&speech[from..], AudioFormat::SPEECH_16K),
+        640,
+        Duration::from_millis(20),
+    );
+    let msgs = c
+        .until(|m| matches!(m, Down::PlaybackClearBuffer(_)))
+        .await;
+    assert!(
+        msgs.iter().any(
+            |m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32)
+        ),
+        "the barge-in follows the user's speech: {msgs:?}"
+    );
+    // The cut reply's final record: what was heard of it, marked interrupted.
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let cut = snapshot_of(&msgs, turn).expect("snapshot of the interrupted reply");
+    assert_eq!(cut.delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(cut.truncated_at_response_turn_id, Some(turn));
+    let full = format!("You said: {said}");
+    let heard = text_of(&cut);
+    assert!(
+        !heard.is_empty() && heard.len() < full.len() / 2 && full.starts_with(&heard),
+        "heard {heard:?} of {full:?}"
+    );
+    // The user's utterance then becomes the next turn.
+    sender.await.unwrap();
+    let msgs = c.until(|m| matches!(m, Down::ResponseEnd(_))).await;
+    let t = msgs
+        .iter()
+        .find_map(|m| match m {
+            Down::UserTranscriptionResult(t) => Some(t.text.clone()),
+            _ => None,
+        })
+        .expect("the barge-in utterance is transcribed");
+    heard_ms(&t);
+    let h = c.history(true).await;
+    let roles: Vec<i32> = h.iter().map(|m| m.role).collect();
+    use ChatMessageRole as R;
+    assert_eq!(
+        roles,
+        [R::User as i32, R::Assistant as i32, R::User as i32, R::Assistant as i32]
+    );
+    assert_eq!(text_of(&h[1]), heard);
+    assert_eq!(h[1].delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn playback_reports_decide_what_an_interrupted_reply_kept() {
+    let server = Running::start(Config::default()).await;
+    let out = AudioFormat::SPEECH_16K;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, out);
+    config.tts = Some(hosted_tts());
+    config.supports_playback_reporting = true;
+    let mut c = Client::initialized(server.addr, &config).await;
+    let said = long_text(18);
+    c.send(&ServiceBoundMessage::user_text(
+        1,
+        InferenceTriggerMode::Queue,
+        said.clone(),
+    ));
+    let (turn, msgs) = spoken_response(&mut c).await;
+    let total: usize = msgs
+        .iter()
+        .filter_map(|m| match m {
+            Down::ModelAudioChunk(a) => Some(a.audio.as_ref().unwrap().data.len()),
+            _ => None,
+        })
+        .sum();
+    // 20 words of 220 ms at 16 kHz s16.
+    assert_eq!(total, 20 * 3_520 * 2);
+    // The client played a quarter, then the user interrupts by text.
+    c.send(&ServiceBoundMessage::playback_report(
+        (total / 4) as u64,
+        Some(turn),
+    ));
+    c.send(&ServiceBoundMessage::user_text(
+        2,
+        InferenceTriggerMode::Immediate,
+        "stop",
+    ));
+    let msgs = c
+        .until(|m| matches!(m, Down::TurnSnapshot(s) if s.message.as_ref().unwrap().turn_id == Some(turn)))
+        .await;
+    assert!(msgs.iter().any(|m| matches!(m, Down::PlaybackClearBuffer(_))));
+    let cut = snapshot_of(&msgs, turn).unwrap();
+    let full = format!("You said: {said}");
+    let heard = text_of(&cut);
+    // A quarter of the audio: about a quarter of the words.
+    let words = heard.split_whitespace().count();
+    assert!(
+        full.starts_with(&heard) && (4..=6).contains(&words),
+        "heard {heard:?} of {full:?}"
+    );
+    assert_eq!(cut.delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(cut.truncated_at_response_turn_id, Some(turn));
+    // The interruption's own reply.
+    let (next, msgs) = spoken_response(&mut c).await;
+    assert_ne!(next, turn);
+    let progress: Vec<&proto::ModelSpeechProgress> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            Down::ModelSpeechProgress(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress.len(), 1);
+    assert_eq!(progress[0].text, "You said: stop");
+    assert_eq!((progress[0].audio_bytes_played, progress[0].exact), (0, false));
+    // Report the end of playback: the reply completes.
+    c.send(&ServiceBoundMessage::playback_report(
+        4 * 3_520 * 2,
+        Some(next),
+    ));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let done = snapshot_of(&msgs, next).unwrap();
+    assert_eq!(done.delivery_status, ChatDeliveryStatus::DeliveryComplete as i32);
+    assert_eq!(text_of(&done), "You said: stop");
+    let h = c.history(true).await;
+    assert_eq!(text_of(&h[1]), heard);
+    assert_eq!(h[1].delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn direct_speech_cancels_the_reply_and_speaks_verbatim() {
+    let server = Running::start(Config::default()).await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_24K);
+    config.tts = Some(hosted_tts());
+    let mut c = Client::initialized(server.addr, &config).await;
+    c.send(&ServiceBoundMessage::user_text(
+        1,
+        InferenceTriggerMode::Queue,
+        long_text(20),
+    ));
+    let (first, _) = spoken_response(&mut c).await;
+    // Speak over it, kept out of the model's context.
+    c.send(&ServiceBoundMessage::direct_speech(
+        "Please hold the line.",
+        false,
+        false,
+    ));
+    let msgs = c
+        .until(|m| matches!(m, Down::ResponseEnd(e) if e.turn_id != first))
+        .await;
+    let clear = msgs
+        .iter()
+        .position(|m| matches!(m, Down::PlaybackClearBuffer(_)))
+        .expect("the buffer is cleared first");
+    let begin = msgs
+        .iter()
+        .position(|m| matches!(m, Down::ResponseBegin(_)))
+        .unwrap();
+    assert!(clear < begin);
+    let Down::ResponseBegin(b) = &msgs[begin] else {
+        unreachable!()
+    };
+    let spoken = b.turn_id;
+    let bytes: usize = msgs[begin..]
+        .iter()
+        .filter_map(|m| match m {
+            Down::ModelAudioChunk(a) => Some(a.audio.as_ref().unwrap().data.len()),
+            _ => None,
+        })
+        .sum();
+    // Four words of tone at 24 kHz s16 (resampled from 16 kHz), give or take the filter.
+    let expected = 4 * 5_280 * 2;
+    assert!(bytes.abs_diff(expected) < 400, "{bytes} bytes");
+    let progress: Vec<String> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            Down::ModelSpeechProgress(p) if p.turn_id == spoken => Some(p.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress, ["Please hold the line."]);
+    let h = c.history(true).await;
+    let direct = h
+        .iter()
+        .find(|m| m.turn_id == Some(spoken))
+        .expect("direct speech in history");
+    assert!(direct.ephemeral);
+    assert_eq!(text_of(direct), "Please hold the line.");
+    let cut = h.iter().find(|m| m.turn_id == Some(first)).unwrap();
+    assert_eq!(cut.delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reconfigure_switches_the_input_format_mid_session() {
+    let (asr, _) = fake_asr().await;
+    let server = Running::start(with_asr(&asr)).await;
+    let mut c = Client::initialized(
+        server.addr,
+        &SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_24K),
+    )
+    .await;
+    let speech = speech();
+    // First turn at 16 kHz s16.
+    c.stream_audio(
+        encode(&speech, AudioFormat::SPEECH_16K),
+        3_200,
+        Duration::from_millis(20),
+    );
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let first = check_audio_turn(&msgs, 16_000);
+    // An unusable update is refused; the session keeps its format.
+    let mut bad = proto::ReconfigureSessionRequest::default();
+    bad.input_audio_line = Some(proto::AudioLineConfiguration {
+        sample_rate: 7,
+        channel_count: 1,
+        sample_format: proto::SampleFormat::Signed16Bit as i32,
+    });
+    c.send(&ServiceBoundMessage {
+        payload: Some(
+            proto::service_bound_message::Payload::ReconfigureSessionRequest(bad),
+        ),
+    });
+    match c.next().await {
+        Down::Error(e) => {
+            assert_eq!(e.category, SessionErrorCategory::ErrorConfiguration as i32);
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // The client switches to 48 kHz stereo float (and a new prompt).
+    let format = AudioFormat::new(48_000, 2, proto::SampleFormat::Float32Bit).unwrap();
+    c.send(&ServiceBoundMessage::reconfigure(&SessionUpdate {
+        input: Some(format),
+        inference: Some(voxgate_realtime::InferenceSettings::new("Be brief.", 0.5).unwrap()),
+    }));
+    c.stream_audio(encode(&speech, format), bytes_for(format, 0.1), Duration::from_millis(20));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let second = check_audio_turn(&msgs, 48_000);
+    // Both utterances were the same speech: the same length heard, give or take a frame.
+    assert!(heard_ms(&first).abs_diff(heard_ms(&second)) < 100, "{first} / {second}");
+    c.send(&ServiceBoundMessage::ping());
+    assert!(matches!(c.next().await, Down::Pong(_)));
+    server.stop().await;
+}
