@@ -27,8 +27,7 @@ use voxgate_providers::ToneTts;
 use voxgate_realtime::proto::chat_message_content::Content;
 use voxgate_realtime::proto::client_bound_message::Payload as Down;
 use voxgate_realtime::proto::{
-    self, ChatDeliveryStatus, ChatMessageRole, InferenceTriggerMode, SessionErrorCategory,
-    VadState,
+    self, ChatDeliveryStatus, ChatMessageRole, InferenceTriggerMode, SessionErrorCategory, VadState,
 };
 use voxgate_realtime::{
     AudioFormat, ClientBoundMessage, ElevenLabsSettings, HostedTtsSettings, HostedVoice,
@@ -145,7 +144,7 @@ impl Client {
     /// from a task of its own; the returned handle ends when the last packet is queued.
     fn stream_audio(
         &mut self,
-        audio: Vec<u8>,
+        audio: &[u8],
         packet_bytes: usize,
         pace: Duration,
     ) -> tokio::task::JoinHandle<()> {
@@ -164,7 +163,8 @@ impl Client {
                 if !pace.is_zero() {
                     tick.tick().await;
                 }
-                let m = ServiceBoundMessage::user_audio(id, InferenceTriggerMode::Immediate, p.into());
+                let m =
+                    ServiceBoundMessage::user_audio(id, InferenceTriggerMode::Immediate, p.into());
                 if tx.send(Message::Binary(m.to_frame())).is_err() {
                     return;
                 }
@@ -189,7 +189,11 @@ impl Client {
     }
 
     async fn next(&mut self) -> Down {
-        self.recv().await.expect("server still open").payload.unwrap()
+        self.recv()
+            .await
+            .expect("server still open")
+            .payload
+            .unwrap()
     }
 
     /// Every message up to and including the first that `stop` accepts.
@@ -206,7 +210,10 @@ impl Client {
     }
 
     async fn history(&mut self, exclude_audio: bool) -> Vec<proto::ChatMessage> {
-        self.send(&ServiceBoundMessage::export_chat_history(true, exclude_audio));
+        self.send(&ServiceBoundMessage::export_chat_history(
+            true,
+            exclude_audio,
+        ));
         let all = self.until(|m| matches!(m, Down::ChatHistory(_))).await;
         match all.into_iter().last() {
             Some(Down::ChatHistory(h)) => h.messages,
@@ -345,7 +352,11 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// The parts of a `multipart/form-data` body: (name, content).
 fn multipart(content_type: &str, body: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let boundary = content_type.split("boundary=").nth(1).unwrap().trim_matches('"');
+    let boundary = content_type
+        .split("boundary=")
+        .nth(1)
+        .unwrap()
+        .trim_matches('"');
     let delim = format!("--{boundary}");
     let mut parts = Vec::new();
     let mut rest = body;
@@ -402,8 +413,7 @@ async fn fake_asr() -> (String, Arc<Mutex<Vec<Upload>>>) {
                 seen.lock().unwrap().push(up);
                 (
                     [("content-type", "application/json")],
-                    serde_json::json!({ "text": format!("I heard {ms} milliseconds") })
-                        .to_string(),
+                    serde_json::json!({ "text": format!("I heard {ms} milliseconds") }).to_string(),
                 )
             }
         }),
@@ -496,7 +506,7 @@ async fn audio_turns_in_every_sample_format_are_transcribed_and_answered() {
             let mut c = Client::initialized(addr, &config).await;
             // 100 ms packets at five times real time.
             let audio = encode(&speech, format);
-            c.stream_audio(audio, bytes_for(format, 0.1), Duration::from_millis(20));
+            c.stream_audio(&audio, bytes_for(format, 0.1), Duration::from_millis(20));
             let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
             let text = check_audio_turn(&msgs, format.sample_rate());
             let ms = heard_ms(&text) as f64 / 1000.0;
@@ -531,10 +541,16 @@ async fn audio_turns_in_every_sample_format_are_transcribed_and_answered() {
             let fmt = audio.format.as_ref().unwrap();
             let secs = audio.audio.as_ref().unwrap().data.len() as f64
                 / f64::from(fmt.sample_rate * 2 * fmt.channel_count);
-            assert!((secs - ms).abs() < 0.1, "{secs} s of audio for {ms} s heard");
+            assert!(
+                (secs - ms).abs() < 0.1,
+                "{secs} s of audio for {ms} s heard"
+            );
             assert_eq!(h[1].role, ChatMessageRole::Assistant as i32);
             assert_eq!(text_of(&h[1]), format!("You said: {text}"));
-            assert_eq!(h[1].delivery_status, ChatDeliveryStatus::DeliveryComplete as i32);
+            assert_eq!(
+                h[1].delivery_status,
+                ChatDeliveryStatus::DeliveryComplete as i32
+            );
         }
     });
     tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(runs))
@@ -563,24 +579,27 @@ async fn trigger_inference_with_flush_vad_ends_the_utterance_at_once() {
     let speech = speech();
     let cut = 32_000;
     let sent = c.stream_audio(
-        encode(&speech[..cut], AudioFormat::SPEECH_16K),
+        &encode(&speech[..cut], AudioFormat::SPEECH_16K),
         3_200,
         Duration::ZERO,
     );
     sent.await.unwrap();
     let msgs = c
-        .until(|m| {
-            matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32)
-        })
+        .until(|m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32))
         .await;
-    assert!(!msgs.iter().any(|m| matches!(m, Down::UserTranscriptionResult(_))));
+    assert!(
+        !msgs
+            .iter()
+            .any(|m| matches!(m, Down::UserTranscriptionResult(_)))
+    );
     c.send(&ServiceBoundMessage::trigger_inference(None, true));
     let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     // The VAD reports the cut as a return to silence, then the cut utterance is transcribed
     // and answered: no trailing silence was needed.
-    assert!(msgs.iter().any(
-        |m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Silence as i32)
-    ));
+    assert!(
+        msgs.iter()
+            .any(|m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Silence as i32))
+    );
     let t = msgs
         .iter()
         .find_map(|m| match m {
@@ -634,23 +653,23 @@ async fn user_speech_during_a_reply_clears_playback_and_truncates_the_reply() {
     let speech = speech();
     let from = (SPEECH_START * 16_000.0) as usize - 3_200;
     let sender = c.stream_audio(
-        encode(&speech[from..], AudioFormat::SPEECH_16K),
+        &encode(&speech[from..], AudioFormat::SPEECH_16K),
         640,
         Duration::from_millis(20),
     );
-    let msgs = c
-        .until(|m| matches!(m, Down::PlaybackClearBuffer(_)))
-        .await;
+    let msgs = c.until(|m| matches!(m, Down::PlaybackClearBuffer(_))).await;
     assert!(
-        msgs.iter().any(
-            |m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32)
-        ),
+        msgs.iter()
+            .any(|m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32)),
         "the barge-in follows the user's speech: {msgs:?}"
     );
     // The cut reply's final record: what was heard of it, marked interrupted.
     let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     let cut = snapshot_of(&msgs, turn).expect("snapshot of the interrupted reply");
-    assert_eq!(cut.delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(
+        cut.delivery_status,
+        ChatDeliveryStatus::DeliveryInterrupted as i32
+    );
     assert_eq!(cut.truncated_at_response_turn_id, Some(turn));
     let full = format!("You said: {said}");
     let heard = text_of(&cut);
@@ -674,10 +693,18 @@ async fn user_speech_during_a_reply_clears_playback_and_truncates_the_reply() {
     use ChatMessageRole as R;
     assert_eq!(
         roles,
-        [R::User as i32, R::Assistant as i32, R::User as i32, R::Assistant as i32]
+        [
+            R::User as i32,
+            R::Assistant as i32,
+            R::User as i32,
+            R::Assistant as i32
+        ]
     );
     assert_eq!(text_of(&h[1]), heard);
-    assert_eq!(h[1].delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(
+        h[1].delivery_status,
+        ChatDeliveryStatus::DeliveryInterrupted as i32
+    );
     server.stop().await;
 }
 
@@ -718,7 +745,10 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
     let msgs = c
         .until(|m| matches!(m, Down::TurnSnapshot(s) if s.message.as_ref().unwrap().turn_id == Some(turn)))
         .await;
-    assert!(msgs.iter().any(|m| matches!(m, Down::PlaybackClearBuffer(_))));
+    assert!(
+        msgs.iter()
+            .any(|m| matches!(m, Down::PlaybackClearBuffer(_)))
+    );
     let cut = snapshot_of(&msgs, turn).unwrap();
     let full = format!("You said: {said}");
     let heard = text_of(&cut);
@@ -728,7 +758,10 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
         full.starts_with(&heard) && (4..=6).contains(&words),
         "heard {heard:?} of {full:?}"
     );
-    assert_eq!(cut.delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(
+        cut.delivery_status,
+        ChatDeliveryStatus::DeliveryInterrupted as i32
+    );
     assert_eq!(cut.truncated_at_response_turn_id, Some(turn));
     // The interruption's own reply.
     let (next, msgs) = spoken_response(&mut c).await;
@@ -742,7 +775,10 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
         .collect();
     assert_eq!(progress.len(), 1);
     assert_eq!(progress[0].text, "You said: stop");
-    assert_eq!((progress[0].audio_bytes_played, progress[0].exact), (0, false));
+    assert_eq!(
+        (progress[0].audio_bytes_played, progress[0].exact),
+        (0, false)
+    );
     // Report the end of playback: the reply completes.
     c.send(&ServiceBoundMessage::playback_report(
         4 * 3_520 * 2,
@@ -750,11 +786,17 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
     ));
     let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     let done = snapshot_of(&msgs, next).unwrap();
-    assert_eq!(done.delivery_status, ChatDeliveryStatus::DeliveryComplete as i32);
+    assert_eq!(
+        done.delivery_status,
+        ChatDeliveryStatus::DeliveryComplete as i32
+    );
     assert_eq!(text_of(&done), "You said: stop");
     let h = c.history(true).await;
     assert_eq!(text_of(&h[1]), heard);
-    assert_eq!(h[1].delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(
+        h[1].delivery_status,
+        ChatDeliveryStatus::DeliveryInterrupted as i32
+    );
     server.stop().await;
 }
 
@@ -818,7 +860,10 @@ async fn direct_speech_cancels_the_reply_and_speaks_verbatim() {
     assert!(direct.ephemeral);
     assert_eq!(text_of(direct), "Please hold the line.");
     let cut = h.iter().find(|m| m.turn_id == Some(first)).unwrap();
-    assert_eq!(cut.delivery_status, ChatDeliveryStatus::DeliveryInterrupted as i32);
+    assert_eq!(
+        cut.delivery_status,
+        ChatDeliveryStatus::DeliveryInterrupted as i32
+    );
     server.stop().await;
 }
 
@@ -834,23 +879,23 @@ async fn reconfigure_switches_the_input_format_mid_session() {
     let speech = speech();
     // First turn at 16 kHz s16.
     c.stream_audio(
-        encode(&speech, AudioFormat::SPEECH_16K),
+        &encode(&speech, AudioFormat::SPEECH_16K),
         3_200,
         Duration::from_millis(20),
     );
     let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     let first = check_audio_turn(&msgs, 16_000);
     // An unusable update is refused; the session keeps its format.
-    let mut bad = proto::ReconfigureSessionRequest::default();
-    bad.input_audio_line = Some(proto::AudioLineConfiguration {
-        sample_rate: 7,
-        channel_count: 1,
-        sample_format: proto::SampleFormat::Signed16Bit as i32,
-    });
+    let bad = proto::ReconfigureSessionRequest {
+        input_audio_line: Some(proto::AudioLineConfiguration {
+            sample_rate: 7,
+            channel_count: 1,
+            sample_format: proto::SampleFormat::Signed16Bit as i32,
+        }),
+        ..Default::default()
+    };
     c.send(&ServiceBoundMessage {
-        payload: Some(
-            proto::service_bound_message::Payload::ReconfigureSessionRequest(bad),
-        ),
+        payload: Some(proto::service_bound_message::Payload::ReconfigureSessionRequest(bad)),
     });
     match c.next().await {
         Down::Error(e) => {
@@ -864,12 +909,232 @@ async fn reconfigure_switches_the_input_format_mid_session() {
         input: Some(format),
         inference: Some(voxgate_realtime::InferenceSettings::new("Be brief.", 0.5).unwrap()),
     }));
-    c.stream_audio(encode(&speech, format), bytes_for(format, 0.1), Duration::from_millis(20));
+    c.stream_audio(
+        &encode(&speech, format),
+        bytes_for(format, 0.1),
+        Duration::from_millis(20),
+    );
     let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     let second = check_audio_turn(&msgs, 48_000);
     // Both utterances were the same speech: the same length heard, give or take a frame.
-    assert!(heard_ms(&first).abs_diff(heard_ms(&second)) < 100, "{first} / {second}");
+    assert!(
+        heard_ms(&first).abs_diff(heard_ms(&second)) < 100,
+        "{first} / {second}"
+    );
     c.send(&ServiceBoundMessage::ping());
     assert!(matches!(c.next().await, Down::Pong(_)));
+    server.stop().await;
+}
+
+// ---- fake ElevenLabs ------------------------------------------------------------------------
+
+/// One synthesis request the fake ElevenLabs received.
+#[derive(Debug, Clone)]
+struct TtsCall {
+    voice: String,
+    query: String,
+    key: Option<String>,
+    body: serde_json::Value,
+}
+
+/// Samples the fake speaks for `text` at `rate`: 40 ms per character.
+fn fake_speech_len(text: &str, rate: u32) -> usize {
+    text.chars().count() * rate as usize / 25
+}
+
+/// A local stand-in for ElevenLabs' `POST /v1/text-to-speech/{voice_id}/stream
+/// ?output_format=pcm_<rate>` (key in `xi-api-key`, JSON body, headerless 16-bit little-endian
+/// PCM streamed back in chunks). Only the key `xi-good` is accepted; others get the 401
+/// ElevenLabs sends for an invalid key.
+async fn fake_elevenlabs() -> (String, Arc<Mutex<Vec<TtsCall>>>) {
+    use axum::extract::{Path, RawQuery};
+    use axum::response::IntoResponse;
+    let seen: Arc<Mutex<Vec<TtsCall>>> = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let router = axum::Router::new().route(
+        "/v1/text-to-speech/{voice}/stream",
+        axum::routing::post(
+            move |Path(voice): Path<String>,
+                  RawQuery(query): RawQuery,
+                  headers: HeaderMap,
+                  body: Bytes| {
+                let seen = Arc::clone(&s2);
+                async move {
+                    let call = TtsCall {
+                        voice,
+                        query: query.unwrap_or_default(),
+                        key: headers
+                            .get("xi-api-key")
+                            .map(|v| v.to_str().unwrap().to_owned()),
+                        body: serde_json::from_slice(&body).unwrap(),
+                    };
+                    seen.lock().unwrap().push(call.clone());
+                    if call.key.as_deref() != Some("xi-good") {
+                        let detail = serde_json::json!({"detail": {
+                            "status": "invalid_api_key", "message": "Invalid API key"}});
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            [("content-type", "application/json")],
+                            detail.to_string(),
+                        )
+                            .into_response();
+                    }
+                    let rate: u32 = call
+                        .query
+                        .split('&')
+                        .find_map(|kv| kv.strip_prefix("output_format=pcm_"))
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    let text = call.body["text"].as_str().unwrap().to_owned();
+                    let pcm: Vec<u8> = (0..fake_speech_len(&text, rate))
+                        .flat_map(|i| {
+                            let t = i as f64 / f64::from(rate);
+                            let v = (t * 440.0 * std::f64::consts::TAU).sin() * 8_000.0;
+                            (v as i16).to_le_bytes()
+                        })
+                        .collect();
+                    // Streamed in odd-sized pieces, as a network would split it.
+                    let pieces: Vec<Vec<u8>> = pcm.chunks(3_001).map(<[u8]>::to_vec).collect();
+                    let stream = futures::stream::iter(pieces).then(|p| async move {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        Ok::<_, std::io::Error>(p)
+                    });
+                    ([("content-type", "audio/pcm")], Body::from_stream(stream)).into_response()
+                }
+            },
+        ),
+    );
+    (serve(router).await, seen)
+}
+
+fn elevenlabs(key: &str) -> TtsSettings {
+    TtsSettings::ElevenLabs(
+        ElevenLabsSettings::new(key, "voice_123")
+            .unwrap()
+            .with_model_id("eleven_flash_v2_5")
+            .unwrap()
+            .with_voice_settings(VoiceSettings::new(0.5, 0.75, 0.1, true, 1.1).unwrap())
+            .with_location(proto::ElevenLabsLocation::Eu),
+    )
+}
+
+#[tokio::test]
+async fn elevenlabs_tts_chosen_by_the_client_speaks_in_the_output_format() {
+    let (eleven, calls) = fake_elevenlabs().await;
+    let mut server_config = Config::default();
+    server_config.realtime.elevenlabs_base_url = Some(eleven);
+    let server = Running::start(server_config).await;
+    let out = AudioFormat::new(24_000, 1, proto::SampleFormat::Float32Bit).unwrap();
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, out);
+    config.tts = Some(elevenlabs("xi-good"));
+    let mut c = Client::initialized(server.addr, &config).await;
+    c.send(&ServiceBoundMessage::user_text(
+        1,
+        InferenceTriggerMode::Queue,
+        "Hello there. How are you today?",
+    ));
+    let (turn, msgs) = spoken_response(&mut c).await;
+    let calls = calls.lock().unwrap().clone();
+    assert!(!calls.is_empty());
+    // Every request carries the client's own settings, at the client's output rate.
+    for call in &calls {
+        assert_eq!(call.voice, "voice_123");
+        assert_eq!(call.query, "output_format=pcm_24000");
+        assert_eq!(call.key.as_deref(), Some("xi-good"));
+        assert_eq!(call.body["model_id"], "eleven_flash_v2_5");
+        let vs = &call.body["voice_settings"];
+        assert_eq!(
+            (
+                vs["stability"].as_f64(),
+                vs["speed"].as_f64(),
+                vs["use_speaker_boost"].as_bool()
+            ),
+            (Some(0.5), Some(1.1), Some(true))
+        );
+    }
+    let spoken: Vec<String> = calls
+        .iter()
+        .map(|c| c.body["text"].as_str().unwrap().to_owned())
+        .collect();
+    // The demo agent's leading emoji is never spoken.
+    assert_eq!(
+        spoken.join(" "),
+        "You said: Hello there. How are you today?"
+    );
+    // Progress: one event per sentence, at the byte offset its audio starts.
+    let mut offset = 0u64;
+    let mut progress = Vec::new();
+    let mut bytes = 0usize;
+    for m in &msgs {
+        match m {
+            Down::ModelSpeechProgress(p) => {
+                assert_eq!((p.turn_id, p.audio_bytes_played), (turn, offset));
+                progress.push(p.text.clone());
+            }
+            Down::ModelAudioChunk(a) => {
+                let n = a.audio.as_ref().unwrap().data.len();
+                offset += n as u64;
+                bytes += n;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(progress, spoken);
+    // 24 kHz in and out: every sample the fake sent, as f32.
+    let samples: usize = spoken.iter().map(|t| fake_speech_len(t, 24_000)).sum();
+    assert_eq!(bytes, samples * 4);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_rejected_elevenlabs_key_is_a_tts_error_and_the_session_goes_on() {
+    let (eleven, calls) = fake_elevenlabs().await;
+    let mut server_config = Config::default();
+    server_config.realtime.elevenlabs_base_url = Some(eleven);
+    let server = Running::start(server_config).await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+    config.tts = Some(elevenlabs("xi-bad"));
+    let mut c = Client::initialized(server.addr, &config).await;
+    c.send(&ServiceBoundMessage::user_text(
+        1,
+        InferenceTriggerMode::Queue,
+        "Say something.",
+    ));
+    let msgs = c.until(|m| matches!(m, Down::Error(_))).await;
+    let Some(Down::Error(e)) = msgs.last() else {
+        unreachable!()
+    };
+    assert_eq!(e.category, SessionErrorCategory::ErrorTts as i32);
+    assert!(e.message.contains("401"), "{}", e.message);
+    assert!(!calls.lock().unwrap().is_empty());
+    c.send(&ServiceBoundMessage::ping());
+    c.until(|m| matches!(m, Down::Pong(_))).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn realtime_clients_never_see_the_reply_emoji() {
+    let server = Running::start(Config::default()).await;
+    let mut c = Client::initialized(
+        server.addr,
+        &SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K),
+    )
+    .await;
+    // The demo agent answers "😊 You said: ..."; a text client gets the words only, and the
+    // history records exactly what it got.
+    c.send(&ServiceBoundMessage::user_text(
+        1,
+        InferenceTriggerMode::Queue,
+        "good morning",
+    ));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let turn = response_begin(&msgs).unwrap();
+    let shown = fragments(&msgs, turn);
+    assert_eq!(shown, "You said: good morning");
+    assert!(!has_emoji(&shown));
+    assert_eq!(text_of(&snapshot_of(&msgs, turn).unwrap()), shown);
+    let h = c.history(true).await;
+    assert_eq!(text_of(&h[1]), shown);
     server.stop().await;
 }
