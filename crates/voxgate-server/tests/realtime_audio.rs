@@ -1138,3 +1138,140 @@ async fn realtime_clients_never_see_the_reply_emoji() {
     assert_eq!(text_of(&h[1]), shown);
     server.stop().await;
 }
+
+// ---- fake OpenAI chat completions ----------------------------------------------------------
+
+/// A local stand-in for OpenAI's streaming `POST /v1/chat/completions` (server-sent events of
+/// `chat.completion.chunk`s, then `[DONE]`). It records each request and answers with the
+/// number of the request: "Reply 1.", "Reply 2."...
+async fn fake_llm() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let router = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move |body: Bytes| {
+            let seen = Arc::clone(&s2);
+            async move {
+                let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(request["stream"], true);
+                let n = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(request);
+                    seen.len()
+                };
+                let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+                    let c = serde_json::json!({"id": "c", "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                    format!("data: {c}\n\n")
+                };
+                let sse = [
+                    chunk(
+                        serde_json::json!({"role": "assistant", "content": ""}),
+                        None,
+                    ),
+                    chunk(serde_json::json!({"content": "Reply "}), None),
+                    chunk(serde_json::json!({"content": format!("{n}.")}), None),
+                    chunk(serde_json::json!({}), Some("stop")),
+                    "data: [DONE]\n\n".to_owned(),
+                ]
+                .concat();
+                ([("content-type", "text/event-stream")], sse)
+            }
+        }),
+    );
+    (serve(router).await, seen)
+}
+
+fn system_prompt(request: &serde_json::Value) -> &str {
+    let first = &request["messages"][0];
+    assert_eq!(first["role"], "system");
+    first["content"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn reconfigured_prompt_and_instructions_reach_the_model() {
+    let (llm, requests) = fake_llm().await;
+    let mut server_config = Config::default();
+    server_config.llm = Some(voxgate_server::config::LlmConfig {
+        base_url: format!("{llm}/v1"),
+        model: "gpt-test".into(),
+        api_key: None,
+    });
+    let server = Running::start(server_config).await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
+    config.inference = voxgate_realtime::InferenceSettings::new("You are Ada.", 0.3).unwrap();
+    let mut c = Client::initialized(server.addr, &config).await;
+    c.send(&ServiceBoundMessage::user_text(
+        1,
+        InferenceTriggerMode::Queue,
+        "hi",
+    ));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    assert_eq!(fragments(&msgs, response_begin(&msgs).unwrap()), "Reply 1.");
+    // New prompt and temperature from the next request on; history is kept.
+    c.send(&ServiceBoundMessage::reconfigure(&SessionUpdate {
+        input: None,
+        inference: Some(voxgate_realtime::InferenceSettings::new("You are Bob.", 0.9).unwrap()),
+    }));
+    c.send(&ServiceBoundMessage::user_text(
+        2,
+        InferenceTriggerMode::Queue,
+        "again",
+    ));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    assert_eq!(fragments(&msgs, response_begin(&msgs).unwrap()), "Reply 2.");
+    // A greeting-style trigger with extra instructions.
+    c.send(&ServiceBoundMessage::trigger_inference(
+        Some("Say goodbye.".into()),
+        false,
+    ));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    assert_eq!(fragments(&msgs, response_begin(&msgs).unwrap()), "Reply 3.");
+    // A query with instructions only.
+    c.send(&ServiceBoundMessage::conversation_query(None, Some("One word.".into())).unwrap());
+    match c.next().await {
+        Down::ConversationQueryResult(r) => assert_eq!(r.text, "Reply 4."),
+        other => panic!("expected ConversationQueryResult, got {other:?}"),
+    }
+    let requests = requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[0]["model"], "gpt-test");
+    assert_eq!(system_prompt(&requests[0]), "You are Ada.");
+    assert!((requests[0]["temperature"].as_f64().unwrap() - 0.3).abs() < 1e-6);
+    assert_eq!(system_prompt(&requests[1]), "You are Bob.");
+    assert!((requests[1]["temperature"].as_f64().unwrap() - 0.9).abs() < 1e-6);
+    let texts = |r: &serde_json::Value| -> Vec<String> {
+        r["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["content"].as_str().map(str::to_owned))
+            .collect()
+    };
+    // The conversation so far reaches the model, with the instructions in the third request.
+    assert!(
+        texts(&requests[1]).contains(&"Reply 1.".to_owned()),
+        "{:?}",
+        requests[1]
+    );
+    assert!(
+        texts(&requests[2])
+            .iter()
+            .any(|t| t.contains("Say goodbye.")),
+        "{:?}",
+        requests[2]
+    );
+    assert!(
+        texts(&requests[3]).iter().any(|t| t.contains("One word.")),
+        "{:?}",
+        requests[3]
+    );
+    // History records the instructions.
+    let h = c.history(true).await;
+    assert!(h.iter().any(|m| {
+        m.content
+            .iter()
+            .any(|c| matches!(&c.content, Some(Content::Instructions(i)) if i == "Say goodbye."))
+    }));
+    server.stop().await;
+}
