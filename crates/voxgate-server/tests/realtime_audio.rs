@@ -1191,12 +1191,14 @@ fn system_prompt(request: &serde_json::Value) -> &str {
 #[tokio::test]
 async fn reconfigured_prompt_and_instructions_reach_the_model() {
     let (llm, requests) = fake_llm().await;
-    let mut server_config = Config::default();
-    server_config.llm = Some(voxgate_server::config::LlmConfig {
-        base_url: format!("{llm}/v1"),
-        model: "gpt-test".into(),
-        api_key: None,
-    });
+    let server_config = Config {
+        llm: Some(voxgate_server::config::LlmConfig {
+            base_url: format!("{llm}/v1"),
+            model: "gpt-test".into(),
+            api_key: None,
+        }),
+        ..Config::default()
+    };
     let server = Running::start(server_config).await;
     let mut config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
     config.inference = voxgate_realtime::InferenceSettings::new("You are Ada.", 0.3).unwrap();
