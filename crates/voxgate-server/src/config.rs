@@ -398,6 +398,26 @@ mod tests {
     }
 
     #[test]
+    fn elevenlabs_base_url_from_file_and_env() {
+        let mut c = Config::from_toml("[realtime]\nelevenlabs_base_url = \"http://127.0.0.1:9\"\n")
+            .unwrap();
+        assert_eq!(
+            c.realtime.elevenlabs_base_url.as_deref(),
+            Some("http://127.0.0.1:9")
+        );
+        assert!(c.to_toml().contains("elevenlabs_base_url"));
+        c.apply_env(|k| (k == "VOXGATE_ELEVENLABS_BASE_URL").then(|| "http://proxy".into()))
+            .unwrap();
+        assert_eq!(
+            c.realtime.elevenlabs_base_url.as_deref(),
+            Some("http://proxy")
+        );
+        c.apply_env(|k| (k == "VOXGATE_ELEVENLABS_BASE_URL").then(String::new))
+            .unwrap();
+        assert_eq!(c.realtime.elevenlabs_base_url, None);
+    }
+
+    #[test]
     fn env_overrides_and_print_round_trip() {
         let mut c = Config::default();
         let env = |k: &str| match k {

@@ -1277,3 +1277,27 @@ async fn reconfigured_prompt_and_instructions_reach_the_model() {
     }));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_unusable_elevenlabs_voice_is_a_fatal_configuration_error() {
+    let server = Running::start(Config::default()).await;
+    let mut c = Client::connect(server.addr).await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+    config.tts = Some(TtsSettings::ElevenLabs(
+        ElevenLabsSettings::new("xi-good", "../../v1/user").unwrap(),
+    ));
+    c.send(&ServiceBoundMessage::initialize(&config).unwrap());
+    match c.next().await {
+        Down::Error(e) => {
+            assert_eq!(e.category, SessionErrorCategory::ErrorConfiguration as i32);
+            assert!(e.message.contains("eleven_labs"), "{}", e.message);
+            assert!(!e.message.contains("xi-good"), "the key stays secret");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert!(
+        c.recv().await.is_none(),
+        "the server closes after a fatal error"
+    );
+    server.stop().await;
+}
