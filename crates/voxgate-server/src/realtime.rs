@@ -175,6 +175,8 @@ struct Session {
     current_turn: Option<TurnId>,
     /// Output-format bytes of reply audio sent for `current_turn` so far.
     turn_bytes: u64,
+    /// `ModelSpeechProgress` for `current_turn`, paced to playback.
+    progress: Progress,
     /// Wall clock and monotonic clock at the start, to date history messages.
     epoch: (Instant, SystemTime),
 }
@@ -190,7 +192,12 @@ impl Connection {
             return;
         }
         loop {
-            let deadline = self.session.as_ref().and_then(|s| s.engine.poll_timeout());
+            let deadline = self.session.as_ref().and_then(|s| {
+                match (s.engine.poll_timeout(), s.progress_deadline()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            });
             let sleep_until = deadline
                 .map(tokio::time::Instant::from_std)
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
@@ -213,8 +220,16 @@ impl Connection {
                     Flow::Continue
                 }
                 () = tokio::time::sleep_until(sleep_until), if deadline.is_some() => {
+                    let now = Instant::now();
+                    let mut progress = Vec::new();
                     if let Some(s) = &mut self.session {
-                        s.engine.handle_timeout(Instant::now());
+                        if s.engine.poll_timeout().is_some_and(|d| d <= now) {
+                            s.engine.handle_timeout(now);
+                        }
+                        progress = s.progress_due(now, None);
+                    }
+                    for m in progress {
+                        self.send(m).await;
                     }
                     Flow::Continue
                 }
@@ -384,6 +399,17 @@ impl Connection {
                 let Some(turn) = r.turn_id.map(TurnId).or(session.current_turn) else {
                     return Flow::Continue;
                 };
+                for m in session.progress_due(now, Some((turn, r.bytes_played))) {
+                    // `self.out` directly: `session` borrows `self.session`.
+                    let frame = m.to_frame();
+                    let _ = self
+                        .out
+                        .send(Outgoing {
+                            frame,
+                            close: false,
+                        })
+                        .await;
+                }
                 Input::PlaybackReport {
                     turn,
                     bytes_played: r.bytes_played,
@@ -454,7 +480,8 @@ impl Connection {
             match out {
                 Output::Provider(r) => self.runner.start(r),
                 Output::Client(event) => {
-                    for msg in session.client_messages(event, &self.metrics) {
+                    let now = Instant::now();
+                    for msg in session.client_messages(now, event, &self.metrics) {
                         let audio = matches!(
                             msg.payload,
                             Some(proto::client_bound_message::Payload::ModelAudioChunk(_))
@@ -515,6 +542,7 @@ impl Session {
             last_packet: 0,
             current_turn: None,
             turn_bytes: 0,
+            progress: Progress::default(),
             epoch: (now, SystemTime::now()),
         })
     }
@@ -522,6 +550,7 @@ impl Session {
     /// The protocol messages for one engine event (none for events this door does not show).
     fn client_messages(
         &mut self,
+        now: Instant,
         event: ClientEvent,
         metrics: &Metrics,
     ) -> Vec<ClientBoundMessage> {
@@ -529,22 +558,33 @@ impl Session {
             ClientEvent::ResponseBegin { turn } => {
                 self.current_turn = Some(turn);
                 self.turn_bytes = 0;
+                self.progress = Progress::default();
                 vec![ClientBoundMessage::response_begin(turn.0)]
             }
             ClientEvent::ResponseEnd { turn } => {
                 let mut out = Vec::new();
                 if let Some(tail) = self.flush_audio() {
                     self.turn_bytes += tail.len() as u64;
+                    self.progress
+                        .audio_sent(now, tail.len(), self.output_rate());
                     out.push(ClientBoundMessage::model_audio_chunk(tail, Some(turn.0)));
                 }
+                self.progress.close(now, self.turn_bytes);
                 // Generation is over (finished or cut off): nothing more will be inferred
                 // for this turn, though its audio may still be playing.
                 out.push(ClientBoundMessage::inference_complete(turn.0));
                 out.push(ClientBoundMessage::response_end(turn.0));
                 out
             }
-            ClientEvent::ResponseFinished { turn, .. } => {
+            ClientEvent::ResponseFinished { turn, interrupted } => {
                 metrics.turn(Door::Realtime);
+                // Played out: whatever progress is still pending was heard. Cut off: what
+                // was not announced yet was not heard (the snapshot has the truncated text).
+                let mut out = Vec::new();
+                if !interrupted && self.current_turn == Some(turn) {
+                    out = self.progress.due(None, None, turn, false);
+                }
+                self.progress = Progress::default();
                 // The reply's history entry is final now (truncated to what was heard when
                 // cut off): the client's authoritative record of the turn.
                 let message = self
@@ -554,20 +594,13 @@ impl Session {
                     .rev()
                     .find(|m| m.turn == Some(turn) && m.role == history::Role::Assistant)
                     .map(|m| self.chat_message(&m.without_audio()));
-                message
-                    .map(|m| ClientBoundMessage::turn_snapshot(m, true))
-                    .into_iter()
-                    .collect()
+                out.extend(message.map(|m| ClientBoundMessage::turn_snapshot(m, true)));
+                out
             }
-            ClientEvent::SentenceStart { turn, text } => {
-                // The sentence becomes audible where its audio starts in the turn's stream;
-                // per sentence, so not exact.
-                vec![ClientBoundMessage::model_speech_progress(
-                    turn.0,
-                    text,
-                    self.turn_bytes,
-                    false,
-                )]
+            ClientEvent::SentenceStart { text, .. } => {
+                // Announced once its audio has been played (see `Progress`).
+                self.progress.start(now, text, self.turn_bytes);
+                Vec::new()
             }
             ClientEvent::TextFragment { turn, text } => {
                 vec![ClientBoundMessage::model_text_fragment(text, Some(turn.0))]
@@ -583,9 +616,12 @@ impl Session {
                     return Vec::new();
                 }
                 self.turn_bytes += audio.len() as u64;
+                self.progress
+                    .audio_sent(now, audio.len(), self.output_rate());
                 vec![ClientBoundMessage::model_audio_chunk(audio, Some(turn.0))]
             }
             ClientEvent::ClearPlayback => {
+                self.progress = Progress::default();
                 if let Some((_, r)) = &mut self.resampler {
                     r.reset();
                 }
@@ -656,6 +692,38 @@ impl Session {
             // The protocol has no face: the reply's leading emoji is neither spoken nor shown
             // (see docs/doors/realtime.md). Device MCP belongs to the Xiaozhi door.
             _ => Vec::new(),
+        }
+    }
+
+    /// Output bytes per second (at least 1).
+    fn output_rate(&self) -> u64 {
+        self.config.output.bytes_per_second().max(1)
+    }
+
+    /// When the next `ModelSpeechProgress` is due by estimated playback (sessions without
+    /// playback reports).
+    fn progress_deadline(&self) -> Option<Instant> {
+        if self.config.supports_playback_reporting {
+            return None;
+        }
+        self.progress.next_due()
+    }
+
+    /// `ModelSpeechProgress` for the sentences played by `now` (estimated) or, with a
+    /// playback report for the current turn, by `bytes_played` (exact).
+    fn progress_due(
+        &mut self,
+        now: Instant,
+        report: Option<(TurnId, u64)>,
+    ) -> Vec<ClientBoundMessage> {
+        let Some(turn) = self.current_turn else {
+            return Vec::new();
+        };
+        match report {
+            Some((t, bytes)) if t == turn => self.progress.due(None, Some(bytes), turn, true),
+            Some(_) => Vec::new(),
+            None if self.config.supports_playback_reporting => Vec::new(),
+            None => self.progress.due(Some(now), None, turn, false),
         }
     }
 
@@ -790,6 +858,87 @@ fn chat_audio(a: &history::AudioData) -> proto::ChatAudioData {
     let format = AudioFormat::new(a.sample_rate, 1, proto::SampleFormat::Signed16Bit)
         .unwrap_or(AudioFormat::SPEECH_16K);
     proto::ChatAudioData::new(Bytes::from(bytes), format, a.transcription.clone())
+}
+
+/// Paces `ModelSpeechProgress` to playback, sentence by sentence, as the published clients
+/// read it: each message carries text that has just become audible, and `audio_bytes_played`
+/// is the reply's playback position (in output bytes) at which all of it has been heard. The
+/// LiveKit plugin times its transcript from consecutive positions and concatenates the texts,
+/// so sentences after the first carry their separating space.
+///
+/// A sentence is closed (its end known) when the next one starts or the reply's audio ends.
+/// Without playback reports its end is estimated by a playout clock (chunks play back to back
+/// from when they were sent); with reports, a report at or past its end announces it (`exact`).
+#[derive(Debug, Default)]
+struct Progress {
+    /// Closed sentences not announced yet: (text, end in bytes, estimated end of playback).
+    closed: std::collections::VecDeque<(String, u64, Instant)>,
+    /// The sentence whose audio is still arriving.
+    open: Option<String>,
+    /// When the audio sent so far will have played, by the playout clock.
+    playout_end: Option<Instant>,
+    /// Whether a sentence was started in this reply (later ones get a leading space).
+    started: bool,
+}
+
+impl Progress {
+    fn start(&mut self, now: Instant, text: String, bytes: u64) {
+        self.close(now, bytes);
+        let text = if self.started {
+            format!(" {text}")
+        } else {
+            text
+        };
+        self.started = true;
+        self.open = Some(text);
+    }
+
+    fn audio_sent(&mut self, now: Instant, bytes: usize, bytes_per_second: u64) {
+        let nanos = (bytes as u128).saturating_mul(1_000_000_000) / u128::from(bytes_per_second);
+        let duration = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        let from = self.playout_end.map_or(now, |end| end.max(now));
+        self.playout_end = Some(from + duration);
+    }
+
+    /// Closes the open sentence at `bytes`.
+    fn close(&mut self, now: Instant, bytes: u64) {
+        if let Some(text) = self.open.take() {
+            let due = self.playout_end.unwrap_or(now);
+            self.closed.push_back((text, bytes, due));
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.closed.front().map(|(_, _, due)| *due)
+    }
+
+    /// The announcements due by `now` (estimated) and/or `played` bytes (reported); with
+    /// neither, every closed sentence.
+    fn due(
+        &mut self,
+        now: Option<Instant>,
+        played: Option<u64>,
+        turn: TurnId,
+        exact: bool,
+    ) -> Vec<ClientBoundMessage> {
+        let mut out = Vec::new();
+        while let Some((_, end, due)) = self.closed.front() {
+            let heard = match (now, played) {
+                (Some(now), _) => *due <= now,
+                (None, Some(played)) => *end <= played,
+                (None, None) => true,
+            };
+            if !heard {
+                break;
+            }
+            if let Some((text, end, _)) = self.closed.pop_front() {
+                out.push(ClientBoundMessage::model_speech_progress(
+                    turn.0, text, end, exact,
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// ElevenLabs' PCM output rates (`output_format=pcm_<rate>`).

@@ -766,6 +766,20 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
     // The interruption's own reply.
     let (next, msgs) = spoken_response(&mut c).await;
     assert_ne!(next, turn);
+    // Nothing was announced as heard: reports drive progress, and none reached a sentence end.
+    assert!(
+        !msgs
+            .iter()
+            .any(|m| matches!(m, Down::ModelSpeechProgress(_))),
+        "{msgs:?}"
+    );
+    // Report the end of playback: the sentence is heard (exactly), and the reply completes.
+    // "You said: stop": three words of 220 ms at 16 kHz s16.
+    c.send(&ServiceBoundMessage::playback_report(
+        3 * 3_520 * 2,
+        Some(next),
+    ));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     let progress: Vec<&proto::ModelSpeechProgress> = msgs
         .iter()
         .filter_map(|m| match m {
@@ -773,18 +787,16 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
             _ => None,
         })
         .collect();
-    assert_eq!(progress.len(), 1);
-    assert_eq!(progress[0].text, "You said: stop");
+    assert_eq!(progress.len(), 1, "{msgs:?}");
     assert_eq!(
-        (progress[0].audio_bytes_played, progress[0].exact),
-        (0, false)
+        (
+            progress[0].turn_id,
+            progress[0].text.as_str(),
+            progress[0].audio_bytes_played,
+            progress[0].exact
+        ),
+        (next, "You said: stop", 3 * 3_520 * 2, true)
     );
-    // Report the end of playback: the reply completes.
-    c.send(&ServiceBoundMessage::playback_report(
-        4 * 3_520 * 2,
-        Some(next),
-    ));
-    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
     let done = snapshot_of(&msgs, next).unwrap();
     assert_eq!(
         done.delivery_status,
@@ -844,6 +856,10 @@ async fn direct_speech_cancels_the_reply_and_speaks_verbatim() {
     // Four words of tone at 24 kHz s16 (resampled from 16 kHz), give or take the filter.
     let expected = 4 * 5_280 * 2;
     assert!(bytes.abs_diff(expected) < 400, "{bytes} bytes");
+    // Announced once played (0.9 s), before the reply's final snapshot.
+    let msgs = c
+        .until(|m| matches!(m, Down::TurnSnapshot(s) if s.message.as_ref().unwrap().turn_id == Some(spoken)))
+        .await;
     let progress: Vec<String> = msgs
         .iter()
         .filter_map(|m| match m {
@@ -1034,7 +1050,9 @@ async fn elevenlabs_tts_chosen_by_the_client_speaks_in_the_output_format() {
         InferenceTriggerMode::Queue,
         "Hello there. How are you today?",
     ));
-    let (turn, msgs) = spoken_response(&mut c).await;
+    let t0 = tokio::time::Instant::now();
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let turn = response_begin(&msgs).unwrap();
     let calls = calls.lock().unwrap().clone();
     assert!(!calls.is_empty());
     // Every request carries the client's own settings, at the client's output rate.
@@ -1062,28 +1080,43 @@ async fn elevenlabs_tts_chosen_by_the_client_speaks_in_the_output_format() {
         spoken.join(" "),
         "You said: Hello there. How are you today?"
     );
-    // Progress: one event per sentence, at the byte offset its audio starts.
-    let mut offset = 0u64;
-    let mut progress = Vec::new();
-    let mut bytes = 0usize;
-    for m in &msgs {
-        match m {
-            Down::ModelSpeechProgress(p) => {
-                assert_eq!((p.turn_id, p.audio_bytes_played), (turn, offset));
-                progress.push(p.text.clone());
-            }
-            Down::ModelAudioChunk(a) => {
-                let n = a.audio.as_ref().unwrap().data.len();
-                offset += n as u64;
-                bytes += n;
-            }
-            _ => {}
-        }
-    }
-    assert_eq!(progress, spoken);
+    let bytes: usize = msgs
+        .iter()
+        .filter_map(|m| match m {
+            Down::ModelAudioChunk(a) => Some(a.audio.as_ref().unwrap().data.len()),
+            _ => None,
+        })
+        .sum();
     // 24 kHz in and out: every sample the fake sent, as f32.
     let samples: usize = spoken.iter().map(|t| fake_speech_len(t, 24_000)).sum();
     assert_eq!(bytes, samples * 4);
+    // Progress (after the fact, read by the message order above): one per sentence once its
+    // audio has played, with the playback position where it ends; the texts concatenate to
+    // what was spoken.
+    let progress: Vec<&proto::ModelSpeechProgress> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            Down::ModelSpeechProgress(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    let mut end = 0u64;
+    for (p, text) in progress.iter().zip(&spoken) {
+        end += fake_speech_len(text, 24_000) as u64 * 4;
+        assert_eq!(
+            (p.turn_id, p.audio_bytes_played, p.exact),
+            (turn, end, false)
+        );
+    }
+    let shown: String = progress.iter().map(|p| p.text.as_str()).collect();
+    assert_eq!(shown, spoken.join(" "));
+    // Paced: the last announcement waited for the estimated end of playback.
+    let played = Duration::from_secs_f64(samples as f64 / 24_000.0);
+    assert!(
+        t0.elapsed() + Duration::from_millis(50) >= played,
+        "{:?}",
+        t0.elapsed()
+    );
     server.stop().await;
 }
 
