@@ -7,6 +7,15 @@
 //! client message, a provider event or the engine's deadline, feeds it in with
 //! `Instant::now()`, and drains the engine's outputs: client events become
 //! `ClientBoundMessage`s, provider requests become tasks ([`crate::providers`]).
+//!
+//! Per session: a client whose `TtsConfiguration` names ElevenLabs gets its own synthesizer
+//! (its key, voice, model, settings and location; `[realtime] elevenlabs_base_url` overrides
+//! the host); hosted TTS uses the server's. `ModelSpeechProgress` is paced to playback
+//! ([`Progress`]); `InferenceComplete` precedes each `ResponseEnd`; a final `TurnSnapshot`
+//! follows each finished reply. The engine's `Emotion` events have no counterpart in this
+//! protocol and are dropped, so replies reach realtime clients without emoji (the engine never
+//! shows or speaks them). `ContextTruncated` is never sent: no turn is ever dropped from the
+//! model's context. The user guide is `docs/doors/realtime.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
