@@ -11,6 +11,7 @@
 //!
 //! [realtime]
 //! api_keys = ["secret"]          # empty: no authentication
+//! elevenlabs_base_url = "http://127.0.0.1:9000"  # optional: where ElevenLabs TTS goes
 //!
 //! [llm]                          # absent: the demo agent
 //! base_url = "http://localhost:11434/v1"
@@ -36,6 +37,7 @@
 //! | `VOXGATE_LISTEN` | `listen` |
 //! | `VOXGATE_MAX_FRAME_BYTES` | `max_frame_bytes` |
 //! | `VOXGATE_API_KEYS` | `realtime.api_keys`, comma-separated (empty: none) |
+//! | `VOXGATE_ELEVENLABS_BASE_URL` | `realtime.elevenlabs_base_url` (empty: unset) |
 //! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
 //! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
 //! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
@@ -94,6 +96,11 @@ pub struct Config {
 pub struct RealtimeConfig {
     /// Bearer keys accepted in `Authorization`; empty means no authentication.
     pub api_keys: Vec<String>,
+    /// API root used for sessions whose client configures ElevenLabs TTS, instead of the host
+    /// of the client's `ElevenLabsLocation` (a proxy, a test double). `None`: ElevenLabs'
+    /// own regional hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elevenlabs_base_url: Option<String>,
 }
 
 /// An OpenAI-compatible chat completions endpoint.
@@ -255,6 +262,10 @@ impl Config {
                 .map(str::to_owned)
                 .collect();
         }
+        if let Some(v) = var("VOXGATE_ELEVENLABS_BASE_URL") {
+            let v = v.trim();
+            self.realtime.elevenlabs_base_url = (!v.is_empty()).then(|| v.to_owned());
+        }
         self.xiaozhi.apply_env(&var)?;
         self.retell.apply_env(&var)?;
         self.gemini.apply_env(&var)?;
@@ -398,6 +409,26 @@ mod tests {
             Config::from_toml("lisen = \"x\""),
             Err(ConfigError::Parse(_))
         ));
+    }
+
+    #[test]
+    fn elevenlabs_base_url_from_file_and_env() {
+        let mut c = Config::from_toml("[realtime]\nelevenlabs_base_url = \"http://127.0.0.1:9\"\n")
+            .unwrap();
+        assert_eq!(
+            c.realtime.elevenlabs_base_url.as_deref(),
+            Some("http://127.0.0.1:9")
+        );
+        assert!(c.to_toml().contains("elevenlabs_base_url"));
+        c.apply_env(|k| (k == "VOXGATE_ELEVENLABS_BASE_URL").then(|| "http://proxy".into()))
+            .unwrap();
+        assert_eq!(
+            c.realtime.elevenlabs_base_url.as_deref(),
+            Some("http://proxy")
+        );
+        c.apply_env(|k| (k == "VOXGATE_ELEVENLABS_BASE_URL").then(String::new))
+            .unwrap();
+        assert_eq!(c.realtime.elevenlabs_base_url, None);
     }
 
     #[test]

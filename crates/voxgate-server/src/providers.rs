@@ -110,6 +110,12 @@ impl Runner {
         )
     }
 
+    /// Replaces the synthesizer for this runner's session only (a realtime client that brings
+    /// its own ElevenLabs voice); requests already running keep the old one.
+    pub(crate) fn set_tts(&mut self, tts: Arc<dyn Tts>) {
+        self.providers.tts = tts;
+    }
+
     /// Requests in flight.
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {

@@ -7,6 +7,15 @@
 //! client message, a provider event or the engine's deadline, feeds it in with
 //! `Instant::now()`, and drains the engine's outputs: client events become
 //! `ClientBoundMessage`s, provider requests become tasks ([`crate::providers`]).
+//!
+//! Per session: a client whose `TtsConfiguration` names ElevenLabs gets its own synthesizer
+//! (its key, voice, model, settings and location; `[realtime] elevenlabs_base_url` overrides
+//! the host); hosted TTS uses the server's. `ModelSpeechProgress` is paced to playback
+//! ([`Progress`]); `InferenceComplete` precedes each `ResponseEnd`; a final `TurnSnapshot`
+//! follows each finished reply. The engine's `Emotion` events have no counterpart in this
+//! protocol and are dropped, so replies reach realtime clients without emoji (the engine never
+//! shows or speaks them). `ContextTruncated` is never sent: no turn is ever dropped from the
+//! model's context. The user guide is `docs/doors/realtime.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -23,6 +32,7 @@ use voxgate_engine::{
     ClientEvent, Engine, EngineConfig, ErrorCategory, Input, Output, OutputAudio, ProviderEvent,
     ToolDefinition, TriggerMode, TurnId,
 };
+use voxgate_providers::{ElevenLabsConfig, ElevenLabsLocation, ElevenLabsTts, Tts};
 use voxgate_realtime::prost_types;
 use voxgate_realtime::proto::{
     self, ChatDeliveryStatus, ChatMessageContent, ChatMessageRole, InferenceTriggerMode,
@@ -30,7 +40,7 @@ use voxgate_realtime::proto::{
 };
 use voxgate_realtime::{
     AudioFormat, ClientBoundMessage, Open, ProtocolError, ServiceBoundMessage, SessionConfig,
-    SessionUpdate,
+    SessionUpdate, TtsSettings,
 };
 
 use crate::metrics::{Door, Metrics};
@@ -43,6 +53,9 @@ pub(crate) struct DoorContext {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) max_frame_bytes: usize,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// Replaces ElevenLabs' regional hosts for client-configured ElevenLabs TTS
+    /// (`[realtime] elevenlabs_base_url`).
+    pub(crate) elevenlabs_base_url: Option<String>,
 }
 
 /// A decoded frame, or the error to report for it.
@@ -133,6 +146,7 @@ pub(crate) async fn serve(socket: WebSocket, ctx: DoorContext) {
         metrics: Arc::clone(&ctx.metrics),
         session: None,
         runner,
+        elevenlabs_base_url: ctx.elevenlabs_base_url.clone(),
     };
     conn.run(in_rx, provider_rx, ctx.shutdown).await;
     // Dropping the connection aborts provider work and closes the writer's queue.
@@ -153,6 +167,7 @@ struct Connection {
     metrics: Arc<Metrics>,
     session: Option<Session>,
     runner: Runner,
+    elevenlabs_base_url: Option<String>,
 }
 
 /// An initialized session.
@@ -167,6 +182,10 @@ struct Session {
     last_packet: u64,
     /// The response being delivered (playback reports without `turn_id` refer to it).
     current_turn: Option<TurnId>,
+    /// Output-format bytes of reply audio sent for `current_turn` so far.
+    turn_bytes: u64,
+    /// `ModelSpeechProgress` for `current_turn`, paced to playback.
+    progress: Progress,
     /// Wall clock and monotonic clock at the start, to date history messages.
     epoch: (Instant, SystemTime),
 }
@@ -182,7 +201,12 @@ impl Connection {
             return;
         }
         loop {
-            let deadline = self.session.as_ref().and_then(|s| s.engine.poll_timeout());
+            let deadline = self.session.as_ref().and_then(|s| {
+                match (s.engine.poll_timeout(), s.progress_deadline()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            });
             let sleep_until = deadline
                 .map(tokio::time::Instant::from_std)
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
@@ -205,8 +229,16 @@ impl Connection {
                     Flow::Continue
                 }
                 () = tokio::time::sleep_until(sleep_until), if deadline.is_some() => {
+                    let now = Instant::now();
+                    let mut progress = Vec::new();
                     if let Some(s) = &mut self.session {
-                        s.engine.handle_timeout(Instant::now());
+                        if s.engine.poll_timeout().is_some_and(|d| d <= now) {
+                            s.engine.handle_timeout(now);
+                        }
+                        progress = s.progress_due(now, None);
+                    }
+                    for m in progress {
+                        self.send(m).await;
                     }
                     Flow::Continue
                 }
@@ -293,8 +325,13 @@ impl Connection {
                     self.fatal(voxgate_realtime::Error::from(e).to_client_message())
                         .await
                 }
-                Ok(config) => match Session::new(config, now) {
-                    Ok(s) => {
+                Ok(config) => match session_tts(&config, self.elevenlabs_base_url.as_deref())
+                    .and_then(|tts| Ok((tts, Session::new(config, now)?)))
+                {
+                    Ok((tts, s)) => {
+                        if let Some(tts) = tts {
+                            self.runner.set_tts(tts);
+                        }
                         self.session = Some(s);
                         self.send(ClientBoundMessage::session_ready()).await;
                         Flow::Continue
@@ -371,6 +408,17 @@ impl Connection {
                 let Some(turn) = r.turn_id.map(TurnId).or(session.current_turn) else {
                     return Flow::Continue;
                 };
+                for m in session.progress_due(now, Some((turn, r.bytes_played))) {
+                    // `self.out` directly: `session` borrows `self.session`.
+                    let frame = m.to_frame();
+                    let _ = self
+                        .out
+                        .send(Outgoing {
+                            frame,
+                            close: false,
+                        })
+                        .await;
+                }
                 Input::PlaybackReport {
                     turn,
                     bytes_played: r.bytes_played,
@@ -393,20 +441,32 @@ impl Connection {
                     return Flow::Continue;
                 }
                 Ok(update) => {
-                    let input_rate = update.input.map(AudioFormat::sample_rate);
+                    // Only a changed rate swaps the engine's VAD; a new channel count or
+                    // sample format is the decoder's business alone.
+                    let input_rate = update
+                        .input
+                        .map(AudioFormat::sample_rate)
+                        .filter(|r| *r != session.config.input.sample_rate());
                     let (system_prompt, temperature) = match &update.inference {
                         Some(i) => (Some(i.system_prompt().to_owned()), Some(i.temperature())),
                         None => (None, None),
                     };
+                    let input = Input::Reconfigure {
+                        input_rate,
+                        system_prompt,
+                        temperature,
+                    };
+                    if let Err(e) = session.engine.handle_input(now, input) {
+                        // Refused unchanged: keep decoding the old format too.
+                        let category = category(e.category());
+                        self.error(category, e.to_string()).await;
+                        return Flow::Continue;
+                    }
                     if let Some(format) = update.input.and_then(pcm_format) {
                         session.decoder = PcmDecoder::new(format);
                     }
                     update.apply(&mut session.config);
-                    Input::Reconfigure {
-                        input_rate,
-                        system_prompt,
-                        temperature,
-                    }
+                    return Flow::Continue;
                 }
             },
         };
@@ -429,7 +489,8 @@ impl Connection {
             match out {
                 Output::Provider(r) => self.runner.start(r),
                 Output::Client(event) => {
-                    for msg in session.client_messages(event, &self.metrics) {
+                    let now = Instant::now();
+                    for msg in session.client_messages(now, event, &self.metrics) {
                         let audio = matches!(
                             msg.payload,
                             Some(proto::client_bound_message::Payload::ModelAudioChunk(_))
@@ -489,6 +550,8 @@ impl Session {
             scratch: Vec::new(),
             last_packet: 0,
             current_turn: None,
+            turn_bytes: 0,
+            progress: Progress::default(),
             epoch: (now, SystemTime::now()),
         })
     }
@@ -496,24 +559,56 @@ impl Session {
     /// The protocol messages for one engine event (none for events this door does not show).
     fn client_messages(
         &mut self,
+        now: Instant,
         event: ClientEvent,
         metrics: &Metrics,
     ) -> Vec<ClientBoundMessage> {
         match event {
             ClientEvent::ResponseBegin { turn } => {
                 self.current_turn = Some(turn);
+                self.turn_bytes = 0;
+                self.progress = Progress::default();
                 vec![ClientBoundMessage::response_begin(turn.0)]
             }
             ClientEvent::ResponseEnd { turn } => {
                 let mut out = Vec::new();
                 if let Some(tail) = self.flush_audio() {
+                    self.turn_bytes += tail.len() as u64;
+                    self.progress
+                        .audio_sent(now, tail.len(), self.output_rate());
                     out.push(ClientBoundMessage::model_audio_chunk(tail, Some(turn.0)));
                 }
+                self.progress.close(now, self.turn_bytes);
+                // Generation is over (finished or cut off): nothing more will be inferred
+                // for this turn, though its audio may still be playing.
+                out.push(ClientBoundMessage::inference_complete(turn.0));
                 out.push(ClientBoundMessage::response_end(turn.0));
                 out
             }
-            ClientEvent::ResponseFinished { .. } => {
+            ClientEvent::ResponseFinished { turn, interrupted } => {
                 metrics.turn(Door::Realtime);
+                // Played out: whatever progress is still pending was heard. Cut off: what
+                // was not announced yet was not heard (the snapshot has the truncated text).
+                let mut out = Vec::new();
+                if !interrupted && self.current_turn == Some(turn) {
+                    out = self.progress.due(None, None, turn, false);
+                }
+                self.progress = Progress::default();
+                // The reply's history entry is final now (truncated to what was heard when
+                // cut off): the client's authoritative record of the turn.
+                let message = self
+                    .engine
+                    .history()
+                    .iter()
+                    .rev()
+                    .find(|m| m.turn == Some(turn) && m.role == history::Role::Assistant)
+                    .map(|m| self.chat_message(&m.without_audio()));
+                out.extend(message.map(|m| ClientBoundMessage::turn_snapshot(m, true)));
+                out
+            }
+            ClientEvent::SentenceStart { text, .. } => {
+                // Announced once its audio has been played (see `Progress`).
+                self.progress.start(now, text, self.turn_bytes);
                 Vec::new()
             }
             ClientEvent::TextFragment { turn, text } => {
@@ -529,9 +624,13 @@ impl Session {
                 if audio.is_empty() {
                     return Vec::new();
                 }
+                self.turn_bytes += audio.len() as u64;
+                self.progress
+                    .audio_sent(now, audio.len(), self.output_rate());
                 vec![ClientBoundMessage::model_audio_chunk(audio, Some(turn.0))]
             }
             ClientEvent::ClearPlayback => {
+                self.progress = Progress::default();
                 if let Some((_, r)) = &mut self.resampler {
                     r.reset();
                 }
@@ -599,8 +698,41 @@ impl Session {
                 metrics.error(Door::Realtime);
                 vec![ClientBoundMessage::error(category(c), message, None)]
             }
-            // Sentence subtitles, faces and device MCP belong to other doors.
+            // The protocol has no face: the reply's leading emoji is neither spoken nor shown
+            // (see docs/doors/realtime.md). Device MCP belongs to the Xiaozhi door.
             _ => Vec::new(),
+        }
+    }
+
+    /// Output bytes per second (at least 1).
+    fn output_rate(&self) -> u64 {
+        self.config.output.bytes_per_second().max(1)
+    }
+
+    /// When the next `ModelSpeechProgress` is due by estimated playback (sessions without
+    /// playback reports).
+    fn progress_deadline(&self) -> Option<Instant> {
+        if self.config.supports_playback_reporting {
+            return None;
+        }
+        self.progress.next_due()
+    }
+
+    /// `ModelSpeechProgress` for the sentences played by `now` (estimated) or, with a
+    /// playback report for the current turn, by `bytes_played` (exact).
+    fn progress_due(
+        &mut self,
+        now: Instant,
+        report: Option<(TurnId, u64)>,
+    ) -> Vec<ClientBoundMessage> {
+        let Some(turn) = self.current_turn else {
+            return Vec::new();
+        };
+        match report {
+            Some((t, bytes)) if t == turn => self.progress.due(None, Some(bytes), turn, true),
+            Some(_) => Vec::new(),
+            None if self.config.supports_playback_reporting => Vec::new(),
+            None => self.progress.due(Some(now), None, turn, false),
         }
     }
 
@@ -735,6 +867,130 @@ fn chat_audio(a: &history::AudioData) -> proto::ChatAudioData {
     let format = AudioFormat::new(a.sample_rate, 1, proto::SampleFormat::Signed16Bit)
         .unwrap_or(AudioFormat::SPEECH_16K);
     proto::ChatAudioData::new(Bytes::from(bytes), format, a.transcription.clone())
+}
+
+/// Paces `ModelSpeechProgress` to playback, sentence by sentence, as the published clients
+/// read it: each message carries text that has just become audible, and `audio_bytes_played`
+/// is the reply's playback position (in output bytes) at which all of it has been heard. The
+/// LiveKit plugin times its transcript from consecutive positions and concatenates the texts,
+/// so sentences after the first carry their separating space.
+///
+/// A sentence is closed (its end known) when the next one starts or the reply's audio ends.
+/// Without playback reports its end is estimated by a playout clock (chunks play back to back
+/// from when they were sent); with reports, a report at or past its end announces it (`exact`).
+#[derive(Debug, Default)]
+struct Progress {
+    /// Closed sentences not announced yet: (text, end in bytes, estimated end of playback).
+    closed: std::collections::VecDeque<(String, u64, Instant)>,
+    /// The sentence whose audio is still arriving.
+    open: Option<String>,
+    /// When the audio sent so far will have played, by the playout clock.
+    playout_end: Option<Instant>,
+    /// Whether a sentence was started in this reply (later ones get a leading space).
+    started: bool,
+}
+
+impl Progress {
+    fn start(&mut self, now: Instant, text: String, bytes: u64) {
+        self.close(now, bytes);
+        let text = if self.started {
+            format!(" {text}")
+        } else {
+            text
+        };
+        self.started = true;
+        self.open = Some(text);
+    }
+
+    fn audio_sent(&mut self, now: Instant, bytes: usize, bytes_per_second: u64) {
+        let nanos = (bytes as u128).saturating_mul(1_000_000_000) / u128::from(bytes_per_second);
+        let duration = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        let from = self.playout_end.map_or(now, |end| end.max(now));
+        self.playout_end = Some(from + duration);
+    }
+
+    /// Closes the open sentence at `bytes`.
+    fn close(&mut self, now: Instant, bytes: u64) {
+        if let Some(text) = self.open.take() {
+            let due = self.playout_end.unwrap_or(now);
+            self.closed.push_back((text, bytes, due));
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.closed.front().map(|(_, _, due)| *due)
+    }
+
+    /// The announcements due by `now` (estimated) and/or `played` bytes (reported); with
+    /// neither, every closed sentence.
+    fn due(
+        &mut self,
+        now: Option<Instant>,
+        played: Option<u64>,
+        turn: TurnId,
+        exact: bool,
+    ) -> Vec<ClientBoundMessage> {
+        let mut out = Vec::new();
+        while let Some((_, end, due)) = self.closed.front() {
+            let heard = match (now, played) {
+                (Some(now), _) => *due <= now,
+                (None, Some(played)) => *end <= played,
+                (None, None) => true,
+            };
+            if !heard {
+                break;
+            }
+            if let Some((text, end, _)) = self.closed.pop_front() {
+                out.push(ClientBoundMessage::model_speech_progress(
+                    turn.0, text, end, exact,
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// ElevenLabs' PCM output rates (`output_format=pcm_<rate>`).
+const ELEVENLABS_RATES: [u32; 5] = [8_000, 16_000, 22_050, 24_000, 44_100];
+
+/// The synthesizer a session's `TtsConfiguration` asks for: `Some` for ElevenLabs with the
+/// client's key, voice, model, settings and location (at the supported rate nearest the
+/// client's output rate, so little or no resampling is needed); `None` keeps the server's own
+/// (hosted TTS, or no TTS at all).
+fn session_tts(
+    config: &SessionConfig,
+    base_url: Option<&str>,
+) -> Result<Option<Arc<dyn Tts>>, String> {
+    let Some(TtsSettings::ElevenLabs(e)) = &config.tts else {
+        return Ok(None);
+    };
+    let out_rate = config.output.sample_rate();
+    let sample_rate = ELEVENLABS_RATES
+        .iter()
+        .copied()
+        .min_by_key(|r| r.abs_diff(out_rate))
+        .unwrap_or(24_000);
+    let mut c = ElevenLabsConfig::new(e.api_key(), e.voice_id());
+    c.model_id = e.model_id().map(str::to_owned);
+    c.voice_settings = e
+        .voice_settings()
+        .map(|v| voxgate_providers::VoiceSettings {
+            stability: v.stability(),
+            similarity_boost: v.similarity_boost(),
+            style: v.style(),
+            use_speaker_boost: v.use_speaker_boost(),
+            speed: v.speed(),
+        });
+    c.location = match e.location() {
+        proto::ElevenLabsLocation::Eu => ElevenLabsLocation::Eu,
+        proto::ElevenLabsLocation::India => ElevenLabsLocation::India,
+        _ => ElevenLabsLocation::Us,
+    };
+    c.base_url = base_url.map(str::to_owned);
+    c.sample_rate = sample_rate;
+    ElevenLabsTts::new(c)
+        .map(|t| Some(Arc::new(t) as Arc<dyn Tts>))
+        .map_err(|e| format!("tts_configuration.eleven_labs: {e}"))
 }
 
 fn voxgate_turn_config(playback_reports: bool) -> voxgate_turn::Config {

@@ -309,6 +309,7 @@ async fn realtime_upgrade(
         metrics: Arc::clone(&app.metrics),
         max_frame_bytes: app.config.max_frame_bytes,
         shutdown: app.shutdown.clone(),
+        elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
     };
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)

@@ -119,13 +119,35 @@ async fn response_text(ws: &mut Ws) -> (u32, String) {
                 assert_eq!(f.turn_id, Some(turn));
                 text.push_str(&f.text);
             }
+            Down::InferenceComplete(c) => assert_eq!(c.turn_id, turn),
             Down::ResponseEnd(e) => {
                 assert_eq!(e.turn_id, turn);
-                return (turn, text);
+                break;
             }
             other => panic!("unexpected {other:?} inside a response"),
         }
     }
+    // Then the turn's final record, matching what was sent.
+    match recv_payload(ws).await {
+        Down::TurnSnapshot(s) => {
+            assert!(s.is_final);
+            let m = s.message.unwrap();
+            assert_eq!(m.turn_id, Some(turn));
+            let shown: String = m
+                .content
+                .iter()
+                .filter_map(|c| match &c.content {
+                    Some(voxgate_realtime::proto::chat_message_content::Content::TextContent(
+                        t,
+                    )) => Some(t.text.clone()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(shown, text);
+        }
+        other => panic!("expected TurnSnapshot after ResponseEnd, got {other:?}"),
+    }
+    (turn, text)
 }
 
 #[tokio::test]
@@ -178,7 +200,10 @@ async fn client_tool_call_and_continuation() {
         match recv_payload(&mut ws).await {
             Down::ResponseBegin(b) => first_turn = Some(b.turn_id),
             Down::ToolCallRequest(r) => call = Some(r),
-            Down::ModelTextFragment(_) | Down::ResponseEnd(_) => {}
+            Down::ModelTextFragment(_)
+            | Down::ResponseEnd(_)
+            | Down::InferenceComplete(_)
+            | Down::TurnSnapshot(_) => {}
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -217,7 +242,10 @@ async fn client_tool_call_and_continuation() {
                 assert_eq!(e.category, SessionErrorCategory::ErrorProtocol as i32);
                 break;
             }
-            Down::ModelTextFragment(_) | Down::ResponseEnd(_) => {}
+            Down::ModelTextFragment(_)
+            | Down::ResponseEnd(_)
+            | Down::InferenceComplete(_)
+            | Down::TurnSnapshot(_) => {}
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -393,8 +421,14 @@ async fn spoken_replies_arrive_as_audio_in_the_output_format() {
     let server = Running::start(Config::default()).await;
     let mut ws = connect(server.addr, "/realtime").await;
     let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
-    config.tts = Some(voxgate_realtime::TtsSettings::ElevenLabs(
-        voxgate_realtime::ElevenLabsSettings::new("key", "voice").unwrap(),
+    // Hosted TTS: the server's own synthesizer (ElevenLabs is tested in realtime_audio.rs).
+    config.tts = Some(voxgate_realtime::TtsSettings::Hosted(
+        voxgate_realtime::HostedTtsSettings {
+            voice: voxgate_realtime::HostedVoice::Ref {
+                voice_id: "default".into(),
+            },
+            mode: voxgate_realtime::proto::HostedTtsMode::LowLatency,
+        },
     ));
     send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
     assert!(matches!(recv_payload(&mut ws).await, Down::SessionReady(_)));
@@ -418,6 +452,8 @@ async fn spoken_replies_arrive_as_audio_in_the_output_format() {
                 assert_eq!(e.turn_id, turn);
                 break;
             }
+            Down::ModelSpeechProgress(p) => assert_eq!(p.turn_id, turn),
+            Down::InferenceComplete(c) => assert_eq!(c.turn_id, turn),
             other => panic!("unexpected {other:?}"),
         }
     }
