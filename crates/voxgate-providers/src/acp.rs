@@ -767,10 +767,20 @@ impl AgentProcess {
         deadline: Instant,
         limit: Duration,
     ) -> Result<Value, (ProviderError, AgentState)> {
-        let id = self
-            .send_request(method, params)
-            .await
-            .map_err(|e| (e, AgentState::Gone))?;
+        let id = match self.send_request(method, params).await {
+            Ok(id) => id,
+            Err(e) => {
+                // Usually a broken pipe because the agent already exited: say so.
+                let e = match tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await
+                {
+                    Ok(Ok(status)) => ProviderError::Command(format!(
+                        "the ACP agent exited during {method} ({status})"
+                    )),
+                    _ => e,
+                };
+                return Err((e, AgentState::Gone));
+            }
+        };
         loop {
             let line = match tokio::time::timeout_at(deadline, self.lines.recv()).await {
                 Err(_) => {
@@ -1020,11 +1030,8 @@ impl AgentProcess {
                         }
                     }
                     Message::Request(r) => {
-                        if self
-                            .write(&method_not_found(r.id, &r.method))
-                            .await
-                            .is_err()
-                        {
+                        let written = self.write(&method_not_found(r.id, &r.method)).await;
+                        if written.is_err() {
                             return AgentState::Gone;
                         }
                     }

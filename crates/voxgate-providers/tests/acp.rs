@@ -352,7 +352,7 @@ async fn dropping_the_conversation_kills_the_agent() {
     let t0 = std::time::Instant::now();
     // Gone, or a zombie until the runtime reaps it: either way no longer running.
     while std::fs::read_to_string(format!("{proc_dir}/stat"))
-        .is_ok_and(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"))
     {
         assert!(t0.elapsed() < WAIT, "agent {pid} still running");
         tokio::time::sleep(Duration::from_millis(20)).await;

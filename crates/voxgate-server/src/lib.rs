@@ -37,6 +37,7 @@ mod retell;
 mod server;
 mod xiaozhi;
 
+pub use config::AcpBrainConfig;
 pub use config::{
     BridgeConfig, Config, ConfigError, GeminiConfig, McpEndpointConfig, RetellConfig, XiaozhiConfig,
 };

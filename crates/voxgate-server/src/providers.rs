@@ -60,6 +60,9 @@ impl Providers {
             oc.api_key.clone_from(&c.api_key);
             p.llm = Arc::new(OpenAiChat::new(oc)?);
         }
+        if let Some(c) = &config.acp {
+            p.llm = Arc::new(voxgate_providers::AcpAgent::new(c.to_provider())?);
+        }
         if let Some(c) = &config.asr {
             let mut oc = OpenAiTranscriptionConfig::new(&c.base_url, &c.model);
             oc.api_key.clone_from(&c.api_key);
@@ -95,9 +98,13 @@ impl Drop for Runner {
 
 impl Runner {
     pub(crate) fn new(
-        providers: Providers,
+        mut providers: Providers,
         metrics: Arc<Metrics>,
     ) -> (Self, mpsc::Receiver<ProviderEvent>) {
+        // A runner serves one conversation: stateful brains (an ACP agent) get their own handle.
+        if let Some(llm) = providers.llm.for_conversation() {
+            providers.llm = llm;
+        }
         let (tx, rx) = mpsc::channel(256);
         (
             Self {

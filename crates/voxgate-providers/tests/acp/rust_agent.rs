@@ -17,15 +17,16 @@
     unreachable_pub,
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::panic
+    clippy::panic,
+    clippy::needless_pass_by_value
 )]
 
 use std::collections::HashMap;
+use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 
 #[derive(Default)]
@@ -205,10 +206,10 @@ impl Agent {
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
         let Some(method) = method else {
             // A response to one of our requests.
-            if let Some(n) = id.as_ref().and_then(Value::as_i64) {
-                if let Some(tx) = self.state.lock().unwrap().pending.remove(&n) {
-                    let _ = tx.send(msg);
-                }
+            let n = id.as_ref().and_then(Value::as_i64);
+            let pending = n.and_then(|n| self.state.lock().unwrap().pending.remove(&n));
+            if let Some(tx) = pending {
+                let _ = tx.send(msg);
             }
             return;
         };
@@ -278,23 +279,31 @@ impl Agent {
     }
 }
 
-/// Serves ACP on this process's stdin and stdout until stdin closes.
+/// Serves ACP on this process's stdin and stdout until stdin closes. Plain threads do the
+/// blocking standard I/O, so only tokio's runtime, sync and time features are needed.
 pub async fn run() {
     let (out, mut out_rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
         while let Some(line) = out_rx.recv().await {
-            stdout.write_all(line.as_bytes()).await.unwrap();
-            stdout.write_all(b"\n").await.unwrap();
-            stdout.flush().await.unwrap();
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "{line}").unwrap();
+            stdout.flush().unwrap();
+        }
+    });
+    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if in_tx.send(line).is_err() {
+                return;
+            }
         }
     });
     let agent = Agent {
         out,
         state: Arc::default(),
     };
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    while let Some(line) = in_rx.recv().await {
         match serde_json::from_str::<Value>(&line) {
             Ok(v) => agent.handle(v),
             Err(e) => eprintln!("rust test agent: bad line {line:?}: {e}"),
