@@ -77,6 +77,22 @@ impl Providers {
     }
 }
 
+impl Providers {
+    /// These providers for one conversation: a stateful brain (an ACP agent, which keeps the
+    /// history itself) gets its own handle, the rest is shared. [`Runner`]s call this
+    /// themselves; a door that creates a runner per turn should call it once per conversation
+    /// and pass the result, so the conversation keeps its agent (calling it again on the
+    /// result returns the same handle).
+    #[must_use]
+    pub fn for_conversation(&self) -> Self {
+        let mut p = self.clone();
+        if let Some(llm) = self.llm.for_conversation() {
+            p.llm = llm;
+        }
+        p
+    }
+}
+
 /// Runs the engine's provider requests as tasks and cancels them on request. Every event goes
 /// back through one bounded channel; dropping the runner aborts all work in flight, so a
 /// disconnect frees everything.
@@ -102,9 +118,7 @@ impl Runner {
         metrics: Arc<Metrics>,
     ) -> (Self, mpsc::Receiver<ProviderEvent>) {
         // A runner serves one conversation: stateful brains (an ACP agent) get their own handle.
-        if let Some(llm) = providers.llm.for_conversation() {
-            providers.llm = llm;
-        }
+        providers = providers.for_conversation();
         let (tx, rx) = mpsc::channel(256);
         (
             Self {
