@@ -108,7 +108,31 @@ async fn realtime_text_turns_through_the_acp_brain() {
          allow = [\"kind:read\"]\n",
         exe = exe.display().to_string()
     );
-    let config = Config::from_toml(&toml).unwrap().with_ephemeral_ports();
+    text_turns(&toml).await;
+}
+
+/// The same with the Python SDK echo agent, when `VOXGATE_ACP_PYTHON` names a Python that has
+/// `agent-client-protocol` installed.
+#[tokio::test]
+async fn python_realtime_text_turns_through_the_acp_brain() {
+    let Ok(python) = std::env::var("VOXGATE_ACP_PYTHON") else {
+        eprintln!("VOXGATE_ACP_PYTHON is not set: Python SDK agent test skipped");
+        return;
+    };
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../voxgate-providers/tests/acp/echo_agent.py"
+    );
+    let toml = format!(
+        "[acp]\ncommand = {python:?}\nargs = [{script:?}]\n\
+         env = {{ VOXGATE_ACP_TEST_ENV = \"from-config\" }}\n\
+         allow = [\"kind:read\"]\n"
+    );
+    text_turns(&toml).await;
+}
+
+async fn text_turns(toml: &str) {
+    let config = Config::from_toml(toml).unwrap().with_ephemeral_ports();
     let server = Server::bind(config).await.unwrap();
     let addr = server.local_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
