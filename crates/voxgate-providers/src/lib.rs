@@ -24,6 +24,7 @@
 //!   `/audio/speech`.
 //! * [`ElevenLabsTts`]: ElevenLabs streaming synthesis with the client's key and voice.
 //! * [`CommandTts`]: a local program (by default `espeak-ng --stdout`) that writes WAV.
+//! * [`AcpAgent`]: an Agent Client Protocol agent process as the brain ([`acp`]).
 //! * Embedded defaults, no configuration and no network: [`DemoAgent`], [`NoAsr`], and
 //!   [`embedded_tts`] (`espeak-ng` when installed, else the placeholder [`ToneTts`]).
 //!
@@ -53,6 +54,7 @@ use std::pin::Pin;
 
 use futures::Stream;
 
+pub mod acp;
 mod command;
 mod demo;
 mod elevenlabs;
@@ -64,6 +66,7 @@ pub mod sse;
 mod types;
 pub mod wav_stream;
 
+pub use acp::{AcpAgent, AcpConfig, AcpConversation, AcpPermissions};
 pub use command::{CommandTts, CommandTtsConfig, embedded_tts};
 pub use demo::{DemoAgent, NoAsr, ToneTts, no_asr_marker, parse_no_asr_marker};
 pub use elevenlabs::{ElevenLabsConfig, ElevenLabsLocation, ElevenLabsTts, VoiceSettings};
@@ -88,6 +91,13 @@ pub type TtsStream = Pin<Box<dyn Stream<Item = TtsResult> + Send + 'static>>;
 pub trait Llm: Send + Sync {
     /// Starts a generation. Nothing happens until the stream is polled; dropping it cancels.
     fn generate(&self, request: LlmRequest) -> LlmStream;
+
+    /// A handle for one conversation. Stateless models (the default, `None`) are shared by
+    /// every conversation; stateful back ends that keep the history themselves (an ACP agent)
+    /// return a fresh handle, and the server uses it for all requests of that conversation.
+    fn for_conversation(&self) -> Option<std::sync::Arc<dyn Llm>> {
+        None
+    }
 }
 
 /// A speech recognizer for whole utterances.

@@ -26,6 +26,14 @@
 //! base_url = "https://api.openai.com/v1"
 //! model = "tts-1"
 //! voice = "alloy"
+//!
+//! [acp]                          # an ACP agent process as the brain; replaces [llm]
+//! command = "python3"
+//! args = ["my_agent.py"]
+//! cwd = "/srv/agent"             # default: the server's directory
+//! env = { MY_KEY = "..." }       # values are masked by --print-config
+//! allow = ["kind:read"]          # permission rules; default: deny everything
+//! deny = ["title:*rm *"]
 //! ```
 //!
 //! # Environment overrides
@@ -41,6 +49,7 @@
 //! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
 //! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
 //! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
+//! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //!
 //! Setting a section's `*_BASE_URL` creates the section with default model names (`gpt-4o-mini`,
 //! `whisper-1`, `tts-1` with voice `alloy`); the other variables of a section only change an
@@ -88,6 +97,9 @@ pub struct Config {
     /// An OpenAI-compatible speech service; `None` uses the embedded synthesizer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tts: Option<TtsConfig>,
+    /// An ACP agent process as the brain; when present it replaces [`Config::llm`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acp: Option<AcpBrainConfig>,
 }
 
 /// Settings of the realtime door.
@@ -161,6 +173,124 @@ fn default_tts_voice() -> String {
     "alloy".into()
 }
 
+/// An [Agent Client Protocol](https://agentclientprotocol.com) agent process as the brain
+/// (see `docs/acp.md` and [`voxgate_providers::acp`]): one process per conversation, started
+/// on its first turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcpBrainConfig {
+    /// The program, by path or looked up on `PATH`.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Working directory of the agent and `cwd` of its sessions; default: the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Extra environment variables for the agent (masked by `--print-config`).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Permission rules that allow (`*`, `kind:<kind>`, `title:<pattern>`, or a bare kind or
+    /// title pattern); a request no rule allows is rejected.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Permission rules that deny; they win over `allow`.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Answer with the agent's `allow_always`/`reject_always` options rather than `*_once`.
+    #[serde(default)]
+    pub prefer_always: bool,
+    /// Prompt sent when the agent is asked to speak first; none: it stays silent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub greeting_prompt: Option<String>,
+    /// Seconds allowed for starting the agent and opening its session.
+    #[serde(default = "default_acp_startup_secs")]
+    pub startup_timeout_secs: u64,
+    /// Seconds of silence from the agent that fail a turn.
+    #[serde(default = "default_acp_idle_secs")]
+    pub idle_timeout_secs: u64,
+    /// Seconds a cancelled prompt may take to end before the agent is killed and restarted.
+    #[serde(default = "default_acp_cancel_secs")]
+    pub cancel_timeout_secs: u64,
+}
+
+fn default_acp_startup_secs() -> u64 {
+    30
+}
+fn default_acp_idle_secs() -> u64 {
+    120
+}
+fn default_acp_cancel_secs() -> u64 {
+    5
+}
+
+impl AcpBrainConfig {
+    /// A section running `command` with defaults for everything else.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            args: Vec::new(),
+            cwd: None,
+            env: std::collections::BTreeMap::new(),
+            allow: Vec::new(),
+            deny: Vec::new(),
+            prefer_always: false,
+            greeting_prompt: None,
+            startup_timeout_secs: default_acp_startup_secs(),
+            idle_timeout_secs: default_acp_idle_secs(),
+            cancel_timeout_secs: default_acp_cancel_secs(),
+        }
+    }
+
+    /// The provider configuration.
+    #[must_use]
+    pub fn to_provider(&self) -> voxgate_providers::AcpConfig {
+        let mut c = voxgate_providers::AcpConfig::new(&self.command, self.args.clone());
+        c.cwd = self.cwd.as_ref().map(std::path::PathBuf::from);
+        c.env = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        c.permissions = voxgate_providers::AcpPermissions {
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+            prefer_always: self.prefer_always,
+        };
+        c.greeting_prompt.clone_from(&self.greeting_prompt);
+        c.startup_timeout = std::time::Duration::from_secs(self.startup_timeout_secs.max(1));
+        c.idle_timeout = std::time::Duration::from_secs(self.idle_timeout_secs.max(1));
+        c.cancel_timeout = std::time::Duration::from_secs(self.cancel_timeout_secs.max(1));
+        c
+    }
+
+    fn apply_env(section: &mut Option<Self>, var: &impl Fn(&str) -> Option<String>) {
+        let list = |v: String| -> Vec<String> {
+            v.split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        if let Some(command) = var("VOXGATE_ACP_COMMAND") {
+            section.get_or_insert_with(|| Self::new("")).command = command;
+        }
+        let Some(acp) = section else { return };
+        if let Some(v) = var("VOXGATE_ACP_ARGS") {
+            acp.args = v.split_whitespace().map(str::to_owned).collect();
+        }
+        if let Some(v) = var("VOXGATE_ACP_CWD") {
+            acp.cwd = Some(v);
+        }
+        if let Some(v) = var("VOXGATE_ACP_ALLOW") {
+            acp.allow = list(v);
+        }
+        if let Some(v) = var("VOXGATE_ACP_DENY") {
+            acp.deny = list(v);
+        }
+    }
+}
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default [`Config::max_frame_bytes`]: 1 MiB (about 10 s of 48 kHz 16-bit stereo).
@@ -180,6 +310,7 @@ impl Default for Config {
             llm: None,
             asr: None,
             tts: None,
+            acp: None,
         }
     }
 }
@@ -271,6 +402,7 @@ impl Config {
         self.gemini.apply_env(&var)?;
         self.bridge.apply_env(&var)?;
         self.mcp.apply_env(&var)?;
+        AcpBrainConfig::apply_env(&mut self.acp, &var);
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {
                 base_url: String::new(),
@@ -380,6 +512,9 @@ impl Config {
         if let Some(t) = &mut shown.tts {
             mask(&mut t.api_key);
         }
+        if let Some(a) = &mut shown.acp {
+            a.env.values_mut().for_each(|v| *v = "***".into());
+        }
         // Serializing plain structs of strings, numbers and lists cannot fail.
         toml::to_string_pretty(&shown).unwrap_or_default()
     }
@@ -454,5 +589,49 @@ mod tests {
         assert_eq!(back.listen, c.listen);
         let bad = Config::default().apply_env(|k| (k == "VOXGATE_LISTEN").then(|| "nope".into()));
         assert!(matches!(bad, Err(ConfigError::Env { .. })));
+    }
+
+    #[test]
+    fn acp_section_file_env_and_masking() {
+        let c = Config::from_toml(
+            "[acp]\ncommand = \"python3\"\nargs = [\"agent.py\"]\nallow = [\"kind:read\"]\n\
+             env = { SECRET_KEY = \"sk-1\" }\n",
+        )
+        .unwrap();
+        let acp = c.acp.as_ref().unwrap();
+        assert_eq!(acp.args, ["agent.py"]);
+        assert_eq!(acp.idle_timeout_secs, 120);
+        let p = acp.to_provider();
+        assert_eq!(p.permissions.allow, ["kind:read"]);
+        assert_eq!(p.env, [("SECRET_KEY".to_owned(), "sk-1".to_owned())]);
+        let printed = c.to_toml();
+        assert!(!printed.contains("sk-1"), "{printed}");
+        assert_eq!(
+            Config::from_toml(&printed).unwrap().acp.unwrap().command,
+            "python3"
+        );
+        assert!(matches!(
+            Config::from_toml("[acp]\nargs = []\n"),
+            Err(ConfigError::Parse(_))
+        ));
+        let mut c = Config::default();
+        c.apply_env(|k| match k {
+            "VOXGATE_ACP_COMMAND" => Some("agent".into()),
+            "VOXGATE_ACP_ARGS" => Some("--acp  --quiet".into()),
+            "VOXGATE_ACP_DENY" => Some("kind:execute, title:*rm*".into()),
+            _ => None,
+        })
+        .unwrap();
+        let acp = c.acp.unwrap();
+        assert_eq!(acp.command, "agent");
+        assert_eq!(acp.args, ["--acp", "--quiet"]);
+        assert_eq!(acp.deny, ["kind:execute", "title:*rm*"]);
+        let mut c = Config::default();
+        c.apply_env(|k| (k == "VOXGATE_ACP_ARGS").then(|| "x".into()))
+            .unwrap();
+        assert!(
+            c.acp.is_none(),
+            "other ACP variables only change an existing section"
+        );
     }
 }

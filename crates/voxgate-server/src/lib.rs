@@ -39,6 +39,7 @@ mod retell;
 mod server;
 mod xiaozhi;
 
+pub use config::AcpBrainConfig;
 pub use config::{
     BridgeConfig, Config, ConfigError, GeminiConfig, McpEndpointConfig, RetellAgentSettings,
     RetellConfig, XiaozhiConfig,

@@ -60,6 +60,9 @@ impl Providers {
             oc.api_key.clone_from(&c.api_key);
             p.llm = Arc::new(OpenAiChat::new(oc)?);
         }
+        if let Some(c) = &config.acp {
+            p.llm = Arc::new(voxgate_providers::AcpAgent::new(c.to_provider())?);
+        }
         if let Some(c) = &config.asr {
             let mut oc = OpenAiTranscriptionConfig::new(&c.base_url, &c.model);
             oc.api_key.clone_from(&c.api_key);
@@ -71,6 +74,22 @@ impl Providers {
             p.tts = Arc::new(OpenAiSpeech::new(oc)?);
         }
         Ok(p)
+    }
+}
+
+impl Providers {
+    /// These providers for one conversation: a stateful brain (an ACP agent, which keeps the
+    /// history itself) gets its own handle, the rest is shared. [`Runner`]s call this
+    /// themselves; a door that creates a runner per turn should call it once per conversation
+    /// and pass the result, so the conversation keeps its agent (calling it again on the
+    /// result returns the same handle).
+    #[must_use]
+    pub fn for_conversation(&self) -> Self {
+        let mut p = self.clone();
+        if let Some(llm) = self.llm.for_conversation() {
+            p.llm = llm;
+        }
+        p
     }
 }
 
@@ -95,9 +114,11 @@ impl Drop for Runner {
 
 impl Runner {
     pub(crate) fn new(
-        providers: Providers,
+        mut providers: Providers,
         metrics: Arc<Metrics>,
     ) -> (Self, mpsc::Receiver<ProviderEvent>) {
+        // A runner serves one conversation: stateful brains (an ACP agent) get their own handle.
+        providers = providers.for_conversation();
         let (tx, rx) = mpsc::channel(256);
         (
             Self {
