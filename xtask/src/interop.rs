@@ -225,8 +225,8 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// Starts the server on a free port with the demo agent, the fake recognizer and the interop
-/// bearer key, and waits until `GET /health` answers 200.
+/// Starts the server on a free port with the demo agent, the fake recognizer, the interop
+/// bearer key and Xiaozhi token authentication, and waits until `GET /health` answers 200.
 fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(Guard, SocketAddr)> {
     // A port can be taken between probing and binding; try a few.
     let mut last_error = None;
@@ -245,6 +245,9 @@ fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(G
             .arg(addr.to_string())
             .env("VOXGATE_ASR_BASE_URL", asr_url)
             .env("VOXGATE_API_KEYS", API_KEY)
+            // The Xiaozhi scenario checks that OTA tokens are issued and enforced.
+            .env("VOXGATE_XIAOZHI_AUTH", "true")
+            .env("VOXGATE_XIAOZHI_TOKEN_SECRET", "interop-secret")
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
