@@ -1,0 +1,404 @@
+//! The command-line grammar, and its translation into each door's options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use voxgate_xiaozhi::control::ListenMode;
+
+use crate::events::Events;
+use crate::gemini::GeminiOptions;
+use crate::load::LoadOptions;
+use crate::realtime::RealtimeOptions;
+use crate::retell::RetellOptions;
+use crate::xiaozhi::XiaozhiOptions;
+
+/// Speak a voxgate door's protocol; every server event is printed as one JSON line.
+#[derive(Debug, Parser)]
+#[command(name = "voxgate-client", version, about)]
+pub struct Cli {
+    /// The door to speak to.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// One subcommand per door, plus load generation.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The realtime protobuf protocol (`ws://HOST:8080/realtime`).
+    Realtime(RealtimeArgs),
+    /// An ESP32 Xiaozhi device (`ws://HOST:8080/xiaozhi/v1/`).
+    Xiaozhi(XiaozhiArgs),
+    /// Retell's side of a custom-LLM WebSocket (`ws://HOST:8080/llm-websocket/CALL_ID`).
+    Retell(RetellArgs),
+    /// The Gemini bridge JSON protocol (`ws://HOST:3001/` or `ws://HOST:8080/gemini`).
+    Gemini(GeminiArgs),
+    /// Generate load.
+    #[command(subcommand)]
+    Load(LoadCommand),
+}
+
+/// What to load.
+#[derive(Debug, Subcommand)]
+pub enum LoadCommand {
+    /// N concurrent Xiaozhi devices streaming Opus at real time; prints a JSON summary.
+    Xiaozhi(LoadArgs),
+}
+
+/// Options every door shares.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// A text turn (repeatable; sent in order, each after the previous reply).
+    #[arg(long = "text", value_name = "T")]
+    pub texts: Vec<String>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    pub timeout: f64,
+}
+
+impl Common {
+    fn timeout(&self) -> Duration {
+        Duration::try_from_secs_f64(self.timeout).unwrap_or(Duration::from_secs(30))
+    }
+}
+
+/// `voxgate-client realtime`.
+#[derive(Debug, Args)]
+pub struct RealtimeArgs {
+    /// WebSocket URL, e.g. ws://127.0.0.1:8080/realtime.
+    pub url: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: Common,
+    /// A WAV file streamed at real time (resampled to --input-rate) after the text turns.
+    #[arg(long, value_name = "FILE")]
+    pub wav: Option<PathBuf>,
+    /// Save the reply audio as WAV (asks for spoken replies).
+    #[arg(long, value_name = "FILE")]
+    pub save_reply: Option<PathBuf>,
+    /// Bearer API key.
+    #[arg(long, value_name = "K")]
+    pub api_key: Option<String>,
+    /// Ask for spoken replies even without --save-reply.
+    #[arg(long)]
+    pub tts: bool,
+    /// The declared input line (16-bit mono) rate.
+    #[arg(long, default_value_t = 16_000)]
+    pub input_rate: u32,
+    /// The requested output line (16-bit mono) rate.
+    #[arg(long, default_value_t = 24_000)]
+    pub output_rate: u32,
+    /// System prompt.
+    #[arg(long)]
+    pub system_prompt: Option<String>,
+}
+
+/// How a Xiaozhi audio turn ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// The device sends `listen stop` after the audio.
+    Manual,
+    /// The server's VAD ends the turn (silence is streamed after the audio).
+    Auto,
+}
+
+/// `voxgate-client xiaozhi`.
+#[derive(Debug, Args)]
+pub struct XiaozhiArgs {
+    /// WebSocket URL, e.g. ws://127.0.0.1:8080/xiaozhi/v1/ (optional with --ota).
+    pub url: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: Common,
+    /// A WAV file streamed as 60 ms Opus frames at real time after the text turns.
+    #[arg(long, value_name = "FILE")]
+    pub wav: Option<PathBuf>,
+    /// Save the decoded reply audio as WAV.
+    #[arg(long, value_name = "FILE")]
+    pub save_reply: Option<PathBuf>,
+    /// Device-Id (MAC address).
+    #[arg(long, default_value = "02:00:00:00:00:01")]
+    pub device_id: String,
+    /// Client-Id (UUID).
+    #[arg(long, default_value = "0b0c0d0e-0000-4000-8000-000000000001")]
+    pub client_id: String,
+    /// Bearer token (default: the OTA's).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Binary protocol version (default: the OTA's, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub protocol_version: Option<u8>,
+    /// POST to this OTA URL first and use its WebSocket URL, token and version.
+    #[arg(long, value_name = "URL")]
+    pub ota: Option<String>,
+    /// How the audio turn ends.
+    #[arg(long, value_enum, default_value_t = Mode::Manual)]
+    pub mode: Mode,
+    /// Do not announce MCP (no device tools).
+    #[arg(long)]
+    pub no_mcp: bool,
+}
+
+/// `voxgate-client retell`.
+#[derive(Debug, Args)]
+pub struct RetellArgs {
+    /// WebSocket URL, e.g. ws://127.0.0.1:8080/llm-websocket/call_123.
+    pub url: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: Common,
+    /// The agent id sent in call_details.
+    #[arg(long, default_value = "agent_voxgate_client")]
+    pub agent_id: String,
+}
+
+/// `voxgate-client gemini`.
+#[derive(Debug, Args)]
+pub struct GeminiArgs {
+    /// WebSocket URL, e.g. ws://127.0.0.1:3001/ or ws://127.0.0.1:8080/gemini.
+    pub url: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: Common,
+    /// A WAV file streamed at real time as 16 kHz PCM after the text turns.
+    #[arg(long, value_name = "FILE")]
+    pub wav: Option<PathBuf>,
+    /// Save the reply audio as WAV (asks for AUDIO replies).
+    #[arg(long, value_name = "FILE")]
+    pub save_reply: Option<PathBuf>,
+    /// Ask for AUDIO replies even without --save-reply.
+    #[arg(long)]
+    pub audio: bool,
+    /// The model named in the setup.
+    #[arg(long, default_value = "models/gemini-2.0-flash-live-001")]
+    pub model: String,
+}
+
+/// `voxgate-client load xiaozhi`.
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// WebSocket URL, e.g. ws://127.0.0.1:8080/xiaozhi/v1/.
+    pub url: String,
+    /// Concurrent sessions.
+    #[arg(long, default_value_t = 10)]
+    pub sessions: usize,
+    /// Seconds each session streams.
+    #[arg(long, default_value_t = 30)]
+    pub seconds: u64,
+    /// Speech to stream (looped).
+    #[arg(long, value_name = "FILE")]
+    pub wav: PathBuf,
+    /// Seconds over which the sessions start.
+    #[arg(long, default_value_t = 5.0)]
+    pub ramp: f64,
+    /// Binary protocol version.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub protocol_version: u8,
+}
+
+impl From<&RealtimeArgs> for RealtimeOptions {
+    fn from(a: &RealtimeArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            texts: a.common.texts.clone(),
+            wav: a.wav.clone(),
+            save_reply: a.save_reply.clone(),
+            api_key: a.api_key.clone(),
+            input_rate: a.input_rate,
+            output_rate: a.output_rate,
+            tts: a.tts,
+            system_prompt: a.system_prompt.clone(),
+            timeout: a.common.timeout(),
+        }
+    }
+}
+
+impl From<&XiaozhiArgs> for XiaozhiOptions {
+    fn from(a: &XiaozhiArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            ota: a.ota.clone(),
+            texts: a.common.texts.clone(),
+            wav: a.wav.clone(),
+            save_reply: a.save_reply.clone(),
+            device_id: a.device_id.clone(),
+            client_id: a.client_id.clone(),
+            token: a.token.clone(),
+            protocol_version: a.protocol_version,
+            mode: match a.mode {
+                Mode::Manual => ListenMode::Manual,
+                Mode::Auto => ListenMode::Auto,
+            },
+            mcp: !a.no_mcp,
+            timeout: a.common.timeout(),
+        }
+    }
+}
+
+impl From<&RetellArgs> for RetellOptions {
+    fn from(a: &RetellArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            texts: a.common.texts.clone(),
+            agent_id: a.agent_id.clone(),
+            timeout: a.common.timeout(),
+        }
+    }
+}
+
+impl From<&GeminiArgs> for GeminiOptions {
+    fn from(a: &GeminiArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            texts: a.common.texts.clone(),
+            wav: a.wav.clone(),
+            save_reply: a.save_reply.clone(),
+            model: a.model.clone(),
+            audio: a.audio,
+            timeout: a.common.timeout(),
+        }
+    }
+}
+
+impl From<&LoadArgs> for LoadOptions {
+    fn from(a: &LoadArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            sessions: a.sessions,
+            seconds: a.seconds,
+            wav: a.wav.clone(),
+            ramp: Duration::try_from_secs_f64(a.ramp).unwrap_or(Duration::from_secs(5)),
+            protocol_version: a.protocol_version,
+        }
+    }
+}
+
+impl Cli {
+    /// Runs the command, printing events on stdout.
+    ///
+    /// # Errors
+    /// The session's error.
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let mut events = Events::stdout();
+        match &self.command {
+            Command::Realtime(a) => crate::realtime::run(&a.into(), &mut events).await.map(drop),
+            Command::Xiaozhi(a) => crate::xiaozhi::run(&a.into(), &mut events).await.map(drop),
+            Command::Retell(a) => crate::retell::run(&a.into(), &mut events).await.map(drop),
+            Command::Gemini(a) => crate::gemini::run(&a.into(), &mut events).await.map(drop),
+            Command::Load(LoadCommand::Xiaozhi(a)) => {
+                let summary = crate::load::run(&a.into()).await?;
+                println!("{}", serde_json::to_string(&summary)?);
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("voxgate-client").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn realtime_arguments_become_options() {
+        let cli = parse(&[
+            "realtime",
+            "ws://h/realtime",
+            "--text",
+            "a",
+            "--text",
+            "b",
+            "--save-reply",
+            "r.wav",
+            "--api-key",
+            "k",
+            "--timeout",
+            "2.5",
+        ])
+        .unwrap();
+        let Command::Realtime(a) = &cli.command else {
+            panic!()
+        };
+        let o = RealtimeOptions::from(a);
+        assert_eq!(o.texts, ["a", "b"]);
+        assert_eq!(o.api_key.as_deref(), Some("k"));
+        assert_eq!(o.timeout, Duration::from_millis(2500));
+        assert_eq!((o.input_rate, o.output_rate), (16_000, 24_000));
+        assert!(o.save_reply.is_some());
+    }
+
+    #[test]
+    fn xiaozhi_url_is_optional_and_versions_are_checked() {
+        let cli = parse(&[
+            "xiaozhi",
+            "--ota",
+            "http://h/xiaozhi/ota/",
+            "--mode",
+            "auto",
+            "--no-mcp",
+        ])
+        .unwrap();
+        let Command::Xiaozhi(a) = &cli.command else {
+            panic!()
+        };
+        let o = XiaozhiOptions::from(a);
+        assert_eq!(o.url, None);
+        assert_eq!(o.mode, ListenMode::Auto);
+        assert!(!o.mcp);
+        assert!(parse(&["xiaozhi", "ws://h/", "--protocol-version", "4"]).is_err());
+        assert!(parse(&["xiaozhi", "ws://h/", "--protocol-version", "3"]).is_ok());
+    }
+
+    #[test]
+    fn load_needs_a_wav() {
+        assert!(parse(&["load", "xiaozhi", "ws://h/"]).is_err());
+        let cli = parse(&[
+            "load",
+            "xiaozhi",
+            "ws://h/",
+            "--sessions",
+            "200",
+            "--seconds",
+            "30",
+            "--wav",
+            "s.wav",
+        ])
+        .unwrap();
+        let Command::Load(LoadCommand::Xiaozhi(a)) = &cli.command else {
+            panic!()
+        };
+        let o = LoadOptions::from(a);
+        assert_eq!((o.sessions, o.seconds), (200, 30));
+    }
+
+    #[test]
+    fn retell_and_gemini_take_repeated_texts() {
+        let cli = parse(&[
+            "retell",
+            "ws://h/llm-websocket/c1",
+            "--text",
+            "hi",
+            "--text",
+            "bye",
+        ])
+        .unwrap();
+        let Command::Retell(a) = &cli.command else {
+            panic!()
+        };
+        assert_eq!(RetellOptions::from(a).texts.len(), 2);
+        let cli = parse(&["gemini", "ws://h:3001/", "--text", "hi", "--audio"]).unwrap();
+        let Command::Gemini(a) = &cli.command else {
+            panic!()
+        };
+        assert!(GeminiOptions::from(a).audio);
+    }
+}

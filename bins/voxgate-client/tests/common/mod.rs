@@ -1,0 +1,69 @@
+//! Helpers shared by the end-to-end tests: a real server in-process, a short speech WAV.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use voxgate_server::{Config, Server};
+
+/// A server running on free loopback ports until stopped.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub server_listeners: Vec<(String, SocketAddr)>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub async fn start(config: Config) -> Self {
+        let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
+        let addr = server.local_addr();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            server_listeners: Vec::new(),
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("server shuts down")
+            .unwrap();
+    }
+}
+
+/// A fresh scratch directory under the target dir.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("voxgate-client-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The first `millis` ms of the audio crate's speech fixture (16 kHz mono) as a WAV in `dir`.
+pub fn speech_wav(dir: &Path, millis: usize) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/voxgate-audio/tests/fixtures/speech.wav");
+    let wav = voxgate_audio::wav::read_wav(&std::fs::read(fixture).unwrap()).unwrap();
+    let n = wav.sample_rate as usize * millis / 1000;
+    let samples: Vec<i16> = wav.to_mono_i16().into_iter().take(n).collect();
+    let path = dir.join("speech.wav");
+    std::fs::write(
+        &path,
+        voxgate_audio::wav::wav_bytes_i16(wav.sample_rate, 1, &samples).unwrap(),
+    )
+    .unwrap();
+    path
+}
