@@ -17,6 +17,11 @@ Session A on `/realtime`, bearer key, one client tool declared before connecting
 Session B on the hosted path with a model suffix: a "speak first" TriggerInference queued
   before connecting makes the client initialize by itself; the greeting arrives.
 Session C with a wrong key: the client gets its HandshakeRejectedError (HTTP 401).
+Session D with the client's own hosted URL layout (`base_url` + model) and hosted TTS: a spoken
+  reply (ModelAudioChunks of audible 24 kHz PCM, no text fragments, ModelSpeechProgress with the
+  reply text); then barge-in: the user speaks during a long reply, PlaybackClearBuffer arrives,
+  and the exported history has the reply cut to what was played, DELIVERY_INTERRUPTED, followed
+  by the user's speech.
 """
 
 import argparse
@@ -25,12 +30,15 @@ import json
 import re
 import urllib.request
 
+import numpy as np
+
 from common import Events, ScenarioError, check, log, read_wav_pcm16, run
 from deepslate.core import (
     DeepslateOptions,
     DeepslateSession,
     DeepslateSessionListener,
     HandshakeRejectedError,
+    HostedTtsConfig,
 )
 
 TOOL = {
@@ -67,6 +75,7 @@ class Recorder(DeepslateSessionListener):
 
     async def on_audio_chunk(self, audio, sample_rate, channels, transcript=None, turn_id=None):
         self.events.add("audio", (len(audio), turn_id))
+        self.events.add("audio_pcm", bytes(audio))
 
     async def on_tool_call(self, call_id, name, params, turn_id=None):
         self.events.add("tool_call", (call_id, name, params, turn_id))
@@ -85,6 +94,9 @@ class Recorder(DeepslateSessionListener):
 
     async def on_conversation_query_result(self, query_id, text):
         self.events.add("query_result", (query_id, text))
+
+    async def on_model_speech_progress(self, turn_id, text, audio_bytes_played, exact):
+        self.events.add("progress", (turn_id, text, audio_bytes_played, exact))
 
     async def on_error(self, category, message, trace_id=None):
         self.events.add("error", (category, message, trace_id))
@@ -327,6 +339,77 @@ async def main() -> None:
     await session_a(args)
     await session_b(args)
     await session_c(args)
+    await session_d(args)
+
+
+async def session_d(args) -> None:
+    events = Events()
+    opts = DeepslateOptions(
+        vendor_id="interop-vendor",
+        organization_id="interop-org",
+        api_key=args.api_key,
+        base_url=args.http_base,  # the client builds the hosted path itself
+        model="opal-v2.1",
+        max_retries=0,
+    )
+    s = DeepslateSession.create(opts, listener=Recorder(events), tts_config=HostedTtsConfig(voice_id="default"))
+    try:
+        await connect(s, events)
+        m = events.mark()
+        await s.send_text("hello voxgate")
+        turn_id = await audio_turn(events, m, "spoken reply")
+        chunks = [n for n, tid in events.since(m, "audio") if tid == turn_id]
+        pcm = b"".join(events.since(m, "audio_pcm"))
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+        rms = float(np.sqrt(np.mean(samples**2))) if samples.size else 0.0
+        check(len(pcm) >= 24000, f"spoken reply: {len(pcm)} bytes of 24 kHz audio")
+        check(rms > 100, f"spoken reply audio is silent (rms {rms:.1f})")
+        check(not events.since(m, "text"), "a session with TTS got text fragments")
+        progress = await events.wait(
+            "ModelSpeechProgress with the whole reply",
+            lambda: [p for p in events.since(m, "progress") if p[0] == turn_id and p[1].strip() == "You said: hello voxgate"],
+        )
+        log(
+            f"D: hosted TTS via base_url: turn {turn_id}, {len(chunks)} ModelAudioChunks, "
+            f"{len(pcm) / 48000:.2f} s of 24 kHz audio (rms {rms:.0f}), speech progress {progress[-1][2]} bytes"
+        )
+
+        # Barge-in: the user speaks while a long reply plays.
+        m = events.mark()
+        long_text = "please listen " + "to this long sentence that keeps going " * 8
+        await s.send_text(long_text)
+        await events.wait("the long reply's audio", lambda: events.since(m, "audio"), 10)
+        pcm_in, rate, channels = read_wav_pcm16(args.wav)
+        chunk = rate // 50 * 2
+        for i in range(0, len(pcm_in), chunk):
+            await s.send_audio(pcm_in[i : i + chunk], rate, channels)
+            await asyncio.sleep(0.02)
+        await events.wait("PlaybackClearBuffer on user speech", lambda: events.since(m, "clear"), 10)
+        (stt_text, _) = (await events.wait("the barge-in transcription", lambda: events.since(m, "transcription"), 15))[0]
+        history = await asyncio.wait_for(s.export_chat_history(await_pending=True, exclude_audio=True), 15)
+        interrupted = [h for h in history if h["role"] == "assistant" and h["delivery_status"] == "DELIVERY_INTERRUPTED"]
+        check(len(interrupted) == 1, f"history after barge-in: {[(h['role'], h['delivery_status']) for h in history]}")
+        heard = " ".join(texts(interrupted[0]))
+        full = f"You said: {long_text.strip()}"
+        check(
+            heard.strip() and full.startswith(heard.strip()) and len(heard.strip()) < len(full),
+            f"the interrupted reply was not truncated to what was heard: {heard!r}",
+        )
+        spoken = [c.get("transcription") for h in history if h["role"] == "user" for c in h["content"] if c["type"] == "input_audio"]
+        check(stt_text in spoken, f"the barge-in speech is not in history: {spoken}")
+        no_errors(events)
+        log(f"D: barge-in: PlaybackClearBuffer, reply cut to {heard!r} (DELIVERY_INTERRUPTED), then {stt_text!r}")
+    finally:
+        await s.close()
+
+
+async def audio_turn(events: Events, mark: int, what: str) -> int:
+    """Waits for the first complete response after `mark` with audio; returns its turn id."""
+    begin = await events.wait(f"ResponseBegin ({what})", lambda: events.since(mark, "begin"))
+    turn_id = begin[0]
+    await events.wait(f"ResponseEnd({turn_id}) ({what})", lambda: turn_id in events.since(mark, "end"), 15)
+    await events.wait(f"audio of turn {turn_id}", lambda: [a for a in events.since(mark, "audio") if a[1] == turn_id])
+    return turn_id
 
 
 if __name__ == "__main__":
