@@ -36,6 +36,13 @@ pub(crate) struct Args {
     /// Use the release binaries already built (skip `cargo build --release`).
     #[arg(long)]
     no_build: bool,
+    /// Measure this server binary instead of the workspace's release build (implies nothing is
+    /// built for it).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Use this client binary instead of the workspace's release build.
+    #[arg(long)]
+    client_bin: Option<PathBuf>,
 }
 
 /// Goals from the issue.
@@ -65,8 +72,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let server_bin = target.join("release/voxgate-server");
-    let client_bin = target.join("release/voxgate-client");
+    let server_bin = args
+        .server_bin
+        .clone()
+        .unwrap_or_else(|| target.join("release/voxgate-server"));
+    let client_bin = args
+        .client_bin
+        .clone()
+        .unwrap_or_else(|| target.join("release/voxgate-client"));
     let wav = args
         .wav
         .clone()
