@@ -113,12 +113,25 @@ impl Drop for Runner {
 }
 
 impl Runner {
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "every door passes an owned clone; keeping the signature spares them all"
+    )]
     pub(crate) fn new(
-        mut providers: Providers,
+        providers: Providers,
         metrics: Arc<Metrics>,
     ) -> (Self, mpsc::Receiver<ProviderEvent>) {
         // A runner serves one conversation: stateful brains (an ACP agent) get their own handle.
-        providers = providers.for_conversation();
+        Self::for_conversation(providers.for_conversation(), metrics)
+    }
+
+    /// A runner over providers already made for one conversation with
+    /// [`Providers::for_conversation`], for doors that run several runners over one
+    /// conversation (one per HTTP request) and must keep a stateful brain across them.
+    pub(crate) fn for_conversation(
+        providers: Providers,
+        metrics: Arc<Metrics>,
+    ) -> (Self, mpsc::Receiver<ProviderEvent>) {
         let (tx, rx) = mpsc::channel(256);
         (
             Self {

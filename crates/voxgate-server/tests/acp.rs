@@ -80,7 +80,7 @@ async fn say(ws: &mut Ws, packet: u64, text: &str) -> String {
         match recv_payload(ws).await {
             Down::ModelTextFragment(f) => reply.push_str(&f.text),
             Down::ResponseEnd(_) => return reply,
-            Down::ResponseBegin(_) => {}
+            Down::ResponseBegin(_) | Down::InferenceComplete(_) | Down::TurnSnapshot(_) => {}
             other => panic!("unexpected {other:?}"),
         }
     }

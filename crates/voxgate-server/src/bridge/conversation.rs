@@ -30,6 +30,8 @@ pub(crate) struct Conversation {
     engine: Engine,
     emoji: Option<EmojiPolicy>,
     turns: u64,
+    /// Made on the first turn and kept, so a stateful brain lives as long as the conversation.
+    providers: Option<Providers>,
 }
 
 impl std::fmt::Debug for Conversation {
@@ -99,6 +101,7 @@ impl Conversation {
             engine,
             emoji: persona.emoji,
             turns: 0,
+            providers: None,
         })
     }
 
@@ -137,7 +140,12 @@ impl Conversation {
             )
             .map_err(|e| TurnError::Refused(e.to_string()))?;
         self.turns += 1;
-        let (runner, provider_rx) = Runner::new(ctx.providers.clone(), Arc::clone(ctx.metrics));
+        // One brain per conversation across requests: an ACP agent keeps its own history.
+        let providers = self
+            .providers
+            .get_or_insert_with(|| ctx.providers.for_conversation())
+            .clone();
+        let (runner, provider_rx) = Runner::for_conversation(providers, Arc::clone(ctx.metrics));
         let mut run = TurnRun {
             runner,
             tool_calls: JoinSet::new(),
