@@ -28,7 +28,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
-use voxgate_audio::format::i16_to_f32;
+use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::opus::{
     FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
 };
@@ -138,6 +138,7 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
         session: None,
         hello_deadline: now + Duration::from_millis(app.config.xiaozhi.hello_timeout_ms),
         last_rx: now,
+        stops: 0,
     };
     conn.run(in_rx, provider_rx, app.shutdown.clone()).await;
     // Dropping the connection aborts provider work and closes the writer's queue, which
@@ -162,12 +163,18 @@ struct Conn {
     session: Option<Session>,
     hello_deadline: Instant,
     last_rx: Instant,
+    /// `tts stop` messages sent, so an abort answered by the engine's stop is not answered twice.
+    stops: u64,
 }
 
 /// A paced downlink item: a frame, and the subtitle to show when it starts playing.
+///
+/// Frames are queued as PCM and encoded when released, so a reply synthesized faster than real
+/// time costs one Opus encode per frame duration instead of a burst that would stall the session.
 struct Paced {
     subtitle: Option<String>,
-    frame: Bytes,
+    /// One frame of 16-bit PCM at the announced rate; `None` for a subtitle without audio.
+    pcm: Option<Vec<i16>>,
 }
 
 /// A session after the hello.
@@ -253,7 +260,8 @@ impl Conn {
 
     /// The earliest instant something is due.
     fn deadline(&self) -> Instant {
-        let far = Instant::now() + Duration::from_secs(3600);
+        let now = Instant::now();
+        let far = now + Duration::from_secs(3600);
         let mut d = far;
         let idle = self.xcfg().idle_timeout_secs;
         if idle > 0 {
@@ -262,9 +270,13 @@ impl Conn {
         match &self.session {
             None => d.min(self.hello_deadline),
             Some(s) => {
-                for t in [s.engine.poll_timeout(), s.pacer.poll_timeout(), s.stop_at()]
-                    .into_iter()
-                    .flatten()
+                for t in [
+                    s.engine.poll_timeout(),
+                    s.pacer.poll_timeout(),
+                    s.stop_at(now),
+                ]
+                .into_iter()
+                .flatten()
                 {
                     d = d.min(t);
                 }
@@ -505,7 +517,11 @@ impl Conn {
                 }
             } else {
                 send(&self.out, with_sid(Stt::new(text), &sid)).await;
-                send(&self.out, with_sid(Tts::stop(), &sid)).await;
+                send(&self.out, {
+                    self.stops += 1;
+                    with_sid(Tts::stop(), &sid)
+                })
+                .await;
             }
             return;
         }
@@ -530,13 +546,17 @@ impl Conn {
         }
         // The engine's ClearPlayback (if a reply was in progress) stops the audio; the device
         // waits for `tts stop` either way.
+        let stops = self.stops;
         self.drain().await;
         if let Some(s) = &mut self.session {
             s.clear();
             s.speaking = false;
             s.stop_pending = false;
             let sid = s.id.clone();
-            send(&self.out, with_sid(Tts::stop(), &sid)).await;
+            if self.stops == stops {
+                self.stops += 1;
+                send(&self.out, with_sid(Tts::stop(), &sid)).await;
+            }
         }
     }
 
@@ -604,7 +624,11 @@ impl Conn {
                     if s.speaking {
                         s.clear();
                         s.speaking = false;
-                        send(&self.out, with_sid(Tts::stop(), &sid)).await;
+                        send(&self.out, {
+                            self.stops += 1;
+                            with_sid(Tts::stop(), &sid)
+                        })
+                        .await;
                     }
                 } else if s.speaking {
                     s.stop_pending = true;
@@ -616,14 +640,19 @@ impl Conn {
                 if s.speaking {
                     s.speaking = false;
                     s.stop_pending = false;
-                    send(&self.out, with_sid(Tts::stop(), &sid)).await;
+                    send(&self.out, {
+                        self.stops += 1;
+                        with_sid(Tts::stop(), &sid)
+                    })
+                    .await;
                 }
             }
             ClientEvent::UserTranscription { text, .. } => {
                 // With no recognizer configured the transcript is NoAsr's marker: the model
                 // is told, the device's screen is not.
-                if voxgate_providers::parse_no_asr_marker(&text).is_none() {
-                    send(&self.out, with_sid(Stt::new(text), &sid)).await;
+                let shown = without_no_asr_markers(&text);
+                if !shown.is_empty() {
+                    send(&self.out, with_sid(Stt::new(shown), &sid)).await;
                 }
             }
             ClientEvent::DeviceMcp(m) => {
@@ -652,23 +681,33 @@ impl Conn {
         while let Some(p) = s.pacer.poll_output() {
             due.push(p);
         }
+        let due: Vec<(Option<String>, Option<Bytes>)> = due
+            .into_iter()
+            .map(|p| (p.subtitle, p.pcm.and_then(|pcm| s.encode(&pcm))))
+            .collect();
         let sid = s.id.clone();
-        let stop = s.stop_at().is_some_and(|t| t <= now);
+        let stop = s.stop_at(now).is_some_and(|t| t <= now);
         if stop {
             s.stop_pending = false;
             s.speaking = false;
             s.pacer.clear();
         }
-        for p in due {
-            if let Some(subtitle) = p.subtitle {
+        for (subtitle, frame) in due {
+            if let Some(subtitle) = subtitle {
                 let _ = self.out.send(Message::Text(subtitle.into())).await;
             }
-            if self.out.try_send(Message::Binary(p.frame)).is_err() {
+            if let Some(frame) = frame
+                && self.out.try_send(Message::Binary(frame)).is_err()
+            {
                 self.metrics.dropped(Door::Xiaozhi, 1);
             }
         }
         if stop {
-            send(&self.out, with_sid(Tts::stop(), &sid)).await;
+            send(&self.out, {
+                self.stops += 1;
+                with_sid(Tts::stop(), &sid)
+            })
+            .await;
         }
     }
 }
@@ -730,11 +769,16 @@ impl Session {
     }
 
     /// When `tts stop` is due: after the finished response's paced audio has played out.
-    fn stop_at(&self) -> Option<Instant> {
+    fn stop_at(&self, now: Instant) -> Option<Instant> {
         if !self.stop_pending || self.pacer.queued() > 0 {
             return None;
         }
-        Some(self.pacer.drained_at().unwrap_or_else(Instant::now))
+        Some(
+            self.pacer
+                .drained_at()
+                .unwrap_or(now)
+                .min(now + Duration::from_secs(60)),
+        )
     }
 
     /// Drops every queued and partial reply frame.
@@ -796,12 +840,13 @@ impl Session {
                 now,
                 Paced {
                     subtitle: Some(subtitle),
-                    frame: Bytes::new(),
+                    pcm: None,
                 },
             );
         }
     }
 
+    /// Queues every whole frame of `pcm` with the pacer.
     fn encode_frames(&mut self, now: Instant, metrics: &Metrics) {
         let n = self.frame_samples;
         let mut start = 0;
@@ -810,29 +855,38 @@ impl Session {
                 break;
             };
             start += n;
-            let packet = match self.encoder.encode_f32(chunk) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(%e, "opus encode failed");
-                    continue;
-                }
-            };
-            self.frame_buf.clear();
-            let frame = Frame::opus_at(self.timestamp, packet);
-            if let Err(e) = self.codec.encode(&frame, &mut self.frame_buf) {
-                tracing::warn!(%e, "frame encode failed");
-                continue;
-            }
-            self.timestamp = self.timestamp.wrapping_add(self.frame_ms);
             let paced = Paced {
                 subtitle: self.subtitle.take(),
-                frame: Bytes::copy_from_slice(&self.frame_buf),
+                pcm: Some(chunk.iter().map(|&x| f32_to_i16(x)).collect()),
             };
             if self.pacer.handle_input(now, paced).is_err() {
                 metrics.dropped(Door::Xiaozhi, 1);
             }
         }
         self.pcm.drain(..start);
+    }
+
+    /// One frame as an Opus packet in the device's framing.
+    fn encode(&mut self, pcm: &[i16]) -> Option<Bytes> {
+        let packet = match self.encoder.encode(pcm) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(%e, "opus encode failed");
+                return None;
+            }
+        };
+        self.frame_buf.clear();
+        let frame = if self.codec.version().has_timestamp() {
+            Frame::opus_at(self.timestamp, packet)
+        } else {
+            Frame::opus(packet)
+        };
+        if let Err(e) = self.codec.encode(&frame, &mut self.frame_buf) {
+            tracing::warn!(%e, "frame encode failed");
+            return None;
+        }
+        self.timestamp = self.timestamp.wrapping_add(self.frame_ms);
+        Some(Bytes::copy_from_slice(&self.frame_buf))
     }
 }
 
@@ -891,6 +945,32 @@ fn add_vision(request: &mut Value, url: &str, token: &str) {
     }
 }
 
+/// `text` without NoAsr's markers (an utterance the VAD split in parts has one per part).
+fn without_no_asr_markers(text: &str) -> String {
+    let marker = voxgate_providers::no_asr_marker(0.0);
+    let Some((prefix, suffix)) = marker.split_once("0.0") else {
+        return text.trim().to_owned();
+    };
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + prefix.len()..];
+        match after.find(suffix) {
+            Some(j) => rest = &after[j + suffix.len()..],
+            None => {
+                rest = &rest[i..];
+                break;
+            }
+        }
+        if !rest.starts_with(prefix) && out.is_empty() {
+            rest = rest.trim_start();
+        }
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Whether `text` is one of the wake words, ignoring case, spaces and punctuation.
 fn is_wake_word(text: &str, words: &[String]) -> bool {
     let norm = |s: &str| -> String {
@@ -906,6 +986,15 @@ fn is_wake_word(text: &str, words: &[String]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_asr_markers_are_not_shown() {
+        let m = voxgate_providers::no_asr_marker(1.5);
+        assert_eq!(without_no_asr_markers(&m), "");
+        assert_eq!(without_no_asr_markers(&format!("{m} {m}")), "");
+        assert_eq!(without_no_asr_markers(&format!("hi {m} there")), "hi there");
+        assert_eq!(without_no_asr_markers("plain words"), "plain words");
+    }
 
     #[test]
     fn wake_words_match_loosely() {
