@@ -906,8 +906,10 @@ async fn emotion_allowlist_maps_other_faces_to_the_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_frames_are_ignored_and_the_session_goes_on() {
-    let mut config = Config::default();
-    config.max_frame_bytes = 4096;
+    let config = Config {
+        max_frame_bytes: 4096,
+        ..Config::default()
+    };
     let server = Running::start(config, providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V3).await;
     // Before the hello: audio, a listen, garbage.

@@ -212,7 +212,7 @@ async fn upgrade(
     });
     let info = session::ConnInfo {
         framing,
-        device_id: params.device_id.clone(),
+        device_id: params.device_id,
         vision_url: vision_url(config, &headers),
         vision_token,
     };
@@ -263,7 +263,6 @@ async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) 
     };
     let client_id = h
         .client_id
-        .clone()
         .or_else(|| request.as_ref().and_then(|r| r.uuid.clone()))
         .unwrap_or_default();
     let version = ProtocolVersion::from_number(u64::from(config.protocol_version))

@@ -598,26 +598,16 @@ impl Conn {
                 };
                 send(&self.out, llm).await;
             }
-            ClientEvent::SentenceStart { text, .. } => {
-                if !s.muted {
-                    let msg = ServerMessage::from(with_sid(Tts::sentence_start(text), &sid));
-                    s.subtitle = Some(msg.to_json());
-                }
+            ClientEvent::SentenceStart { text, .. } if !s.muted => {
+                let msg = ServerMessage::from(with_sid(Tts::sentence_start(text), &sid));
+                s.subtitle = Some(msg.to_json());
             }
             ClientEvent::AudioChunk {
                 samples,
                 sample_rate,
                 ..
-            } => {
-                if !s.muted {
-                    s.push_audio(now, &samples, sample_rate, &metrics);
-                }
-            }
-            ClientEvent::ResponseEnd { .. } => {
-                if !s.muted {
-                    s.flush_audio(now, &metrics);
-                }
-            }
+            } if !s.muted => s.push_audio(now, &samples, sample_rate, &metrics),
+            ClientEvent::ResponseEnd { .. } if !s.muted => s.flush_audio(now, &metrics),
             ClientEvent::ResponseFinished { interrupted, .. } => {
                 metrics.turn(Door::Xiaozhi);
                 if interrupted {
