@@ -13,7 +13,9 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use voxgate_audio::opus::{OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig};
+use voxgate_audio::opus::{
+    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
+};
 use voxgate_providers::{DemoAgent, NoAsr, ToneTts};
 use voxgate_server::metrics::Door;
 use voxgate_server::{Config, Metrics, Providers, Server};
@@ -300,7 +302,15 @@ fn speech() -> Vec<i16> {
 
 /// 60 ms Opus packets of `pcm` (16 kHz) followed by `silence_ms` of silence.
 fn opus_packets(pcm: &[i16], silence_ms: usize) -> Vec<Vec<u8>> {
-    let mut enc = OpusEncoder::new(OpusEncoderConfig::voice(16_000)).unwrap();
+    opus_packets_of(pcm, silence_ms, FrameDuration::Ms60)
+}
+
+fn opus_packets_of(pcm: &[i16], silence_ms: usize, frame: FrameDuration) -> Vec<Vec<u8>> {
+    let mut enc = OpusEncoder::new(OpusEncoderConfig {
+        frame_duration: frame,
+        ..OpusEncoderConfig::voice(16_000)
+    })
+    .unwrap();
     let n = enc.frame_samples();
     let mut all = pcm.to_vec();
     all.extend(std::iter::repeat_n(0, silence_ms * 16));
@@ -680,17 +690,26 @@ async fn manual_listen_stop_ends_the_utterance() {
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, false).await;
     dev.listen_start("manual").await;
-    // Speech only, no trailing silence: the device stops streaming at `listen stop`.
+    // Speech only, no trailing silence: the device stops streaming at `listen stop`. 20 ms
+    // packets, as one desktop client sends.
     let pcm = speech();
-    for p in opus_packets(&pcm[..60_000], 0) {
+    // At real time, as a device streams (a backlog of queued audio under CPU load can let a
+    // transcript arrive after the turn ended, which the engine counts as a barge-in).
+    for p in opus_packets_of(&pcm[..60_000], 0, FrameDuration::Ms20) {
         dev.send_opus(&p).await;
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     dev.send(json!({"session_id":"s","type":"listen","state":"stop"}))
         .await;
     let evs = dev.until_tts_stop().await;
+    assert_eq!(labels(&evs)[0], "tts start", "no stt without a recognizer");
+    // One NoAsr marker per VAD segment reaches the model; the demo agent explains either way.
     let said = sentences(&evs).join(" ");
-    assert!(said.contains("seconds of speech"), "{said}");
+    assert!(
+        said.contains("no speech recognizer is configured"),
+        "{said:?} in {:?}",
+        labels(&evs)
+    );
     server.stop().await;
 }
 
@@ -994,5 +1013,23 @@ async fn no_hello_in_time_closes_and_sessions_return_to_zero() {
             .any(|l| l == "voxgate_sessions_total{door=\"xiaozhi\"} 3"),
         "{text}"
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_device_is_closed_after_the_idle_timeout() {
+    let mut config = Config::default();
+    config.xiaozhi.idle_timeout_secs = 1;
+    let server = Running::start(config, providers()).await;
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    dev.hello(ProtocolVersion::V1, false).await;
+    let t0 = Instant::now();
+    assert!(dev.next().await.is_none(), "closed when idle");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+    server.sessions_drain().await;
     server.stop().await;
 }

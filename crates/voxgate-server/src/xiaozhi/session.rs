@@ -74,8 +74,6 @@ const OUT_QUEUE: usize = 256;
 const PACER_CAPACITY: usize = 2_000;
 /// Uplink Opus is always decoded at the VAD's rate (Opus decodes to any rate).
 const INPUT_RATE: u32 = 16_000;
-/// Silence fed after a manual `listen stop` so the VAD closes an utterance the device cut off.
-const STOP_PADDING: Duration = Duration::from_millis(600);
 
 /// Serves one upgraded connection until the device leaves, a timeout, or shutdown.
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
@@ -474,12 +472,18 @@ impl Conn {
             }
             ListenState::Stop => {
                 if s.mode == ListenMode::Manual {
-                    // The device stops streaming at once: give the VAD the silence it needs to
-                    // close the utterance, then end the push-to-talk turn.
-                    let silence =
-                        vec![0.0f32; usize::try_from(STOP_PADDING.as_millis()).unwrap_or(600) * 16];
-                    s.engine.handle_audio(now, &silence);
-                    if let Err(e) = s.engine.handle_input(now, Input::StopCapture) {
+                    // The device stops streaming at once, mid-utterance: cut the utterance
+                    // now and end the push-to-talk turn as soon as its transcripts are in
+                    // (no endpointing wait, and late words cannot count as a barge-in).
+                    let input = if s.engine.state() == voxgate_engine::State::Listening {
+                        Input::TriggerInference {
+                            instructions: None,
+                            flush_vad: true,
+                        }
+                    } else {
+                        Input::StopCapture
+                    };
+                    if let Err(e) = s.engine.handle_input(now, input) {
                         bad(&self.metrics, &format!("listen stop refused: {e}"));
                     }
                 }
