@@ -435,6 +435,11 @@ impl Engine {
         if flush_vad && transcribing && self.turn.state() == State::Listening {
             self.capture.flush();
             self.capture_events(now);
+            if !self.asr.is_empty() {
+                // Words already in (an earlier part's transcript) must not end the turn
+                // before the flushed part is transcribed; its transcript resets this.
+                self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
+            }
             self.feed(now, TurnInput::StopCapture)?;
             return self.feed(
                 now,

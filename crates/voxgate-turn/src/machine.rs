@@ -437,7 +437,10 @@ impl TurnMachine {
                 {
                     r.generation_ended = true;
                     r.awaits_user = awaits_user;
-                    r.follow_up = !r.tools.is_empty();
+                    // Tools still running, or already finished during this generation: the
+                    // model never sees a result in the stream that called the tool, so any
+                    // call asks for a follow-up response.
+                    r.follow_up |= !r.tools.is_empty();
                     if r.begun {
                         self.outputs.push_back(Output::GenerationEnded { turn });
                     }
@@ -472,12 +475,14 @@ impl TurnMachine {
                 });
             }
             Input::ToolCallFinished { call_id, ok } => {
-                let found = self
-                    .response
-                    .as_mut()
-                    .and_then(|r| r.tools.remove(&call_id))
-                    .is_some()
-                    || self.detached_tools.remove(&call_id).is_some();
+                let mut in_response = false;
+                if let Some(r) = self.response.as_mut()
+                    && r.tools.remove(&call_id).is_some()
+                {
+                    r.follow_up = true;
+                    in_response = true;
+                }
+                let found = in_response || self.detached_tools.remove(&call_id).is_some();
                 if !found {
                     return Err(InputError::UnknownToolCall { call_id });
                 }

@@ -449,6 +449,34 @@ fn a_tool_call_moves_processing_to_action_and_back_to_processing_when_done() {
 }
 
 #[test]
+fn a_tool_that_finishes_before_the_model_ends_still_gets_a_follow_up_response() {
+    // A device answers `tools/call` in milliseconds, often before the stream that called the
+    // tool has ended; the model never sees the result in that stream.
+    let mut h = harness();
+    let turn = user_says(&mut h, "volume fifty", ms(500));
+    h.input(Input::ToolCallStarted {
+        turn,
+        call_id: "v".into(),
+        name: "set_volume".into(),
+        cancel_on_interrupt: false,
+    })
+    .unwrap();
+    h.input(Input::ToolCallFinished {
+        call_id: "v".into(),
+        ok: true,
+    })
+    .unwrap();
+    let outs = h.input(end(turn)).unwrap();
+    let next = h.last_response_turn().unwrap();
+    assert_ne!(next, turn);
+    assert!(outs.contains(&Output::StartResponse {
+        turn: next,
+        cause: ResponseCause::ToolResults,
+        instructions: None
+    }));
+}
+
+#[test]
 fn tool_results_after_the_model_ended_ask_for_a_follow_up_response_which_may_be_empty() {
     let mut h = harness();
     let turn = user_says(&mut h, "lights off", ms(500));

@@ -1,31 +1,351 @@
-//! Settings of the Xiaozhi door.
+//! Settings of the Xiaozhi door (`[xiaozhi]`).
+//!
+//! ```toml
+//! [xiaozhi]
+//! listen = "0.0.0.0:8000"          # own WebSocket listener, any path (off when absent)
+//! ota_listen = "0.0.0.0:8003"      # own OTA listener (off when absent)
+//! websocket_url = ""               # OTA `websocket.url`; empty: ws://<Host header>/xiaozhi/v1/
+//! protocol_version = 1             # OTA `websocket.version`: the device's binary framing
+//! auth = false                     # check device tokens on upgrade
+//! token_secret = ""                # HMAC key for tokens; empty: random per process
+//! allowed_devices = []             # device ids (MACs) that skip the token check
+//! hello_timeout_ms = 10000         # close a connection without a valid hello by then
+//! idle_timeout_secs = 120          # close a connection silent for this long (0: never)
+//! output_sample_rate = 24000       # downlink Opus rate (8000/12000/16000/24000/48000)
+//! output_frame_ms = 60             # downlink frame length (20, 40 or 60)
+//! lead_frames = 5                  # frames sent at once before real-time pacing
+//! emotions = ["🙂", "😆", ...]     # faces allowed (emoji or firmware names); default: all 21
+//! default_emotion = "🙂"           # face for replies without an allowed leading emoji
+//! wake_words = ["你好小智", ...]    # `listen detect` texts that are wake words, not turns
+//! greet_on_wake = true             # answer a wake word with a greeting turn
+//! vision_url = ""                  # MCP `vision.url`; empty: http://<Host>/xiaozhi/vision/explain
+//! timezone_offset_minutes = 0      # OTA `server_time.timezone_offset`
+//! system_prompt = "..."            # the model's instructions for device sessions
+//! ```
+
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+use voxgate_xiaozhi::emotion::{EmojiPolicy, Emotion};
 
 use crate::config::ConfigError;
 
-/// Settings of the Xiaozhi door (`[xiaozhi]` in the configuration file).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// The firmware's 21 faces, the default allowlist.
+const FIRMWARE_FACES: [&str; 21] = [
+    "😶", "🙂", "😆", "😂", "😔", "😠", "😭", "😍", "😳", "😲", "😱", "🤔", "😉", "😎", "😌", "🤤",
+    "😘", "😏", "😴", "😜", "🙄",
+];
+
+const DEFAULT_WAKE_WORDS: [&str; 8] = [
+    "你好小智",
+    "你好小志",
+    "小爱同学",
+    "你好小鑫",
+    "小美同学",
+    "嗨，乐鑫",
+    "hi esp",
+    "hey esp",
+];
+
+/// The default instructions: short spoken answers that start with one face emoji, which the
+/// door turns into the device's `llm` emotion frame.
+const DEFAULT_SYSTEM_PROMPT: &str = "You are a friendly voice assistant running on a small \
+device with a speaker and a screen. Start every reply with exactly one emoji that shows your \
+mood, then answer in one to three short spoken sentences without markdown. Use the device's \
+tools when the user asks you to change something on the device.";
+
+/// Settings of the Xiaozhi door (`[xiaozhi]` in the configuration file). See the
+/// [module docs](self) for every key with its default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct XiaozhiConfig {}
+pub struct XiaozhiConfig {
+    /// The door's own WebSocket listener (any path accepted, like the reference server's
+    /// port 8000). `None`: only `/xiaozhi/v1/` on the main listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// The door's own OTA listener (like the reference server's port 8003). `None`: only
+    /// `/xiaozhi/ota/` on the main listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ota_listen: Option<SocketAddr>,
+    /// The `websocket.url` OTA hands out; empty: built from the request's `Host` header.
+    pub websocket_url: String,
+    /// The `websocket.version` OTA hands out (1, 2 or 3): the binary framing the device will
+    /// use. Connections follow whatever `Protocol-Version` the device sends.
+    pub protocol_version: u8,
+    /// Check device tokens (`Authorization: Bearer`, or the `authorization` query parameter)
+    /// on upgrade; refused upgrades get `401`.
+    pub auth: bool,
+    /// HMAC-SHA256 key for device tokens; empty: a random key per process (tokens then stop
+    /// working when the server restarts).
+    pub token_secret: String,
+    /// Device ids that connect without a token when `auth` is on.
+    pub allowed_devices: Vec<String>,
+    /// A connection that has not sent a valid `hello` after this many milliseconds is closed.
+    pub hello_timeout_ms: u64,
+    /// A connection with no frame from the device for this many seconds is closed (0: never).
+    pub idle_timeout_secs: u64,
+    /// The downlink Opus sample rate announced in the server hello.
+    pub output_sample_rate: u32,
+    /// The downlink frame length in milliseconds announced in the server hello.
+    pub output_frame_ms: u32,
+    /// Reply frames sent at once before pacing at real time (the device buffers 40).
+    pub lead_frames: u32,
+    /// Faces the device may show: emoji or firmware names (`happy`). A reply whose leading
+    /// emoji is not listed shows `default_emotion` instead.
+    pub emotions: Vec<String>,
+    /// The face for replies without an allowed leading emoji.
+    pub default_emotion: String,
+    /// `listen detect` texts treated as wake words (compared ignoring case, spaces and
+    /// punctuation); any other text is a user turn.
+    pub wake_words: Vec<String>,
+    /// Answer a wake word with a greeting (`true`) or only acknowledge it (`stt` + `tts stop`).
+    pub greet_on_wake: bool,
+    /// The `vision.url` sent in MCP `initialize`; empty: built from the `Host` header.
+    pub vision_url: String,
+    /// `server_time.timezone_offset` in OTA answers, minutes east of UTC.
+    pub timezone_offset_minutes: i32,
+    /// The model's instructions for device sessions.
+    pub system_prompt: String,
+}
+
+impl Default for XiaozhiConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            ota_listen: None,
+            websocket_url: String::new(),
+            protocol_version: 1,
+            auth: false,
+            token_secret: String::new(),
+            allowed_devices: Vec::new(),
+            hello_timeout_ms: 10_000,
+            idle_timeout_secs: 120,
+            output_sample_rate: 24_000,
+            output_frame_ms: 60,
+            lead_frames: 5,
+            emotions: FIRMWARE_FACES.iter().map(|s| (*s).to_owned()).collect(),
+            default_emotion: "🙂".to_owned(),
+            wake_words: DEFAULT_WAKE_WORDS.iter().map(|s| (*s).to_owned()).collect(),
+            greet_on_wake: true,
+            vision_url: String::new(),
+            timezone_offset_minutes: 0,
+            system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim().parse().map_err(|e| ConfigError::Env {
+        name,
+        message: format!("{v:?}: {e}"),
+    })
+}
+
+fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(ConfigError::Env {
+            name,
+            message: format!("{v:?} is not a boolean"),
+        }),
+    }
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// An emoji for a configured face: the entry itself, or the emoji of a firmware name.
+fn face(entry: &str) -> String {
+    let entry = entry.trim();
+    Emotion::from(entry.to_ascii_lowercase().as_str())
+        .emoji()
+        .map_or_else(|| entry.to_owned(), str::to_owned)
+}
 
 impl XiaozhiConfig {
     /// Applies the door's `VOXGATE_XIAOZHI_*` environment overrides.
     pub(crate) fn apply_env(
         &mut self,
-        _var: &impl Fn(&str) -> Option<String>,
+        var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
+        let addr = |name: &'static str, v: &str| -> Result<Option<SocketAddr>, ConfigError> {
+            if v.trim().is_empty() {
+                Ok(None)
+            } else {
+                parse(name, v).map(Some)
+            }
+        };
+        if let Some(v) = var("VOXGATE_XIAOZHI_LISTEN") {
+            self.listen = addr("VOXGATE_XIAOZHI_LISTEN", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OTA_LISTEN") {
+            self.ota_listen = addr("VOXGATE_XIAOZHI_OTA_LISTEN", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_WEBSOCKET_URL") {
+            self.websocket_url = v.trim().to_owned();
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_PROTOCOL_VERSION") {
+            self.protocol_version = parse("VOXGATE_XIAOZHI_PROTOCOL_VERSION", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_AUTH") {
+            self.auth = parse_bool("VOXGATE_XIAOZHI_AUTH", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_TOKEN_SECRET") {
+            self.token_secret = v;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_ALLOWED_DEVICES") {
+            self.allowed_devices = list(&v);
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS") {
+            self.hello_timeout_ms = parse("VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS") {
+            self.idle_timeout_secs = parse("VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OUTPUT_SAMPLE_RATE") {
+            self.output_sample_rate = parse("VOXGATE_XIAOZHI_OUTPUT_SAMPLE_RATE", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OUTPUT_FRAME_MS") {
+            self.output_frame_ms = parse("VOXGATE_XIAOZHI_OUTPUT_FRAME_MS", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_LEAD_FRAMES") {
+            self.lead_frames = parse("VOXGATE_XIAOZHI_LEAD_FRAMES", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_EMOTIONS") {
+            self.emotions = list(&v);
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_DEFAULT_EMOTION") {
+            self.default_emotion = v.trim().to_owned();
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_WAKE_WORDS") {
+            self.wake_words = list(&v);
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_GREET_ON_WAKE") {
+            self.greet_on_wake = parse_bool("VOXGATE_XIAOZHI_GREET_ON_WAKE", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_VISION_URL") {
+            self.vision_url = v.trim().to_owned();
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES") {
+            self.timezone_offset_minutes = parse("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_SYSTEM_PROMPT") {
+            self.system_prompt = v;
+        }
         Ok(())
     }
 
     /// Replaces secrets with `***` for `--print-config`.
-    pub(crate) fn mask_secrets(&mut self) {}
+    pub(crate) fn mask_secrets(&mut self) {
+        if !self.token_secret.is_empty() {
+            "***".clone_into(&mut self.token_secret);
+        }
+    }
 
     /// Moves the door's own listeners (those enabled) to free loopback ports.
-    pub(crate) fn ephemeral_ports(&mut self) {}
+    pub(crate) fn ephemeral_ports(&mut self) {
+        let free = SocketAddr::from(([127, 0, 0, 1], 0));
+        if self.listen.is_some() {
+            self.listen = Some(free);
+        }
+        if self.ota_listen.is_some() {
+            self.ota_listen = Some(free);
+        }
+    }
 
     /// Rejects values out of range.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[xiaozhi] {m}")));
+        if !(1..=3).contains(&self.protocol_version) {
+            return bad(format!(
+                "protocol_version = {} (must be 1, 2 or 3)",
+                self.protocol_version
+            ));
+        }
+        if ![8_000, 12_000, 16_000, 24_000, 48_000].contains(&self.output_sample_rate) {
+            return bad(format!(
+                "output_sample_rate = {} (must be an Opus rate: 8000, 12000, 16000, 24000 or 48000)",
+                self.output_sample_rate
+            ));
+        }
+        if ![20, 40, 60].contains(&self.output_frame_ms) {
+            return bad(format!(
+                "output_frame_ms = {} (must be 20, 40 or 60)",
+                self.output_frame_ms
+            ));
+        }
+        if self.lead_frames > 40 {
+            return bad(format!(
+                "lead_frames = {} exceeds the device's 40-frame buffer",
+                self.lead_frames
+            ));
+        }
+        if self.hello_timeout_ms == 0 {
+            return bad("hello_timeout_ms must be positive".into());
+        }
+        if self.default_emotion.trim().is_empty() {
+            return bad("default_emotion must not be empty".into());
+        }
         Ok(())
+    }
+
+    /// The emotion allowlist and default as the engine's policy.
+    pub(crate) fn emoji_policy(&self) -> EmojiPolicy {
+        let default = face(&self.default_emotion);
+        if self.emotions.is_empty() {
+            return EmojiPolicy::any(default);
+        }
+        EmojiPolicy::new(self.emotions.iter().map(|e| face(e)), default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_and_checks() {
+        let mut c = XiaozhiConfig::default();
+        let env = |k: &str| match k {
+            "VOXGATE_XIAOZHI_LISTEN" => Some("0.0.0.0:8000".to_owned()),
+            "VOXGATE_XIAOZHI_AUTH" => Some("true".to_owned()),
+            "VOXGATE_XIAOZHI_ALLOWED_DEVICES" => Some("AA:bb:cc:dd:ee:ff, x".to_owned()),
+            "VOXGATE_XIAOZHI_EMOTIONS" => Some("happy,😠".to_owned()),
+            "VOXGATE_XIAOZHI_TOKEN_SECRET" => Some("s".to_owned()),
+            _ => None,
+        };
+        c.apply_env(&env).unwrap();
+        assert_eq!(c.listen.unwrap().port(), 8000);
+        assert!(c.auth);
+        assert_eq!(c.allowed_devices.len(), 2);
+        let policy = c.emoji_policy();
+        assert!(policy.is_allowed("🙂"));
+        assert!(policy.is_allowed("😠"));
+        assert!(!policy.is_allowed("😭"));
+        c.mask_secrets();
+        assert_eq!(c.token_secret, "***");
+        c.check().unwrap();
+        c.output_frame_ms = 30;
+        assert!(c.check().is_err());
+        let bad = XiaozhiConfig::default()
+            .apply_env(&|k: &str| (k == "VOXGATE_XIAOZHI_AUTH").then(|| "maybe".to_owned()));
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn default_policy_is_the_firmware_faces() {
+        let p = XiaozhiConfig::default().emoji_policy();
+        assert_eq!(p.default_emoji(), "🙂");
+        assert_eq!(p.allowed().unwrap().len(), 21);
+        assert!(!p.is_allowed("🎉"));
     }
 }

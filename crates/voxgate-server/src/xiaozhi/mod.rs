@@ -1,22 +1,344 @@
 //! The Xiaozhi door: ESP32 devices over WebSocket (JSON control frames, binary Opus audio) and
 //! the OTA endpoint that tells them where to connect.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /xiaozhi/v1/` (WebSocket) | a device session; the door's own listener accepts any path |
+//! | `POST /xiaozhi/ota/` | OTA: `websocket` (url, token, version), `server_time`, `firmware` |
+//! | `GET /xiaozhi/ota/` | a plain-text health line with the WebSocket URL handed out |
+//! | `POST /xiaozhi/ota/activate` | `200`: no activation is needed |
+//! | `POST /xiaozhi/vision/explain` | the MCP `vision.url`: answers that no vision model is configured |
+//!
+//! The session itself lives in [`session`]; user documentation in `docs/doors/xiaozhi.md`.
 
 mod config;
+mod session;
 
-use std::sync::Arc;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{State, WebSocketUpgrade};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use voxgate_xiaozhi::connect::{AuthBypass, ConnectParams};
+use voxgate_xiaozhi::frame::ProtocolVersion;
+use voxgate_xiaozhi::ota::{OtaHeaders, OtaRequest, OtaResponse, ServerTime, WebSocketConfig};
+use voxgate_xiaozhi::token::{self, TokenSecret};
 
 pub use config::XiaozhiConfig;
 
-use crate::server::App;
+use crate::server::{App, DoorListener};
+
+/// The WebSocket path devices are configured with.
+const WS_PATH: &str = "/xiaozhi/v1/";
 
 /// The door's routes on the main listener.
 pub(crate) fn routes() -> Router<Arc<App>> {
     Router::new()
+        .route(WS_PATH, get(upgrade))
+        .route("/xiaozhi/v1", get(upgrade))
+        .route("/xiaozhi/ota/", get(ota_get).post(ota_post))
+        .route("/xiaozhi/ota", get(ota_get).post(ota_post))
+        .route("/xiaozhi/ota/activate", post(activate))
+        .route("/xiaozhi/vision/explain", post(vision))
 }
 
 /// The door's own listeners (WebSocket on any path, OTA), when configured.
-pub(crate) fn listeners(_config: &crate::Config) -> Vec<crate::server::DoorListener> {
-    Vec::new()
+pub(crate) fn listeners(config: &crate::Config) -> Vec<DoorListener> {
+    let mut out = Vec::new();
+    if let Some(addr) = config.xiaozhi.listen {
+        out.push(DoorListener {
+            name: "xiaozhi",
+            addr,
+            // Like the reference server's port 8000: every path is the device WebSocket.
+            routes: Router::new().fallback(upgrade),
+        });
+    }
+    if let Some(addr) = config.xiaozhi.ota_listen {
+        out.push(DoorListener {
+            name: "xiaozhi-ota",
+            addr,
+            // Like port 8003: OTA on any path. The WebSocket path is served here too, so a
+            // URL derived from this request's Host header always works.
+            routes: Router::new()
+                .route(WS_PATH, get(upgrade))
+                .route("/xiaozhi/vision/explain", post(vision))
+                .route("/xiaozhi/ota/activate", post(activate))
+                .fallback(ota_any),
+        });
+    }
+    out
+}
+
+fn unix_now() -> (u64, u64) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (
+        d.as_secs(),
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    )
+}
+
+/// `n` unpredictable bytes from the standard library's OS-seeded hasher keys (no extra
+/// dependency for session ids and the per-process token key).
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n + 8);
+    let mut i = 0u64;
+    while out.len() < n {
+        let v = RandomState::new().hash_one((i, SystemTime::now()));
+        out.extend_from_slice(&v.to_le_bytes());
+        i += 1;
+    }
+    out.truncate(n);
+    out
+}
+
+/// A fresh session id in UUID v4 text form.
+pub(crate) fn new_session_id() -> String {
+    let mut b = random_bytes(16);
+    if let (Some(six), Some(eight)) = (b.get(6).copied(), b.get(8).copied()) {
+        b[6] = (six & 0x0f) | 0x40;
+        b[8] = (eight & 0x3f) | 0x80;
+    }
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The token key: the configured secret, or one random key for the life of the process.
+fn token_secret(config: &XiaozhiConfig) -> Option<TokenSecret> {
+    static RANDOM: OnceLock<Option<TokenSecret>> = OnceLock::new();
+    if config.token_secret.is_empty() {
+        RANDOM
+            .get_or_init(|| TokenSecret::new(random_bytes(32)).ok())
+            .clone()
+    } else {
+        TokenSecret::new(&config.token_secret).ok()
+    }
+}
+
+/// The `Host` the request was sent to, if it is usable in a URL.
+fn host(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|h| !h.is_empty() && !h.contains(['/', ' ', '@']))
+}
+
+/// The WebSocket URL handed out by OTA: configured, or the request's host. When the door has its
+/// own WebSocket listener on a fixed port, the URL points at that port.
+fn websocket_url(config: &XiaozhiConfig, headers: &HeaderMap) -> String {
+    if !config.websocket_url.is_empty() {
+        return config.websocket_url.clone();
+    }
+    let host = host(headers).unwrap_or("127.0.0.1:8080");
+    match config.listen.map(|a| a.port()).filter(|p| *p != 0) {
+        Some(port) => {
+            let name = match host.rsplit_once(':') {
+                Some((name, p)) if p.chars().all(|c| c.is_ascii_digit()) => name,
+                _ => host,
+            };
+            format!("ws://{name}:{port}{WS_PATH}")
+        }
+        None => format!("ws://{host}{WS_PATH}"),
+    }
+}
+
+/// The `vision.url` sent to the device in MCP `initialize`.
+fn vision_url(config: &XiaozhiConfig, headers: &HeaderMap) -> String {
+    if !config.vision_url.is_empty() {
+        return config.vision_url.clone();
+    }
+    let host = host(headers).unwrap_or("127.0.0.1:8080");
+    format!("http://{host}/xiaozhi/vision/explain")
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
+    headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()))
+}
+
+async fn upgrade(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    uri: Uri,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let config = &app.config.xiaozhi;
+    let params = ConnectParams::from_headers(header_pairs(&headers))
+        .or(ConnectParams::from_query(uri.query().unwrap_or("")));
+    let framing = match &params.protocol_version {
+        None => None,
+        Some(_) => match params.framing() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                app.metrics.error(crate::metrics::Door::Xiaozhi);
+                return (StatusCode::BAD_REQUEST, e.to_string()).into_response();
+            }
+        },
+    };
+    if config.auth {
+        let Some(secret) = token_secret(config) else {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "no usable token secret").into_response();
+        };
+        let bypass = AuthBypass::new(&config.allowed_devices);
+        if let Err(e) = params.authenticate(&secret, &bypass, unix_now().0) {
+            app.metrics.error(crate::metrics::Door::Xiaozhi);
+            tracing::info!(device = ?params.device_id, error = %e, "xiaozhi upgrade refused");
+            return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+        }
+    }
+    let vision_token = params.token.clone().unwrap_or_else(|| {
+        issue_token(
+            config,
+            params.client_id.as_deref().unwrap_or(""),
+            params.device_id.as_deref().unwrap_or(""),
+        )
+    });
+    let info = session::ConnInfo {
+        framing,
+        device_id: params.device_id,
+        vision_url: vision_url(config, &headers),
+        vision_token,
+    };
+    let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
+    ws.max_message_size(hard_limit)
+        .max_frame_size(hard_limit)
+        .on_upgrade(move |socket| session::serve(socket, app, info))
+}
+
+fn issue_token(config: &XiaozhiConfig, client_id: &str, device_id: &str) -> String {
+    token_secret(config)
+        .and_then(|s| token::issue(&s, client_id, device_id, unix_now().0).ok())
+        .unwrap_or_default()
+}
+
+async fn ota_get(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let url = websocket_url(&app.config.xiaozhi, &headers);
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("OTA interface is running; the websocket address sent to devices is: {url}"),
+    )
+        .into_response()
+}
+
+async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let config = &app.config.xiaozhi;
+    let h = OtaHeaders::from_pairs(header_pairs(&headers));
+    let request = match OtaRequest::from_slice(&body) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            // Hand-built firmware JSON: answer anyway, the device still needs its URL.
+            tracing::info!(error = %e, "xiaozhi OTA body not understood");
+            None
+        }
+    };
+    let device_id = h
+        .device_id
+        .clone()
+        .or_else(|| request.as_ref().and_then(|r| r.mac_address.clone()))
+        .map(|d| d.to_ascii_lowercase());
+    let Some(device_id) = device_id else {
+        app.metrics.error(crate::metrics::Door::Xiaozhi);
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"success": false, "message": "Device-Id header missing"})
+                .to_string(),
+        );
+    };
+    let client_id = h
+        .client_id
+        .or_else(|| request.as_ref().and_then(|r| r.uuid.clone()))
+        .unwrap_or_default();
+    let version = ProtocolVersion::from_number(u64::from(config.protocol_version))
+        .unwrap_or(ProtocolVersion::V1);
+    let token = issue_token(config, &client_id, &device_id);
+    let (_, millis) = unix_now();
+    let response = OtaResponse {
+        websocket: Some(
+            WebSocketConfig::new(websocket_url(config, &headers), version).with_token(token),
+        ),
+        server_time: Some(ServerTime {
+            timestamp: millis,
+            timezone_offset: config.timezone_offset_minutes,
+        }),
+        firmware: request.as_ref().and_then(OtaRequest::firmware_echo),
+        activation: None,
+    };
+    tracing::info!(device = %device_id, client = %client_id, "xiaozhi OTA");
+    json_response(StatusCode::OK, response.to_json())
+}
+
+/// The OTA listener's catch-all: GET is the health line, POST the OTA answer.
+async fn ota_any(
+    State(app): State<Arc<App>>,
+    method: axum::http::Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if method == axum::http::Method::POST {
+        ota_post(State(app), headers, body).await
+    } else {
+        ota_get(State(app), headers).await
+    }
+}
+
+async fn activate() -> Response {
+    (StatusCode::OK, "success").into_response()
+}
+
+async fn vision() -> Response {
+    json_response(
+        StatusCode::OK,
+        serde_json::json!({
+            "success": false,
+            "message": "no vision model is configured on this server",
+        })
+        .to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_from_host_and_config() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, "192.168.1.5:8080".parse().unwrap());
+        let mut c = XiaozhiConfig::default();
+        assert_eq!(websocket_url(&c, &h), "ws://192.168.1.5:8080/xiaozhi/v1/");
+        c.listen = Some("0.0.0.0:8000".parse().unwrap());
+        assert_eq!(websocket_url(&c, &h), "ws://192.168.1.5:8000/xiaozhi/v1/");
+        c.websocket_url = "wss://example.org/ws".into();
+        assert_eq!(websocket_url(&c, &h), "wss://example.org/ws");
+        assert_eq!(
+            vision_url(&c, &h),
+            "http://192.168.1.5:8080/xiaozhi/vision/explain"
+        );
+    }
+
+    #[test]
+    fn session_ids_are_uuid_shaped_and_distinct() {
+        let a = new_session_id();
+        let b = new_session_id();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.as_bytes()[14], b'4');
+    }
 }
