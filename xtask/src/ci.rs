@@ -39,9 +39,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         util::run(util::cargo().args(["test", "--workspace", "--all-features"]))
     })?;
     step("published clients against the server (interop)", || {
-        // Only the realtime door until the Xiaozhi door is merged (its scenario needs it).
         interop::run(&interop::Args {
-            only: Some(interop::Scenario::Realtime),
+            only: None,
             server_bin: None,
             timeout: 180,
         })
