@@ -238,7 +238,10 @@ async def main() -> None:
     log(f"1 OTA: websocket {ws['url']} version {ws['version']}, token issued")
 
     # 2. Auth is on: the SDK without a token is refused at the upgrade.
-    anonymous = XiaoZhiWebsocket(lambda data: None, url=ws_url, audio_sample_rate=16000)
+    async def ignore(data):
+        pass
+
+    anonymous = XiaoZhiWebsocket(ignore, url=ws_url, audio_sample_rate=16000)
     try:
         connected = await asyncio.wait_for(anonymous.init_connection(MAC), 15)
     except asyncio.TimeoutError:
