@@ -44,15 +44,28 @@ pub(crate) enum Scenario {
     Realtime,
     /// `xiaozhi-sdk` against the Xiaozhi door (OTA and WebSocket).
     Xiaozhi,
+    /// The MCP bridges `mcp2xiaozhi` and `xiaozhi-mcp` connecting a stdio MCP server to the MCP
+    /// endpoint (the `mcp_endpoint_interop` tests of voxgate-server, which start their own server).
+    Mcp,
+    /// An agent written with the official ACP Python SDK driving the `acp` brain (the `python_`
+    /// tests of voxgate-providers and voxgate-server).
+    Acp,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 2] = [Scenario::Realtime, Scenario::Xiaozhi];
+    const ALL: [Scenario; 4] = [
+        Scenario::Realtime,
+        Scenario::Xiaozhi,
+        Scenario::Mcp,
+        Scenario::Acp,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Scenario::Realtime => "realtime",
             Scenario::Xiaozhi => "xiaozhi",
+            Scenario::Mcp => "mcp",
+            Scenario::Acp => "acp",
         }
     }
 
@@ -60,8 +73,61 @@ impl Scenario {
         match self {
             Scenario::Realtime => "realtime_scenario.py",
             Scenario::Xiaozhi => "xiaozhi_scenario.py",
+            Scenario::Mcp | Scenario::Acp => "",
         }
     }
+
+    /// Scenarios run as cargo tests (they start their own server) with a venv named by an
+    /// environment variable: (venv dir under target/, requirements file, variable, whether the
+    /// variable names the venv or its python, cargo test arguments).
+    fn cargo_tests(self) -> Option<CargoScenario> {
+        match self {
+            Scenario::Realtime | Scenario::Xiaozhi => None,
+            Scenario::Mcp => Some(CargoScenario {
+                venv: "mcp-interop-venv",
+                requirements: "requirements-mcp.txt",
+                var: "VOXGATE_INTEROP_VENV",
+                var_is_python: false,
+                runs: &[&["-p", "voxgate-server", "--test", "mcp_endpoint_interop"]],
+            }),
+            Scenario::Acp => Some(CargoScenario {
+                venv: "acp-venv",
+                requirements: "requirements-acp.txt",
+                var: "VOXGATE_ACP_PYTHON",
+                var_is_python: true,
+                runs: &[
+                    &["-p", "voxgate-providers", "--test", "acp", "python_"],
+                    &["-p", "voxgate-server", "--test", "acp", "python_"],
+                ],
+            }),
+        }
+    }
+}
+
+/// A scenario run through `cargo test` with a Python venv handed over in an environment variable.
+struct CargoScenario {
+    venv: &'static str,
+    requirements: &'static str,
+    var: &'static str,
+    var_is_python: bool,
+    runs: &'static [&'static [&'static str]],
+}
+
+/// Runs a [`CargoScenario`]: makes its venv, then each cargo test run with the variable set.
+fn run_cargo_scenario(root: &Path, c: &CargoScenario) -> anyhow::Result<()> {
+    let python = ensure_venv_at(root, c.venv, c.requirements)?;
+    let value = if c.var_is_python {
+        python
+    } else {
+        root.join("target").join(c.venv)
+    };
+    for args in c.runs {
+        let mut cmd = util::cargo();
+        cmd.arg("test").args(args.iter()).env(c.var, &value);
+        // The tests print "skipped" and pass without the variable; with it they must run.
+        util::run(&mut cmd)?;
+    }
+    Ok(())
 }
 
 /// The bearer key the server is started with; the realtime scenario also tries a wrong one.
@@ -74,31 +140,54 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let root = util::root();
     let logs = root.join("target").join("interop");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let python = ensure_venv(&root)?;
-    let server_bin = match &args.server_bin {
-        Some(path) => path
-            .canonicalize()
-            .with_context(|| format!("--server-bin {}", path.display()))?,
-        None => build_server()?,
-    };
-    let scenarios: Vec<Scenario> = match args.only {
+    let chosen: Vec<Scenario> = match args.only {
         Some(s) => vec![s],
         None => Scenario::ALL.to_vec(),
     };
-
-    let (_asr, asr_url) = start_fake_asr(&python, &root, &logs)?;
-    let server_log = logs.join("server.log");
-    let (server, addr) = start_server(&server_bin, &asr_url, &server_log)?;
-    eprintln!(
-        "interop: {} on {addr} (ASR: fake at {asr_url})",
-        server_bin.display()
-    );
+    let (cargo_scenarios, scenarios): (Vec<Scenario>, Vec<Scenario>) =
+        chosen.into_iter().partition(|s| s.cargo_tests().is_some());
 
     let mut failed = Vec::new();
-    for scenario in scenarios {
+    let mut server_log = None;
+    if !scenarios.is_empty() {
+        let python = ensure_venv(&root)?;
+        let server_bin = match &args.server_bin {
+            Some(path) => path
+                .canonicalize()
+                .with_context(|| format!("--server-bin {}", path.display()))?,
+            None => build_server()?,
+        };
+        let (_asr, asr_url) = start_fake_asr(&python, &root, &logs)?;
+        let log = logs.join("server.log");
+        let (server, addr) = start_server(&server_bin, &asr_url, &log)?;
+        eprintln!(
+            "interop: {} on {addr} (ASR: fake at {asr_url})",
+            server_bin.display()
+        );
+        for scenario in scenarios {
+            let started = Instant::now();
+            let result = run_scenario(&python, &root, &logs, scenario, addr, args.timeout);
+            match result {
+                Ok(()) => eprintln!(
+                    "== interop {}: passed ({:.1?})",
+                    scenario.name(),
+                    started.elapsed()
+                ),
+                Err(e) => {
+                    eprintln!("== interop {}: FAILED: {e:#}", scenario.name());
+                    failed.push(scenario.name());
+                }
+            }
+        }
+        drop(server);
+        server_log = Some(log);
+    }
+    for scenario in cargo_scenarios {
         let started = Instant::now();
-        let result = run_scenario(&python, &root, &logs, scenario, addr, args.timeout);
-        match result {
+        let Some(c) = scenario.cargo_tests() else {
+            continue;
+        };
+        match run_cargo_scenario(&root, &c) {
             Ok(()) => eprintln!(
                 "== interop {}: passed ({:.1?})",
                 scenario.name(),
@@ -110,14 +199,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
     }
-    drop(server);
     if !failed.is_empty() {
-        bail!(
-            "interop scenarios failed: {} (server log: {}, last lines:\n{})",
-            failed.join(", "),
-            server_log.display(),
-            tail(&server_log, 40)
-        );
+        let log = server_log.map_or_else(String::new, |l| {
+            format!(
+                " (server log: {}, last lines:\n{})",
+                l.display(),
+                tail(&l, 40)
+            )
+        });
+        bail!("interop scenarios failed: {}{log}", failed.join(", "));
     }
     Ok(())
 }
@@ -132,11 +222,17 @@ impl Drop for Guard {
     }
 }
 
-/// Creates the venv and installs the pinned requirements unless it already has exactly them.
+/// Creates the clients' venv (`target/interop-venv`) with `xtask/interop/requirements.txt`.
 fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
-    let venv = root.join("target").join("interop-venv");
+    ensure_venv_at(root, "interop-venv", "requirements.txt")
+}
+
+/// Creates `target/<name>` and installs the pinned `xtask/interop/<requirements>` unless it
+/// already has exactly them; returns its python.
+fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result<PathBuf> {
+    let venv = root.join("target").join(name);
     let python = venv.join("bin").join("python");
-    let requirements = root.join(SCRIPTS).join("requirements.txt");
+    let requirements = root.join(SCRIPTS).join(requirements);
     let wanted = fs::read_to_string(&requirements)
         .with_context(|| format!("reading {}", requirements.display()))?;
     let marker = venv.join("voxgate-requirements.txt");
