@@ -8,6 +8,10 @@
 //! | `/realtime`, `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]` | the realtime protobuf protocol over WebSocket (Deepslate-compatible), optional bearer keys |
 //! | `/llm-websocket/{call_id}` | Retell's custom-LLM WebSocket: we answer as the LLM (`[retell]`, docs/doors/retell.md) |
 //! | `/retell/calls`, `/retell/calls/{call_id}/interrupt`, `/retell/calls/{call_id}/metadata` | Retell door control API: list calls, `agent_interrupt`, `metadata` |
+//! | `/xiaozhi/v1/`, `/xiaozhi/ota/` (and optional own listeners) | Xiaozhi devices: WebSocket JSON + Opus, OTA (`[xiaozhi]`, docs/doors/xiaozhi.md) |
+//! | `/gemini` (and its own listener, default `127.0.0.1:3001`, any path) | the Gemini bridge JSON protocol (`[gemini]`, docs/doors/gemini.md) |
+//! | `POST /api/message`, `POST /api/perception/event`, `GET /api/perception/events`, `/admin/*` | the Bridge HTTP API and perception events (`[bridge]`, docs/doors/bridge.md) |
+//! | `/mcp?token=...` | external MCP servers connect in and offer tools (`[mcp]`, docs/doors/mcp.md) |
 //!
 //! Each connection is one tokio task driving one sans-IO [`voxgate_engine::Engine`]; provider
 //! requests (LLM, ASR, TTS) run as tasks whose events come back tagged with the engine's request
