@@ -79,7 +79,7 @@ impl Providers {
 
 impl Providers {
     /// These providers for one conversation: a stateful brain (an ACP agent, which keeps the
-    /// history itself) gets its own handle, the rest is shared. [`Runner`]s call this
+    /// history itself) gets its own handle, the rest is shared. Session runners call this
     /// themselves; a door that creates a runner per turn should call it once per conversation
     /// and pass the result, so the conversation keeps its agent (calling it again on the
     /// result returns the same handle).

@@ -55,7 +55,7 @@ mood, then answer in one to three short spoken sentences without markdown. Use t
 tools when the user asks you to change something on the device.";
 
 /// Settings of the Xiaozhi door (`[xiaozhi]` in the configuration file). See the
-/// [module docs](self) for every key with its default.
+/// Xiaozhi door page (`docs/doors/xiaozhi.md`) for every key with its default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct XiaozhiConfig {
