@@ -43,6 +43,10 @@ pub(crate) struct Args {
     /// Use this client binary instead of the workspace's release build.
     #[arg(long)]
     client_bin: Option<PathBuf>,
+    /// Build the server with the `libopus` feature (bundled libopus, needs cmake) so the
+    /// Xiaozhi door's codecs run on libopus instead of the pure-Rust backend.
+    #[arg(long)]
+    libopus: bool,
 }
 
 /// Goals from the issue.
@@ -61,14 +65,19 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         bail!("--seconds must exceed --ramp by more than 2 s, so all sessions overlap");
     }
     if !args.no_build {
-        util::run(util::cargo().args([
+        let mut build = util::cargo();
+        build.args([
             "build",
             "--release",
             "-p",
             "voxgate-server-bin",
             "-p",
             "voxgate-client",
-        ]))?;
+        ]);
+        if args.libopus {
+            build.args(["--features", "voxgate-server-bin/libopus"]);
+        }
+        util::run(&mut build)?;
     }
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
@@ -86,7 +95,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/speech.wav"));
     let ticks_per_second = clock_ticks()?;
 
-    let (mut server, addr) = start_server(&server_bin)?;
+    let backend = if args.libopus { "libopus" } else { "pure" };
+    let (mut server, addr) = start_server(&server_bin, backend)?;
     let result = measure(args, &client_bin, &wav, &server, addr, ticks_per_second);
     // Our own child, by handle.
     let _ = server.kill();
@@ -160,7 +170,18 @@ fn measure(
         .context("the client printed no summary")?;
     std::thread::sleep(Duration::from_millis(500));
     let after = sample(pid)?;
-    let dropped = metric(addr, "voxgate_dropped_frames_total").unwrap_or(-1.0);
+    let metrics_text = metrics(addr).unwrap_or_default();
+    let dropped_up = sum_metric(
+        &metrics_text,
+        "voxgate_dropped_frames_total",
+        "direction=\"uplink\"",
+    );
+    let dropped_down = sum_metric(
+        &metrics_text,
+        "voxgate_dropped_frames_total",
+        "direction=\"downlink\"",
+    );
+    let dropped = dropped_up + dropped_down;
     let active_after = metric(addr, "voxgate_sessions_active").unwrap_or(-1.0);
 
     // CPU over the window where every session is up.
@@ -201,6 +222,9 @@ fn measure(
             "sessions_active_mid_window": active_during,
             "sessions_active_after": active_after,
             "dropped_frames_total": dropped,
+            "dropped_frames_uplink": dropped_up,
+            "dropped_frames_downlink": dropped_down,
+            "opus_backend": if args.libopus { "libopus" } else { "pure" },
         },
         "client": summary,
     });
@@ -220,7 +244,7 @@ fn measure(
         verdict(peak_kb_per_session < MEMORY_GOAL_KB)
     );
     eprintln!(
-        "   dropped frames: server {dropped}, client late {client_late}, client late sends {} [goal 0: {}]",
+        "   dropped frames: server {dropped} (uplink {dropped_up}, downlink {dropped_down}), client late {client_late}, client late sends {} [goal 0: {}]",
         summary["late_sends"],
         verdict(dropped == 0.0 && client_late == 0)
     );
@@ -236,10 +260,11 @@ fn measure(
 }
 
 /// Starts the release server on a free loopback port; returns it and the address it logged.
-fn start_server(bin: &Path) -> anyhow::Result<(Child, SocketAddr)> {
+fn start_server(bin: &Path, opus_backend: &str) -> anyhow::Result<(Child, SocketAddr)> {
     let mut cmd = Command::new(bin);
     cmd.args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
+        .env("VOXGATE_XIAOZHI_OPUS_BACKEND", opus_backend)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     eprintln!("$ {}", util::describe(&cmd));
@@ -305,6 +330,11 @@ fn sample(pid: u32) -> anyhow::Result<Sample> {
 
 /// The sum of a Prometheus metric's samples (all label sets) from `/metrics`.
 fn metric(addr: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    Ok(sum_metric(&metrics(addr)?, name, ""))
+}
+
+/// The server's `/metrics` text.
+fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -313,12 +343,13 @@ fn metric(addr: SocketAddr, name: &str) -> anyhow::Result<f64> {
     )?;
     let mut body = String::new();
     stream.read_to_string(&mut body)?;
-    Ok(sum_metric(&body, name))
+    Ok(body)
 }
 
-fn sum_metric(text: &str, name: &str) -> f64 {
+/// The sum of the samples of `name` whose line contains `labels` (empty: every sample).
+fn sum_metric(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
-        .filter(|l| !l.starts_with('#'))
+        .filter(|l| !l.starts_with('#') && l.contains(labels))
         .filter_map(|l| {
             let rest = l.strip_prefix(name)?;
             if !(rest.starts_with('{') || rest.starts_with(' ')) {
@@ -338,8 +369,12 @@ mod tests {
         let text = "# HELP x\nvoxgate_dropped_frames_total{door=\"realtime\"} 3\n\
                     voxgate_dropped_frames_total{door=\"xiaozhi\"} 4\n\
                     voxgate_dropped_frames_total_extra 100\nvoxgate_sessions_active 2\n";
-        assert_eq!(sum_metric(text, "voxgate_dropped_frames_total"), 7.0);
-        assert_eq!(sum_metric(text, "voxgate_sessions_active"), 2.0);
-        assert_eq!(sum_metric(text, "missing"), 0.0);
+        assert_eq!(sum_metric(text, "voxgate_dropped_frames_total", ""), 7.0);
+        assert_eq!(
+            sum_metric(text, "voxgate_dropped_frames_total", "door=\"xiaozhi\""),
+            4.0
+        );
+        assert_eq!(sum_metric(text, "voxgate_sessions_active", ""), 2.0);
+        assert_eq!(sum_metric(text, "missing", ""), 0.0);
     }
 }

@@ -28,6 +28,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// Slots reserved up front; more are allocated as a long reply needs them.
+const INITIAL_SLOTS: usize = 64;
+
 /// Pacing settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacerConfig {
@@ -71,7 +74,9 @@ impl<T> Pacer<T> {
     pub fn new(config: PacerConfig) -> Self {
         Self {
             config,
-            queue: VecDeque::with_capacity(config.capacity.min(1024)),
+            // Capacity is a limit, not a reservation: a server holds one pacer per session, and
+            // most replies need a few dozen slots. The queue grows (rarely) beyond this.
+            queue: VecDeque::with_capacity(config.capacity.min(INITIAL_SLOTS)),
             anchor: None,
             sent: 0,
             now: None,

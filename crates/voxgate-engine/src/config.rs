@@ -46,6 +46,8 @@ pub struct EngineConfig {
     /// Most audio history keeps per session, user and reply audio together: beyond it the
     /// oldest audio is dropped (its text and transcription stay), so a long session's memory
     /// stays bounded (about 32 kB per second at 16 kHz, 48 kB at 24 kHz). Default 5 minutes.
+    /// Zero keeps no audio at all, not even while a reply is being spoken: for doors that never
+    /// export history audio (a device session then holds no reply PCM).
     pub max_history_audio: Duration,
 }
 

@@ -986,7 +986,9 @@ impl Engine {
         let mut chunk_text = String::new();
         // History keeps each sentence's audio; a chunk at another rate than its sentence's
         // first (a provider switching rates mid-sentence) is delivered but not kept.
+        let keep = !self.config.max_history_audio.is_zero();
         match (&first_of, r.spoken.last_mut()) {
+            _ if !keep => {}
             (Some(text), _) => r.spoken.push(AudioData {
                 samples: samples.clone(),
                 sample_rate: rate,

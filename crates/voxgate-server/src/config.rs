@@ -64,7 +64,7 @@ pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
 pub use crate::retell::{RetellAgentSettings, RetellConfig};
-pub use crate::xiaozhi::XiaozhiConfig;
+pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
 /// The whole server configuration. See the [module docs](self) for the file format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -45,8 +45,8 @@ mod xiaozhi;
 
 pub use config::AcpBrainConfig;
 pub use config::{
-    BridgeConfig, Config, ConfigError, GeminiConfig, McpEndpointConfig, RetellAgentSettings,
-    RetellConfig, XiaozhiConfig,
+    BridgeConfig, Config, ConfigError, DownlinkApplication, GeminiConfig, McpEndpointConfig,
+    OpusBackendChoice, RetellAgentSettings, RetellConfig, XiaozhiConfig,
 };
 pub use metrics::Metrics;
 pub use providers::Providers;

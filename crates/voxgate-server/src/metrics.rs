@@ -25,6 +25,33 @@ pub enum Door {
     Mcp,
 }
 
+/// Which way a dropped audio frame was travelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to server: the session could not keep up with what the client sent.
+    Uplink,
+    /// Server to client: the client (or its network) did not take the audio fast enough.
+    Downlink,
+}
+
+impl Direction {
+    /// The `direction` label value in `/metrics`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Uplink => "uplink",
+            Self::Downlink => "downlink",
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Uplink => 0,
+            Self::Downlink => 1,
+        }
+    }
+}
+
 /// How many doors there are (the length of the per-door counter arrays).
 const DOORS: usize = 5;
 
@@ -107,7 +134,8 @@ pub struct Metrics {
     sessions_active: [AtomicU64; DOORS],
     turns: [AtomicU64; DOORS],
     errors: [AtomicU64; DOORS],
-    dropped_frames: [AtomicU64; DOORS],
+    /// Indexed by [`Direction::index`], then door.
+    dropped_frames: [[AtomicU64; DOORS]; 2],
     latency: [Latency; 3],
 }
 
@@ -151,9 +179,16 @@ impl Metrics {
         self.errors[door.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts audio frames dropped under back-pressure.
-    pub fn dropped(&self, door: Door, frames: u64) {
-        self.dropped_frames[door.index()].fetch_add(frames, Ordering::Relaxed);
+    /// Counts audio frames dropped under back-pressure; the direction tells whether the server
+    /// (uplink) or the client side (downlink) fell behind.
+    pub fn dropped(&self, door: Door, direction: Direction, frames: u64) {
+        self.dropped_frames[direction.index()][door.index()].fetch_add(frames, Ordering::Relaxed);
+    }
+
+    /// Audio frames dropped so far at one door in one direction.
+    #[must_use]
+    pub fn dropped_frames(&self, door: Door, direction: Direction) -> u64 {
+        self.dropped_frames[direction.index()][door.index()].load(Ordering::Relaxed)
     }
 
     /// Records one provider latency.
@@ -221,13 +256,22 @@ impl Metrics {
             "Errors reported to clients, by door.",
             &self.errors,
         );
-        per_door(
-            &mut out,
-            "voxgate_dropped_frames_total",
-            "counter",
-            "Audio frames dropped under back-pressure, by door.",
-            &self.dropped_frames,
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_dropped_frames_total Audio frames dropped under back-pressure, by door \
+             and direction.\n# TYPE voxgate_dropped_frames_total counter"
         );
+        for door in Door::ALL {
+            for direction in [Direction::Uplink, Direction::Downlink] {
+                let _ = writeln!(
+                    out,
+                    "voxgate_dropped_frames_total{{door=\"{}\",direction=\"{}\"}} {}",
+                    door.label(),
+                    direction.label(),
+                    self.dropped_frames(door, direction)
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP voxgate_provider_latency_seconds Time to the first answer of a provider request.\n\
@@ -273,7 +317,7 @@ mod tests {
             let _g = m.session(Door::Realtime);
             assert_eq!(m.active_sessions(Door::Realtime), 1);
             m.turn(Door::Realtime);
-            m.dropped(Door::Realtime, 3);
+            m.dropped(Door::Realtime, Direction::Downlink, 3);
             m.latency(ProviderKind::Tts, Duration::from_millis(250));
         }
         assert_eq!(m.active_sessions(Door::Realtime), 0);
@@ -282,7 +326,8 @@ mod tests {
             "voxgate_sessions_total{door=\"realtime\"} 1",
             "voxgate_sessions_active{door=\"realtime\"} 0",
             "voxgate_turns_total{door=\"realtime\"} 1",
-            "voxgate_dropped_frames_total{door=\"realtime\"} 3",
+            "voxgate_dropped_frames_total{door=\"realtime\",direction=\"downlink\"} 3",
+            "voxgate_dropped_frames_total{door=\"realtime\",direction=\"uplink\"} 0",
             "voxgate_provider_latency_seconds_sum{provider=\"tts\"} 0.25",
             "voxgate_provider_latency_seconds_count{provider=\"tts\"} 1",
         ] {

@@ -43,7 +43,7 @@ use voxgate_realtime::{
     SessionUpdate, TtsSettings,
 };
 
-use crate::metrics::{Door, Metrics};
+use crate::metrics::{Direction, Door, Metrics};
 use crate::providers::{Providers, Runner};
 
 /// What a connection needs from the server.
@@ -118,7 +118,7 @@ pub(crate) async fn serve(socket: WebSocket, ctx: DoorContext) {
             if is_audio {
                 match in_tx.try_send(incoming) {
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        reader_metrics.dropped(Door::Realtime, 1);
+                        reader_metrics.dropped(Door::Realtime, Direction::Uplink, 1);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => break,
                     Ok(()) => {}
@@ -501,7 +501,7 @@ impl Connection {
                         };
                         if audio {
                             if self.out.try_send(out).is_err() {
-                                self.metrics.dropped(Door::Realtime, 1);
+                                self.metrics.dropped(Door::Realtime, Direction::Downlink, 1);
                             }
                         } else {
                             let _ = self.out.send(out).await;

@@ -7,7 +7,7 @@
 //! by its own `INTERRUPTED`/`TURN_COMPLETE`), and `TOOL_CALL`/`TOOL_CALL_CANCELLATION`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -160,6 +160,9 @@ impl EngineSession {
             }),
             system_prompt: system_prompt(config),
             temperature: temperature(config),
+            // The bridge protocol has no history export: keeping speech would only cost memory.
+            keep_user_audio: false,
+            max_history_audio: Duration::ZERO,
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;

@@ -29,7 +29,7 @@ use voxgate_gemini::{ClientMessage, LiveConfig, ServerMessage};
 
 pub use config::{GeminiConfig, GeminiMode};
 
-use crate::metrics::{Door, Metrics};
+use crate::metrics::{Direction, Door, Metrics};
 use crate::providers::Providers;
 use crate::server::{App, DoorListener};
 
@@ -130,7 +130,7 @@ async fn serve(socket: WebSocket, ctx: Ctx) {
             if is_audio {
                 match in_tx.try_send(incoming) {
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        reader_metrics.dropped(Door::Gemini, 1);
+                        reader_metrics.dropped(Door::Gemini, Direction::Uplink, 1);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => break,
                     Ok(()) => {}
@@ -291,7 +291,7 @@ impl Connection {
             };
             if m.is_droppable() && !out.close {
                 if self.out.try_send(out).is_err() {
-                    self.metrics.dropped(Door::Gemini, 1);
+                    self.metrics.dropped(Door::Gemini, Direction::Downlink, 1);
                 }
             } else {
                 let _ = self.out.send(out).await;

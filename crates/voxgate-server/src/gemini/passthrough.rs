@@ -22,7 +22,7 @@ use voxgate_gemini::{
 };
 
 use super::GeminiConfig;
-use crate::metrics::{Door, Metrics};
+use crate::metrics::{Direction, Door, Metrics};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const UP_QUEUE: usize = 256;
@@ -157,7 +157,7 @@ impl PassSession {
         let frame = live.encode();
         if audio_only {
             if self.to_up.try_send(frame).is_err() {
-                self.metrics.dropped(Door::Gemini, 1);
+                self.metrics.dropped(Door::Gemini, Direction::Uplink, 1);
             }
         } else if self.to_up.send(frame).await.is_err() {
             // The task ended; its Closed/Failed event tells the client.

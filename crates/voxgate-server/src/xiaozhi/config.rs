@@ -14,6 +14,10 @@
 //! output_sample_rate = 24000       # downlink Opus rate (8000/12000/16000/24000/48000)
 //! output_frame_ms = 60             # downlink frame length (20, 40 or 60)
 //! lead_frames = 5                  # frames sent at once before real-time pacing
+//! opus_backend = "auto"            # "auto" (libopus when built in, else pure), "pure", "libopus"
+//! opus_application = "audio"       # downlink encoder mode: "audio" (like the reference server) or "voip"
+//! opus_bitrate = 24000             # downlink bits per second
+//! opus_complexity = 5              # downlink encoder complexity (0-10)
 //! emotions = ["🙂", "😆", ...]     # faces allowed (emoji or firmware names); default: all 21
 //! default_emotion = "🙂"           # face for replies without an allowed leading emoji
 //! wake_words = ["你好小智", ...]    # `listen detect` texts that are wake words, not turns
@@ -26,6 +30,7 @@
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+use voxgate_audio::opus::{OpusApplication, OpusBackend};
 use voxgate_xiaozhi::emotion::{EmojiPolicy, Emotion};
 
 use crate::config::ConfigError;
@@ -53,6 +58,81 @@ const DEFAULT_SYSTEM_PROMPT: &str = "You are a friendly voice assistant running 
 device with a speaker and a screen. Start every reply with exactly one emoji that shows your \
 mood, then answer in one to three short spoken sentences without markdown. Use the device's \
 tools when the user asks you to change something on the device.";
+
+/// Which Opus implementation the door's encoder and decoder use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpusBackendChoice {
+    /// libopus when the server was built with the `libopus` feature, else the pure-Rust codec.
+    #[default]
+    Auto,
+    /// The pure-Rust `opus-rs` codec (always available).
+    Pure,
+    /// Bundled libopus (a build with the `libopus` feature): about a tenth of the pure codec's
+    /// memory per session and faster.
+    Libopus,
+}
+
+impl OpusBackendChoice {
+    /// The backend this choice resolves to in this build.
+    #[must_use]
+    pub fn resolve(self) -> OpusBackend {
+        match self {
+            Self::Pure => OpusBackend::Pure,
+            Self::Libopus => OpusBackend::Libopus,
+            Self::Auto if OpusBackend::Libopus.is_available() => OpusBackend::Libopus,
+            Self::Auto => OpusBackend::Pure,
+        }
+    }
+}
+
+impl std::str::FromStr for OpusBackendChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Self::Auto),
+            "pure" => Ok(Self::Pure),
+            "libopus" => Ok(Self::Libopus),
+            other => Err(format!("{other:?} is not one of auto, pure, libopus")),
+        }
+    }
+}
+
+/// The downlink encoder's mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DownlinkApplication {
+    /// Opus `APPLICATION_AUDIO`, what the Xiaozhi reference servers encode replies with: at
+    /// 24 kbit/s the encoder picks CELT, which costs a quarter of the CPU of `voip`.
+    #[default]
+    Audio,
+    /// Opus `APPLICATION_VOIP` (SILK/hybrid): favours intelligibility at low bitrates.
+    Voip,
+}
+
+impl DownlinkApplication {
+    /// The audio crate's application.
+    #[must_use]
+    pub fn to_opus(self) -> OpusApplication {
+        match self {
+            Self::Audio => OpusApplication::Audio,
+            Self::Voip => OpusApplication::Voip,
+        }
+    }
+}
+
+impl std::str::FromStr for DownlinkApplication {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "audio" => Ok(Self::Audio),
+            "voip" => Ok(Self::Voip),
+            other => Err(format!("{other:?} is not one of audio, voip")),
+        }
+    }
+}
 
 /// Settings of the Xiaozhi door (`[xiaozhi]` in the configuration file). See the
 /// Xiaozhi door page (`docs/doors/xiaozhi.md`) for every key with its default.
@@ -90,6 +170,14 @@ pub struct XiaozhiConfig {
     pub output_frame_ms: u32,
     /// Reply frames sent at once before pacing at real time (the device buffers 40).
     pub lead_frames: u32,
+    /// The Opus implementation for the device's audio in both directions.
+    pub opus_backend: OpusBackendChoice,
+    /// The downlink encoder's mode.
+    pub opus_application: DownlinkApplication,
+    /// The downlink encoder's bitrate in bits per second.
+    pub opus_bitrate: u32,
+    /// The downlink encoder's complexity, 0 (cheapest) to 10.
+    pub opus_complexity: u8,
     /// Faces the device may show: emoji or firmware names (`happy`). A reply whose leading
     /// emoji is not listed shows `default_emotion` instead.
     pub emotions: Vec<String>,
@@ -123,6 +211,10 @@ impl Default for XiaozhiConfig {
             output_sample_rate: 24_000,
             output_frame_ms: 60,
             lead_frames: 5,
+            opus_backend: OpusBackendChoice::Auto,
+            opus_application: DownlinkApplication::Audio,
+            opus_bitrate: 24_000,
+            opus_complexity: 5,
             emotions: FIRMWARE_FACES.iter().map(|s| (*s).to_owned()).collect(),
             default_emotion: "🙂".to_owned(),
             wake_words: DEFAULT_WAKE_WORDS.iter().map(|s| (*s).to_owned()).collect(),
@@ -220,6 +312,18 @@ impl XiaozhiConfig {
         if let Some(v) = var("VOXGATE_XIAOZHI_LEAD_FRAMES") {
             self.lead_frames = parse("VOXGATE_XIAOZHI_LEAD_FRAMES", &v)?;
         }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_BACKEND") {
+            self.opus_backend = parse("VOXGATE_XIAOZHI_OPUS_BACKEND", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_APPLICATION") {
+            self.opus_application = parse("VOXGATE_XIAOZHI_OPUS_APPLICATION", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_BITRATE") {
+            self.opus_bitrate = parse("VOXGATE_XIAOZHI_OPUS_BITRATE", &v)?;
+        }
+        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_COMPLEXITY") {
+            self.opus_complexity = parse("VOXGATE_XIAOZHI_OPUS_COMPLEXITY", &v)?;
+        }
         if let Some(v) = var("VOXGATE_XIAOZHI_EMOTIONS") {
             self.emotions = list(&v);
         }
@@ -289,6 +393,25 @@ impl XiaozhiConfig {
                 self.lead_frames
             ));
         }
+        if !self.opus_backend.resolve().is_available() {
+            return bad(
+                "opus_backend = \"libopus\" needs a server built with the `libopus` feature \
+                 (cargo build --features voxgate-server-bin/libopus; needs cmake)"
+                    .into(),
+            );
+        }
+        if !(6_000..=510_000).contains(&self.opus_bitrate) {
+            return bad(format!(
+                "opus_bitrate = {} (must be 6000 to 510000)",
+                self.opus_bitrate
+            ));
+        }
+        if self.opus_complexity > 10 {
+            return bad(format!(
+                "opus_complexity = {} (must be 0 to 10)",
+                self.opus_complexity
+            ));
+        }
         if self.hello_timeout_ms == 0 {
             return bad("hello_timeout_ms must be positive".into());
         }
@@ -339,6 +462,44 @@ mod tests {
         let bad = XiaozhiConfig::default()
             .apply_env(&|k: &str| (k == "VOXGATE_XIAOZHI_AUTH").then(|| "maybe".to_owned()));
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn opus_settings_from_env_and_checks() {
+        let mut c = XiaozhiConfig::default();
+        assert_eq!(c.opus_application, DownlinkApplication::Audio);
+        let env = |k: &str| match k {
+            "VOXGATE_XIAOZHI_OPUS_BACKEND" => Some("Pure".to_owned()),
+            "VOXGATE_XIAOZHI_OPUS_APPLICATION" => Some("voip".to_owned()),
+            "VOXGATE_XIAOZHI_OPUS_BITRATE" => Some("32000".to_owned()),
+            "VOXGATE_XIAOZHI_OPUS_COMPLEXITY" => Some("9".to_owned()),
+            _ => None,
+        };
+        c.apply_env(&env).unwrap();
+        assert_eq!(c.opus_backend.resolve(), OpusBackend::Pure);
+        assert_eq!(c.opus_application.to_opus(), OpusApplication::Voip);
+        assert_eq!((c.opus_bitrate, c.opus_complexity), (32_000, 9));
+        c.check().unwrap();
+        c.opus_complexity = 11;
+        assert!(c.check().is_err());
+        c.opus_complexity = 5;
+        c.opus_bitrate = 1_000;
+        assert!(c.check().is_err());
+        let bad = XiaozhiConfig::default().apply_env(&|k: &str| {
+            (k == "VOXGATE_XIAOZHI_OPUS_BACKEND").then(|| "ffmpeg".to_owned())
+        });
+        assert!(bad.is_err());
+        // `auto` takes libopus exactly when it is compiled in; asking for it without the
+        // feature is a configuration error, not a surprise at the first connection.
+        let libopus = XiaozhiConfig {
+            opus_backend: OpusBackendChoice::Libopus,
+            ..XiaozhiConfig::default()
+        };
+        assert_eq!(libopus.check().is_ok(), OpusBackend::Libopus.is_available());
+        assert_eq!(
+            OpusBackendChoice::Auto.resolve() == OpusBackend::Libopus,
+            OpusBackend::Libopus.is_available()
+        );
     }
 
     #[test]

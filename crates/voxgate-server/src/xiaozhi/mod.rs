@@ -29,7 +29,7 @@ use voxgate_xiaozhi::frame::ProtocolVersion;
 use voxgate_xiaozhi::ota::{OtaHeaders, OtaRequest, OtaResponse, ServerTime, WebSocketConfig};
 use voxgate_xiaozhi::token::{self, TokenSecret};
 
-pub use config::XiaozhiConfig;
+pub use config::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
 use crate::server::{App, DoorListener};
 
@@ -173,6 +173,9 @@ fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &[u8])> {
     headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()))
 }
 
+/// Initial WebSocket read buffer per device connection.
+const READ_BUFFER_BYTES: usize = 4 * 1024;
+
 async fn upgrade(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -217,8 +220,11 @@ async fn upgrade(
         vision_token,
     };
     let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
+    // Device frames are a few hundred bytes; tungstenite's 128 KiB default read buffer would be
+    // most of a session's memory. Larger frames still arrive: the buffer grows to fit them.
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)
+        .read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| session::serve(socket, app, info))
 }
 

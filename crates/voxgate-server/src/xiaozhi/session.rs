@@ -8,9 +8,10 @@
 //!
 //! - `ResponseBegin` → `tts start`; `Emotion` → `llm`; `UserTranscription` → `stt`;
 //! - `SentenceStart` + `AudioChunk`s → the sentence's `tts sentence_start` followed by its Opus
-//!   frames (resampled to the announced rate, cut into announced-length frames, framed by the
-//!   device's protocol version), released by a [`Pacer`]: a lead burst, then real time. The
-//!   subtitle rides with the first frame of its audio so it shows when the sentence plays;
+//!   frames (resampled to the announced rate, cut into announced-length frames and encoded as
+//!   they arrive), released by a [`Pacer`] (a lead burst, then real time) and framed by the
+//!   device's protocol version on release. The subtitle rides with the first frame of its audio
+//!   so it shows when the sentence plays;
 //! - `ResponseFinished` → `tts stop` once the paced audio has played out; `ClearPlayback`
 //!   (barge-in, abort, manual listen) → queued audio dropped and `tts stop` at once;
 //! - `DeviceMcp` → an `mcp` envelope (`initialize` gains the `vision` capability).
@@ -29,9 +30,7 @@ use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use voxgate_audio::format::{f32_to_i16, i16_to_f32};
-use voxgate_audio::opus::{
-    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
-};
+use voxgate_audio::opus::{FrameDuration, OpusDecoder, OpusEncoder, OpusEncoderConfig};
 use voxgate_audio::pacer::{Pacer, PacerConfig};
 use voxgate_audio::resample::Resampler;
 use voxgate_engine::{
@@ -43,7 +42,7 @@ use voxgate_xiaozhi::control::{
 };
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
-use crate::metrics::{Door, Metrics};
+use crate::metrics::{Direction, Door, Metrics};
 use crate::providers::Runner;
 use crate::server::App;
 
@@ -72,6 +71,8 @@ const IN_QUEUE: usize = 64;
 const OUT_QUEUE: usize = 256;
 /// Reply frames held by the pacer: 2 minutes of 60 ms frames.
 const PACER_CAPACITY: usize = 2_000;
+/// Reply audio is converted and resampled this many samples at a time.
+const PUSH_SLICE: usize = 1024;
 /// Uplink Opus is always decoded at the VAD's rate (Opus decodes to any rate).
 const INPUT_RATE: u32 = 16_000;
 
@@ -100,7 +101,7 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
                 Message::Binary(b) => {
                     match in_tx.try_send(Incoming::Binary(b)) {
                         Err(mpsc::error::TrySendError::Full(_)) => {
-                            reader_metrics.dropped(Door::Xiaozhi, 1);
+                            reader_metrics.dropped(Door::Xiaozhi, Direction::Uplink, 1);
                         }
                         Err(mpsc::error::TrySendError::Closed(_)) => break,
                         Ok(()) => {}
@@ -167,12 +168,14 @@ struct Conn {
 
 /// A paced downlink item: a frame, and the subtitle to show when it starts playing.
 ///
-/// Frames are queued as PCM and encoded when released, so a reply synthesized faster than real
-/// time costs one Opus encode per frame duration instead of a burst that would stall the session.
+/// Frames are queued encoded: a reply synthesized faster than real time waits in the pacer as
+/// Opus packets (about 180 bytes per 60 ms at 24 kbit/s) rather than PCM (2.9 KB), which keeps a
+/// long reply from costing hundreds of kilobytes per session. The framing (and the v2 timestamp)
+/// is added on release, so audio dropped by a barge-in leaves no gap in the timestamps.
 struct Paced {
     subtitle: Option<String>,
-    /// One frame of 16-bit PCM at the announced rate; `None` for a subtitle without audio.
-    pcm: Option<Vec<i16>>,
+    /// One Opus packet of the announced frame length; `None` for a subtitle without audio.
+    packet: Option<Bytes>,
 }
 
 /// A session after the hello.
@@ -189,6 +192,8 @@ struct Session {
     /// Reply audio at `out_rate` not yet a whole frame.
     pcm: Vec<f32>,
     scratch: Vec<f32>,
+    /// One frame converted to 16-bit for the encoder.
+    frame_pcm: Vec<i16>,
     frame_buf: Vec<u8>,
     pacer: Pacer<Paced>,
     /// A `sentence_start` waiting for the first frame of its audio.
@@ -677,7 +682,7 @@ impl Conn {
         }
         let due: Vec<(Option<String>, Option<Bytes>)> = due
             .into_iter()
-            .map(|p| (p.subtitle, p.pcm.and_then(|pcm| s.encode(&pcm))))
+            .map(|p| (p.subtitle, p.packet.and_then(|packet| s.frame(&packet))))
             .collect();
         let sid = s.id.clone();
         let stop = s.stop_at(now).is_some_and(|t| t <= now);
@@ -693,7 +698,7 @@ impl Conn {
             if let Some(frame) = frame
                 && self.out.try_send(Message::Binary(frame)).is_err()
             {
-                self.metrics.dropped(Door::Xiaozhi, 1);
+                self.metrics.dropped(Door::Xiaozhi, Direction::Downlink, 1);
             }
         }
         if stop {
@@ -712,17 +717,26 @@ impl Session {
             system_prompt: config.system_prompt.clone(),
             emotion: Some(config.emoji_policy()),
             input_rate: INPUT_RATE,
+            // Devices never ask for history: no user or reply audio is kept, so a session's
+            // memory does not grow with the length of its replies or of the conversation.
+            keep_user_audio: false,
+            max_history_audio: Duration::ZERO,
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
         let frame_duration = FrameDuration::from_millis(config.output_frame_ms)
             .ok_or_else(|| format!("frame length {} ms", config.output_frame_ms))?;
+        let backend = config.opus_backend.resolve();
         let encoder = OpusEncoder::new(OpusEncoderConfig {
             frame_duration,
+            bitrate: config.opus_bitrate,
+            complexity: config.opus_complexity,
+            application: config.opus_application.to_opus(),
+            backend,
             ..OpusEncoderConfig::voice(config.output_sample_rate)
         })
         .map_err(|e| e.to_string())?;
-        let decoder = OpusDecoder::new(INPUT_RATE, OpusBackend::Pure).map_err(|e| e.to_string())?;
+        let decoder = OpusDecoder::new(INPUT_RATE, backend).map_err(|e| e.to_string())?;
         let frame_samples = encoder.frame_samples();
         Ok(Self {
             id: super::new_session_id(),
@@ -736,6 +750,7 @@ impl Session {
             resampler: None,
             pcm: Vec::with_capacity(frame_samples * 2),
             scratch: Vec::new(),
+            frame_pcm: Vec::with_capacity(frame_samples),
             frame_buf: Vec::new(),
             pacer: Pacer::new(PacerConfig::new(
                 Duration::from_millis(u64::from(config.output_frame_ms)),
@@ -787,9 +802,18 @@ impl Session {
 
     /// Reply audio in: resample to the announced rate and cut into frames.
     fn push_audio(&mut self, now: Instant, samples: &[i16], rate: u32, metrics: &Metrics) {
-        if rate == 0 || samples.is_empty() {
+        if rate == 0 {
             return;
         }
+        // A TTS chunk can be a whole sentence (seconds of audio). Taking it a slice at a time
+        // keeps the conversion and resampling buffers at a few kilobytes for the session's
+        // life instead of growing to the longest sentence ever spoken.
+        for slice in samples.chunks(PUSH_SLICE) {
+            self.push_slice(now, slice, rate, metrics);
+        }
+    }
+
+    fn push_slice(&mut self, now: Instant, samples: &[i16], rate: u32, metrics: &Metrics) {
         self.scratch.clear();
         self.scratch.extend(samples.iter().map(|&s| i16_to_f32(s)));
         if rate == self.out_rate {
@@ -834,13 +858,13 @@ impl Session {
                 now,
                 Paced {
                     subtitle: Some(subtitle),
-                    pcm: None,
+                    packet: None,
                 },
             );
         }
     }
 
-    /// Queues every whole frame of `pcm` with the pacer.
+    /// Encodes every whole frame of `pcm` and queues it with the pacer.
     fn encode_frames(&mut self, now: Instant, metrics: &Metrics) {
         let n = self.frame_samples;
         let mut start = 0;
@@ -849,26 +873,28 @@ impl Session {
                 break;
             };
             start += n;
+            self.frame_pcm.clear();
+            self.frame_pcm.extend(chunk.iter().map(|&x| f32_to_i16(x)));
+            let packet = match self.encoder.encode(&self.frame_pcm) {
+                Ok(p) => Bytes::copy_from_slice(p),
+                Err(e) => {
+                    tracing::warn!(%e, "opus encode failed");
+                    continue;
+                }
+            };
             let paced = Paced {
                 subtitle: self.subtitle.take(),
-                pcm: Some(chunk.iter().map(|&x| f32_to_i16(x)).collect()),
+                packet: Some(packet),
             };
             if self.pacer.handle_input(now, paced).is_err() {
-                metrics.dropped(Door::Xiaozhi, 1);
+                metrics.dropped(Door::Xiaozhi, Direction::Downlink, 1);
             }
         }
         self.pcm.drain(..start);
     }
 
-    /// One frame as an Opus packet in the device's framing.
-    fn encode(&mut self, pcm: &[i16]) -> Option<Bytes> {
-        let packet = match self.encoder.encode(pcm) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(%e, "opus encode failed");
-                return None;
-            }
-        };
+    /// One Opus packet in the device's framing, stamped with the audio time sent so far.
+    fn frame(&mut self, packet: &[u8]) -> Option<Bytes> {
         self.frame_buf.clear();
         let frame = if self.codec.version().has_timestamp() {
             Frame::opus_at(self.timestamp, packet)

@@ -1,0 +1,280 @@
+//! Heap held per Xiaozhi device session, measured exactly with a counting allocator.
+//!
+//! `cargo bench -p voxgate-server --bench session_memory` (add `--features libopus` to compare
+//! the libopus backend). The real server runs in-process on its own tokio runtime whose threads
+//! are tagged, so the counting allocator attributes every byte to the server or to the simulated
+//! devices (which share the process). Each device connects, says hello, streams speech, then
+//! asks for a reply (`listen detect`) and keeps listening while the reply plays; the figure is the
+//! server's live heap divided by the number of sessions, taken mid-reply (the peak of a session's
+//! life: codecs, engine, VAD, queued reply audio, socket buffers). After every device has left,
+//! the server's heap must be back at its baseline: anything left is reported as a leak.
+//!
+//! RSS per session (what `cargo xtask load` reports) adds the allocator's own overhead and
+//! fragmentation on top of these figures.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use voxgate_audio::opus::{OpusBackend, OpusEncoder, OpusEncoderConfig};
+use voxgate_audio::wav::read_wav;
+use voxgate_server::metrics::Door;
+use voxgate_server::{Config, OpusBackendChoice, Server};
+use voxgate_test_support::{CountingAllocator, live_bytes_tagged, set_thread_tag};
+use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+/// Tag of the server runtime's threads.
+const SERVER: usize = 1;
+const SESSIONS: usize = 100;
+const WAIT: Duration = Duration::from_secs(30);
+
+fn main() {
+    let backends: Vec<OpusBackendChoice> = [OpusBackendChoice::Pure, OpusBackendChoice::Libopus]
+        .into_iter()
+        .filter(|b| b.resolve().is_available())
+        .filter(|b| {
+            // `cargo bench ... -- libopus` measures one backend (e.g. under a heap profiler).
+            let name = format!("{b:?}").to_lowercase();
+            let only: Vec<String> = std::env::args()
+                .skip(1)
+                .filter(|a| a == "pure" || a == "libopus")
+                .collect();
+            only.is_empty() || only.contains(&name)
+        })
+        .collect();
+    println!("session_memory: {SESSIONS} concurrent Xiaozhi sessions, live heap of the server");
+    for backend in backends {
+        let r = measure(backend);
+        println!(
+            "  opus_backend = {:<8} {:>6.1} KB per session mid-reply ({:.1} KB after hello), \
+             {:+.1} KB per session left after all closed (baseline {:.0} KB)",
+            format!("{backend:?}").to_lowercase(),
+            r.mid_reply_kb,
+            r.after_hello_kb,
+            r.leak_kb,
+            r.baseline_kb,
+        );
+    }
+}
+
+struct Figures {
+    baseline_kb: f64,
+    after_hello_kb: f64,
+    mid_reply_kb: f64,
+    leak_kb: f64,
+}
+
+fn server_heap() -> f64 {
+    #[allow(clippy::cast_precision_loss, reason = "kilobytes for display")]
+    let kb = live_bytes_tagged(SERVER) as f64 / 1024.0;
+    kb
+}
+
+fn measure(backend: OpusBackendChoice) -> Figures {
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .on_thread_start(|| set_thread_tag(SERVER))
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut config = Config::default().with_ephemeral_ports();
+    config.xiaozhi.opus_backend = backend;
+    config.xiaozhi.idle_timeout_secs = 0;
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server_task = server_rt.spawn(async move {
+        let server = Server::bind(config).await.unwrap();
+        addr_tx
+            .send((server.local_addr(), server.metrics()))
+            .unwrap();
+        server
+            .run(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+            .unwrap();
+    });
+    let (addr, metrics) = addr_rx.recv_timeout(WAIT).unwrap();
+    let packets = speech_packets();
+
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let figures = client_rt.block_on(async {
+        // Warm-up: one whole session, so lazily built shared state (the embedded voice, the
+        // runtime's pools) is not charged to the measured sessions.
+        let mut warm = Device::connect(addr).await;
+        warm.hello().await;
+        warm.reply_started(&packets).await;
+        warm.close().await;
+        wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let baseline = server_heap();
+
+        let mut devices = Vec::with_capacity(SESSIONS);
+        for _ in 0..SESSIONS {
+            let mut d = Device::connect(addr).await;
+            d.hello().await;
+            devices.push(d);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after_hello = server_heap();
+        let started: Vec<_> = devices
+            .iter_mut()
+            .map(|d| d.reply_started(&packets))
+            .collect();
+        futures::future::join_all(started).await;
+        // A moment into the replies: every session is speaking, its reply queued.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mid_reply = server_heap();
+        for d in devices {
+            d.close().await;
+        }
+        wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = server_heap();
+        #[allow(clippy::cast_precision_loss, reason = "a small count")]
+        let n = SESSIONS as f64;
+        Figures {
+            baseline_kb: baseline,
+            after_hello_kb: (after_hello - baseline) / n,
+            mid_reply_kb: (mid_reply - baseline) / n,
+            leak_kb: (after - baseline) / n,
+        }
+    });
+    let _ = stop_tx.send(());
+    server_rt.block_on(async {
+        tokio::time::timeout(WAIT, server_task)
+            .await
+            .unwrap()
+            .unwrap();
+    });
+    figures
+}
+
+async fn wait_for(mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < WAIT, "timed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One second of the speech fixture and one of silence (so the server's VAD ends the utterance)
+/// as 60 ms Opus packets at 16 kHz, the device's uplink.
+fn speech_packets() -> Vec<Vec<u8>> {
+    let wav = read_wav(include_bytes!(
+        "../../voxgate-audio/tests/fixtures/speech.wav"
+    ))
+    .unwrap();
+    let pcm = wav.to_mono_i16();
+    let mut enc = OpusEncoder::new(OpusEncoderConfig {
+        backend: OpusBackend::Pure,
+        ..OpusEncoderConfig::voice(16_000)
+    })
+    .unwrap();
+    let silence = vec![0i16; 960 * 17];
+    pcm.chunks_exact(960)
+        .take(17)
+        .chain(silence.chunks_exact(960))
+        .map(|c| enc.encode(c).unwrap().to_vec())
+        .collect()
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct Device {
+    ws: Ws,
+    codec: FrameCodec,
+}
+
+impl Device {
+    async fn connect(addr: SocketAddr) -> Self {
+        let mut req = format!("ws://{addr}/xiaozhi/v1/")
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("Protocol-Version", "1".parse().unwrap());
+        req.headers_mut()
+            .insert("Device-Id", "aa:bb:cc:dd:ee:ff".parse().unwrap());
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
+            .await
+            .unwrap()
+            .unwrap();
+        Self {
+            ws,
+            codec: FrameCodec::new(ProtocolVersion::V1),
+        }
+    }
+
+    async fn send(&mut self, v: Value) {
+        self.ws
+            .send(Message::Text(v.to_string().into()))
+            .await
+            .unwrap();
+    }
+
+    async fn next_json(&mut self) -> Value {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("a message in time")
+                .expect("the server keeps the session open")
+                .unwrap();
+            if let Message::Text(t) = msg {
+                return serde_json::from_str(&t).unwrap();
+            }
+        }
+    }
+
+    async fn hello(&mut self) {
+        self.send(json!({
+            "type": "hello", "version": 1, "transport": "websocket",
+            "features": {"mcp": false},
+            "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}
+        }))
+        .await;
+        let hello = self.next_json().await;
+        assert_eq!(hello["type"], "hello");
+    }
+
+    /// Streams an utterance in auto mode and waits for the reply's first frames.
+    async fn reply_started(&mut self, packets: &[Vec<u8>]) {
+        self.send(json!({"type": "listen", "state": "start", "mode": "auto"}))
+            .await;
+        let mut out = Vec::new();
+        for p in packets {
+            out.clear();
+            self.codec.encode(&Frame::opus(p), &mut out).unwrap();
+            self.ws
+                .send(Message::Binary(out.clone().into()))
+                .await
+                .unwrap();
+        }
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("the reply in time")
+                .unwrap()
+                .unwrap();
+            if matches!(msg, Message::Binary(_)) {
+                return;
+            }
+        }
+    }
+
+    async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+        // Drain until the server closes its side.
+        while let Ok(Some(Ok(_))) = tokio::time::timeout(WAIT, self.ws.next()).await {}
+    }
+}
