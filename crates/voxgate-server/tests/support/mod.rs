@@ -2,7 +2,7 @@
 //! stops on request, WebSocket connect / receive with a timeout, raw HTTP/1.1 requests, and the
 //! Bridge/MCP helpers (Server-Sent Events, a scripted MCP server that connects in over
 //! WebSocket the way `mcp2xiaozhi` / `xiaozhi-mcp` relay one). Door-specific helpers stay in
-//! their test files.
+//! their test files. voxgate-client's end-to-end tests include this file too (`#[path]`).
 
 // Every test binary compiles this module (`mod support;`) but uses only part of it; without
 // these allows the unused rest would warn, and clippy `-D warnings` would fail, per binary.
