@@ -32,6 +32,12 @@ fn counter(server: &Running, name: &str) -> u64 {
         .unwrap()
 }
 
+/// Sends Retell's `ping_pong` with `timestamp`.
+async fn ping(ws: &mut Ws, timestamp: u64) {
+    let ping = json!({"interaction_type": "ping_pong", "timestamp": timestamp});
+    support::send_json(ws, &ping).await;
+}
+
 async fn connect(addr: SocketAddr, call_id: &str) -> Ws {
     support::connect(addr, &format!("/llm-websocket/{call_id}")).await
 }
@@ -610,11 +616,7 @@ async fn ping_pong_echoes_the_timestamp() {
     bounded(async {
         let server = Running::start(Config::default()).await;
         let mut ws = connect(server.addr, "call_ping").await;
-        ws.send(Message::Text(
-            r#"{"interaction_type":"ping_pong","timestamp":1700000000123}"#.into(),
-        ))
-        .await
-        .unwrap();
+        ping(&mut ws, 1700000000123).await;
         loop {
             let msg = next_message(&mut ws, WAIT).await.unwrap();
             let v: Value = serde_json::from_str(msg.to_text().unwrap()).unwrap();
@@ -897,11 +899,7 @@ async fn retell_silence_closes_with_1000_for_a_reconnect() {
         let server = Running::start(Config::default()).await;
         let mut ws = connect(server.addr, "call_quiet").await;
         // One ping arms the keep-alive; then Retell goes quiet.
-        ws.send(Message::Text(
-            r#"{"interaction_type":"ping_pong","timestamp":1}"#.into(),
-        ))
-        .await
-        .unwrap();
+        ping(&mut ws, 1).await;
         let started = Instant::now();
         let mut keepalives = 0;
         let code = loop {
