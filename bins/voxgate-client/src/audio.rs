@@ -4,10 +4,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use serde_json::json;
 use tokio::time::Instant;
 use voxgate_audio::format::f32_to_i16;
 use voxgate_audio::resample::Resampler;
 use voxgate_audio::wav::{read_wav, wav_bytes_i16};
+
+use crate::events::Events;
 
 /// Reads a WAV file as mono `f32` samples at `rate` (channels averaged, resampled).
 ///
@@ -17,6 +20,25 @@ pub fn load_wav(path: &Path, rate: u32) -> anyhow::Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let wav = read_wav(&bytes).with_context(|| format!("decoding {}", path.display()))?;
     resample(&wav.to_mono(), wav.sample_rate, rate)
+}
+
+/// A WAV file to stream: mono frames of `frame` at `rate` (the last one padded with silence),
+/// then `silence_tail` of silent frames so a server-side VAD sees the end of the speech.
+///
+/// # Errors
+/// As [`load_wav`].
+pub fn wav_frames(
+    path: &Path,
+    rate: u32,
+    frame: Duration,
+    silence_tail: Duration,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let samples = load_wav(path, rate)?;
+    let len = frame_samples(rate, frame);
+    let mut out = frames(&samples, len);
+    let tail = silence_tail.as_micros() / frame.as_micros().max(1);
+    out.extend((0..tail).map(|_| vec![0.0; len]));
+    Ok(out)
 }
 
 /// Resamples mono audio from `from` Hz to `to` Hz (a copy when the rates match).
@@ -92,6 +114,24 @@ pub fn from_s16le(bytes: &[u8]) -> Vec<i16> {
 pub fn save_wav(path: &Path, rate: u32, samples: &[i16]) -> anyhow::Result<()> {
     let bytes = wav_bytes_i16(rate, 1, samples).context("encoding WAV")?;
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Saves the reply audio as [`save_wav`] does and reports it as a `saved` event.
+///
+/// # Errors
+/// As [`save_wav`].
+pub fn save_reply(
+    path: &Path,
+    rate: u32,
+    samples: &[i16],
+    events: &mut Events,
+) -> anyhow::Result<()> {
+    save_wav(path, rate, samples)?;
+    events.emit(
+        "saved",
+        json!({"path": path.display().to_string(), "samples": samples.len(), "sample_rate": rate}),
+    );
+    Ok(())
 }
 
 /// Real-time pacing of a stream of equal frames: frame `n` is due `n` frame durations after

@@ -111,18 +111,10 @@ pub async fn run(opts: &GeminiOptions, events: &mut Events) -> anyhow::Result<Ge
     let deadline = Instant::now() + opts.timeout;
     let mut turns: Vec<Turn> = opts.texts.iter().cloned().map(Turn::Text).collect();
     if let Some(path) = &opts.wav {
-        let mut samples = audio::load_wav(path, INPUT_RATE)?;
-        samples.extend(std::iter::repeat_n(
-            0.0,
-            audio::frame_samples(INPUT_RATE, SILENCE_TAIL),
-        ));
-        turns.push(Turn::Audio(audio::frames(
-            &samples,
-            audio::frame_samples(INPUT_RATE, CHUNK),
-        )));
+        let chunks = audio::wav_frames(path, INPUT_RATE, CHUNK, SILENCE_TAIL)?;
+        turns.push(Turn::Audio(chunks));
     }
-    let mut ws = ws::connect(&opts.url, &[], opts.timeout).await?;
-    events.emit("connected", json!({"url": opts.url}));
+    let mut ws = ws::open(&opts.url, &[], opts.timeout, events, Value::Null).await?;
     send(&mut ws, &connect_message(opts)?, events).await?;
 
     let mut out = GeminiOutcome {
@@ -235,8 +227,7 @@ pub async fn run(opts: &GeminiOptions, events: &mut Events) -> anyhow::Result<Ge
                     }
                 }
                 Some(Ok(Message::Close(frame))) => {
-                    events.emit("closed", json!({"code": frame.as_ref().map(|f| u16::from(f.code)),
-                        "reason": frame.as_ref().map(|f| f.reason.to_string())}));
+                    events.emit("closed", ws::close_fields(frame.as_ref()));
                     bail!("server closed the session");
                 }
                 None => bail!("connection lost"),
@@ -252,12 +243,7 @@ pub async fn run(opts: &GeminiOptions, events: &mut Events) -> anyhow::Result<Ge
         json!({"turns": out.turns.len(), "audio_samples": out.audio.len()}),
     );
     if let Some(path) = &opts.save_reply {
-        audio::save_wav(path, out.sample_rate, &out.audio)?;
-        events.emit(
-            "saved",
-            json!({"path": path.display().to_string(),
-            "samples": out.audio.len(), "sample_rate": out.sample_rate}),
-        );
+        audio::save_reply(path, out.sample_rate, &out.audio, events)?;
     }
     Ok(out)
 }

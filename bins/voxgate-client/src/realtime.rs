@@ -111,15 +111,10 @@ enum Turn {
 pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<RealtimeOutcome> {
     let mut turns: Vec<Turn> = opts.texts.iter().cloned().map(Turn::Text).collect();
     if let Some(path) = &opts.wav {
-        let samples = audio::load_wav(path, opts.input_rate)?;
-        let frame = audio::frame_samples(opts.input_rate, FRAME);
-        let mut frames: Vec<Bytes> = audio::frames(&samples, frame)
+        let frames = audio::wav_frames(path, opts.input_rate, FRAME, SILENCE_TAIL)?
             .iter()
             .map(|f| Bytes::from(audio::s16le(f)))
             .collect();
-        let silence = Bytes::from(vec![0u8; frame * 2]);
-        let tail = SILENCE_TAIL.as_millis() / FRAME.as_millis();
-        frames.extend((0..tail).map(|_| silence.clone()));
         turns.push(Turn::Audio(frames));
     }
     let deadline = Instant::now() + opts.timeout;
@@ -128,8 +123,7 @@ pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
         .iter()
         .map(|k| ("authorization", format!("Bearer {k}")))
         .collect();
-    let mut ws = ws::connect(&opts.url, &headers, opts.timeout).await?;
-    events.emit("connected", json!({"url": opts.url}));
+    let mut ws = ws::open(&opts.url, &headers, opts.timeout, events, Value::Null).await?;
 
     let input = AudioFormat::new(
         opts.input_rate,
@@ -258,8 +252,7 @@ pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
                 let bytes = match msg {
                     Some(Ok(Message::Binary(b))) => b,
                     Some(Ok(Message::Close(frame))) => {
-                        events.emit("closed", json!({"code": frame.as_ref().map(|f| u16::from(f.code)),
-                            "reason": frame.as_ref().map(|f| f.reason.to_string())}));
+                        events.emit("closed", ws::close_fields(frame.as_ref()));
                         bail!("server closed the session{}", last_error(&out));
                     }
                     None => bail!("connection lost{}", last_error(&out)),
@@ -324,12 +317,7 @@ pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
         json!({"replies": out.replies.len(), "audio_samples": out.audio.len()}),
     );
     if let Some(path) = &opts.save_reply {
-        audio::save_wav(path, opts.output_rate, &out.audio)?;
-        events.emit(
-            "saved",
-            json!({"path": path.display().to_string(),
-            "samples": out.audio.len(), "sample_rate": opts.output_rate}),
-        );
+        audio::save_reply(path, opts.output_rate, &out.audio, events)?;
     }
     Ok(out)
 }

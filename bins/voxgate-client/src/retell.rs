@@ -85,11 +85,8 @@ pub async fn run(opts: &RetellOptions, events: &mut Events) -> anyhow::Result<Re
     // The client plays a scripted user: no reminders unless the server configures them.
     cfg.reminder_trigger = None;
     let mut driver = RetellDriver::new(cfg);
-    let mut ws = ws::connect(&opts.url, &[], opts.timeout).await?;
-    events.emit(
-        "connected",
-        json!({"url": opts.url, "call_id": call_id_of(&opts.url)}),
-    );
+    let fields = json!({"call_id": call_id_of(&opts.url)});
+    let mut ws = ws::open(&opts.url, &[], opts.timeout, events, fields).await?;
     driver.handle_input(std::time::Instant::now(), DriverInput::Connected);
 
     let mut out = RetellOutcome::default();
@@ -229,8 +226,7 @@ pub async fn run(opts: &RetellOptions, events: &mut Events) -> anyhow::Result<Re
                     }
                 }
                 Some(Ok(Message::Close(frame))) => {
-                    events.emit("closed", json!({"code": frame.as_ref().map(|f| u16::from(f.code)),
-                        "reason": frame.as_ref().map(|f| f.reason.to_string())}));
+                    events.emit("closed", ws::close_fields(frame.as_ref()));
                     driver.handle_input(std::time::Instant::now(), DriverInput::Disconnected);
                     if awaiting.is_some() || next_text < opts.texts.len() {
                         // The driver decides whether to reconnect; keep looping for its outputs.

@@ -3,11 +3,14 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::events::Events;
 
 /// A client WebSocket.
 pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -39,4 +42,31 @@ pub async fn connect(
         Ok(Err(e)) => Err(e).with_context(|| format!("connecting to {url}")),
         Err(_) => bail!("connecting to {url}: no answer within {timeout:?}"),
     }
+}
+
+/// Opens `url` as [`connect`] does and reports it as a `connected` event: the URL plus
+/// `fields` (a JSON object, or `null` for none).
+///
+/// # Errors
+/// As [`connect`].
+pub async fn open(
+    url: &str,
+    headers: &[(&'static str, String)],
+    timeout: Duration,
+    events: &mut Events,
+    fields: Value,
+) -> anyhow::Result<Ws> {
+    let ws = connect(url, headers, timeout).await?;
+    let mut report = json!({"url": url});
+    if let (Some(report), Value::Object(fields)) = (report.as_object_mut(), fields) {
+        report.extend(fields);
+    }
+    events.emit("connected", report);
+    Ok(ws)
+}
+
+/// The fields of a `closed` event for the close frame the server sent, if any.
+#[must_use]
+pub fn close_fields(frame: Option<&CloseFrame>) -> Value {
+    json!({"code": frame.map(|f| u16::from(f.code)), "reason": frame.map(|f| f.reason.to_string())})
 }

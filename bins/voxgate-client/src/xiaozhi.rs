@@ -247,11 +247,8 @@ pub async fn run(opts: &XiaozhiOptions, events: &mut Events) -> anyhow::Result<X
         .unwrap_or_default();
 
     let headers = upgrade_headers(&opts.device_id, &opts.client_id, token.as_deref(), version);
-    let mut ws = ws::connect(&url, &headers, opts.timeout).await?;
-    events.emit(
-        "connected",
-        json!({"url": url, "protocol_version": version.number()}),
-    );
+    let fields = json!({"protocol_version": version.number()});
+    let mut ws = ws::open(&url, &headers, opts.timeout, events, fields).await?;
     send_text(&mut ws, hello(version, opts.mcp), events).await?;
 
     let mut out = XiaozhiOutcome::default();
@@ -412,8 +409,7 @@ pub async fn run(opts: &XiaozhiOptions, events: &mut Events) -> anyhow::Result<X
                         }
                     }
                     Some(Ok(Message::Close(frame))) => {
-                        events.emit("closed", json!({"code": frame.as_ref().map(|f| u16::from(f.code)),
-                            "reason": frame.as_ref().map(|f| f.reason.to_string())}));
+                        events.emit("closed", ws::close_fields(frame.as_ref()));
                         bail!("server closed the session");
                     }
                     None => bail!("connection lost"),

@@ -5,19 +5,20 @@
 
 #[path = "../../voxgate-providers/tests/acp/rust_agent.rs"]
 mod rust_agent;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
+use futures::SinkExt;
+use support::{Running, Ws, next_message, try_connect};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use voxgate_realtime::proto::InferenceTriggerMode;
 use voxgate_realtime::proto::client_bound_message::Payload as Down;
 use voxgate_realtime::{AudioFormat, ClientBoundMessage, ServiceBoundMessage, SessionConfig};
-use voxgate_server::{Config, Server};
+use voxgate_server::Config;
 
+/// Longer than the shared default: each session starts an agent process.
 const WAIT: Duration = Duration::from_secs(20);
 
 /// The Rust test agent's entry point, when this binary is started as an agent.
@@ -36,34 +37,21 @@ fn acp_test_agent_main() {
     std::process::exit(0);
 }
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
 async fn recv_payload(ws: &mut Ws) -> Down {
     loop {
-        let msg = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("a message within the timeout");
-        match msg {
-            Some(Ok(Message::Binary(b))) => {
-                return ClientBoundMessage::decode_frame(b)
-                    .unwrap()
-                    .payload
-                    .unwrap();
-            }
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => panic!("server closed"),
-            Some(Ok(_)) => {}
+        if let Message::Binary(b) = next_message(ws, WAIT).await.expect("server closed") {
+            return ClientBoundMessage::decode_frame(b)
+                .unwrap()
+                .payload
+                .unwrap();
         }
     }
 }
 
 async fn session(addr: SocketAddr) -> Ws {
-    let (mut ws, _) = tokio::time::timeout(
-        WAIT,
-        tokio_tungstenite::connect_async(format!("ws://{addr}/realtime")),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let mut ws = try_connect(&format!("ws://{addr}/realtime"), &[], WAIT)
+        .await
+        .unwrap();
     let config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
     let init = ServiceBoundMessage::initialize(&config).unwrap();
     ws.send(Message::Binary(init.to_frame())).await.unwrap();
@@ -132,18 +120,8 @@ async fn python_realtime_text_turns_through_the_acp_brain() {
 }
 
 async fn text_turns(toml: &str) {
-    let config = Config::from_toml(toml).unwrap().with_ephemeral_ports();
-    let server = Server::bind(config).await.unwrap();
-    let addr = server.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        server
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-    });
+    let server = Running::start(Config::from_toml(toml).unwrap()).await;
+    let addr = server.addr;
 
     let mut ws = session(addr).await;
     assert_eq!(
@@ -175,6 +153,5 @@ async fn text_turns(toml: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     other.close(None).await.unwrap();
-    let _ = stop.send(());
-    tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+    server.stop_within(WAIT).await;
 }

@@ -3,13 +3,13 @@
 //! localhost-only admin routes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod bridge_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bridge_support::{Running, Sse, WAIT, http, post_json};
 use serde_json::{Value, json};
+use support::{Running, Sse, WAIT, http, post_json};
 use voxgate_providers::{Llm, LlmEvent, LlmRequest, LlmStream, ProviderError};
 use voxgate_server::{Config, Providers};
 
@@ -132,7 +132,7 @@ async fn bad_requests_get_json_errors_with_their_status() {
         config.bridge.max_body_bytes = 1024;
         let server = Running::start(config).await;
         let a = server.addr;
-        let check = |r: bridge_support::HttpResponse, status: u16, code: &str| {
+        let check = |r: support::HttpResponse, status: u16, code: &str| {
             assert_eq!(r.status, status, "{}", r.body);
             let v = r.json();
             assert_eq!(v["ok"], false);

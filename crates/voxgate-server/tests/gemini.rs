@@ -6,72 +6,31 @@
 // The handshake callback's error type is tungstenite's, not ours to shrink.
 #![allow(clippy::result_large_err)]
 
-use std::net::SocketAddr;
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use support::{Running, Ws, next_message, send_json, try_connect};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_server::Config;
 use voxgate_server::config::{AsrConfig, GeminiMode};
-use voxgate_server::{Config, Server};
 
+/// Longer than the shared default: spoken turns go through the fake recognizer.
 const WAIT: Duration = Duration::from_secs(15);
 const SPEECH_WAV: &[u8] = include_bytes!("../../voxgate-audio/tests/fixtures/speech.wav");
 
-struct Running {
-    addr: SocketAddr,
-    own: Option<SocketAddr>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    async fn start(config: Config) -> Self {
-        let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
-        let addr = server.local_addr();
-        let own = server.listener_addr("gemini");
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            addr,
-            own,
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("server shuts down")
-            .unwrap();
-    }
-}
-
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
 async fn connect(url: String) -> Ws {
-    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
-        .await
-        .unwrap()
-        .unwrap();
-    ws
+    try_connect(&url, &[], WAIT).await.unwrap()
 }
 
 async fn send(ws: &mut Ws, v: Value) {
-    ws.send(Message::Text(v.to_string().into())).await.unwrap();
+    send_json(ws, &v).await;
 }
 
 async fn send_raw(ws: &mut Ws, m: Message) {
@@ -80,17 +39,9 @@ async fn send_raw(ws: &mut Ws, m: Message) {
 
 /// The next bridge message; panics on close or timeout.
 async fn recv(ws: &mut Ws) -> Value {
-    loop {
-        let msg = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("a message within the timeout")
-            .expect("the socket stays open")
-            .unwrap();
-        match msg {
-            Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
-            Message::Ping(_) | Message::Pong(_) => continue,
-            other => panic!("unexpected frame {other:?}"),
-        }
+    match next_message(ws, WAIT).await.expect("the socket stays open") {
+        Message::Text(t) => serde_json::from_str(t.as_str()).unwrap(),
+        other => panic!("unexpected frame {other:?}"),
     }
 }
 
@@ -260,7 +211,9 @@ fn redact_audio(mut v: Value) -> Value {
 #[tokio::test]
 async fn own_listener_any_path_and_main_route_connect_then_setup() {
     let server = Running::start(Config::default()).await;
-    let own = server.own.expect("own listener on by default");
+    let own = server
+        .listener("gemini")
+        .expect("own listener on by default");
     assert_ne!(own, server.addr);
     for url in [
         format!("ws://{own}/"),
@@ -274,7 +227,7 @@ async fn own_listener_any_path_and_main_route_connect_then_setup() {
     // Only the own listener accepts any path.
     let other = tokio_tungstenite::connect_async(format!("ws://{}/elsewhere", server.addr)).await;
     assert!(other.is_err());
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -282,20 +235,20 @@ async fn disabled_door_and_no_own_listener() {
     let mut config = Config::default();
     config.gemini.own_listener = false;
     let server = Running::start(config).await;
-    assert!(server.own.is_none());
+    assert!(server.listener("gemini").is_none());
     drop(session(format!("ws://{}/gemini", server.addr), json!(null)).await);
-    server.stop().await;
+    server.stop_within(WAIT).await;
 
     let mut config = Config::default();
     config.gemini.enabled = false;
     let server = Running::start(config).await;
-    assert!(server.own.is_none());
+    assert!(server.listener("gemini").is_none());
     assert!(
         tokio_tungstenite::connect_async(format!("ws://{}/gemini", server.addr))
             .await
             .is_err()
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -332,7 +285,7 @@ async fn text_turn_in_engine_mode() {
     .await;
     let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
     assert_eq!(model_text(&turn), "You said: again");
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -341,7 +294,7 @@ async fn audio_turn_with_a_wav_in_one_frame() {
     let mut config = with_asr(asr_url);
     config.gemini.audio_chunks = true;
     let server = Running::start(config).await;
-    let own = server.own.unwrap();
+    let own = server.listener("gemini").unwrap();
     let mut ws = session(format!("ws://{own}/"), live_config(&json!("audio"))).await;
     send(
         &mut ws,
@@ -408,7 +361,7 @@ async fn audio_turn_with_a_wav_in_one_frame() {
             .unwrap()
     );
     insta::assert_json_snapshot!("assistant_speaking", speaking[0]);
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -485,7 +438,7 @@ async fn user_speech_interrupts_a_spoken_reply() {
         "{next:#?}"
     );
     assert!(hits.load(Ordering::SeqCst) >= 1);
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 fn weather_tools() -> Value {
@@ -578,7 +531,7 @@ async fn tool_calls_and_cancellation_on_interruption() {
     .await;
     let e = recv(&mut ws).await;
     assert_eq!(kind(&e), "GEMINI_ERROR");
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -638,7 +591,7 @@ async fn update_config_and_second_connect_replace_the_session() {
     assert_eq!(model_text(&turn), "You said: second");
     assert!(audio_parts(&turn).is_empty(), "{turn:#?}");
     quiet_for(&mut ws, Duration::from_millis(1500)).await;
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -676,7 +629,7 @@ async fn disconnect_keeps_the_socket_and_allows_reconnect() {
     .await;
     let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
     assert_eq!(model_text(&turn), "You said: hi");
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -709,7 +662,7 @@ async fn webrtc_is_refused_with_a_clear_error() {
         )
         .await
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 async fn recv_after(ws: &mut Ws, m: Value) -> Value {
@@ -780,7 +733,7 @@ async fn malformed_frames_get_errors_and_the_session_goes_on() {
     .await;
     let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
     assert_eq!(model_text(&turn), "You said: still there?");
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 /// What the fake Live API saw.
@@ -877,7 +830,7 @@ async fn passthrough_relays_to_a_fake_live_api() {
     let mut c = live_config(&json!("text"));
     c["model"] = json!("gemini-live-test");
     c["tools"] = weather_tools()["tools"].clone();
-    let mut ws = session(format!("ws://{}/", server.own.unwrap()), c).await;
+    let mut ws = session(format!("ws://{}/", server.listener("gemini").unwrap()), c).await;
     send(
         &mut ws,
         json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "Salut"}], "turnComplete": null}}),
@@ -980,7 +933,7 @@ async fn passthrough_relays_to_a_fake_live_api() {
         json!({"toolResponse": {"functionResponses": [
             {"id": "fc-1", "name": "get_weather", "response": {"forecast": "sunny"}}]}})
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
@@ -1005,7 +958,7 @@ async fn passthrough_failures_are_clear() {
             .unwrap()
             .contains("API key")
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 
     // Nobody listens upstream.
     let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1027,7 +980,7 @@ async fn passthrough_failures_are_clear() {
         "{e}"
     );
     assert!(!e.to_string().contains("key=k"), "the key leaked: {e}");
-    server.stop().await;
+    server.stop_within(WAIT).await;
 
     // wss:// to something that is not TLS: the TLS client is set up and fails cleanly.
     let not_tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1053,18 +1006,18 @@ async fn passthrough_failures_are_clear() {
             .starts_with("Could not connect to Gemini"),
         "{e}"
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn shutdown_tells_the_app_and_closes() {
     let server = Running::start(Config::default()).await;
     let mut ws = session(
-        format!("ws://{}/", server.own.unwrap()),
+        format!("ws://{}/", server.listener("gemini").unwrap()),
         live_config(&json!("TEXT")),
     )
     .await;
-    let stopping = tokio::spawn(server.stop());
+    let stopping = tokio::spawn(server.stop_within(WAIT));
     assert_eq!(
         recv(&mut ws).await,
         json!({"type": "GEMINI_DISCONNECTED", "payload": {"reason": "server shutting down"}})

@@ -2,26 +2,44 @@
 //! server (the server speaks first as MCP client), and `/api/message` turns call its tools.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod bridge_support;
+mod support;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use bridge_support::{
-    Running, WAIT, handshake, http, mcp_connect, post_json, recv_json, send_json, serve_calls,
-    tool, wait_tools,
-};
 use futures::{SinkExt, StreamExt};
+use serde_json::Value;
 use serde_json::json;
+use support::{
+    HttpResponse, Running, WAIT, http, mcp_connect, mcp_server, post_json, recv_json, send_json,
+    serve_calls, tool, wait_tools,
+};
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use voxgate_server::Config;
+
+/// POSTs `body` to `path` from a task of its own, so the test can play the MCP server while
+/// the request waits for it.
+fn post_in_background(
+    addr: SocketAddr,
+    path: &'static str,
+    body: Value,
+) -> JoinHandle<HttpResponse> {
+    tokio::spawn(async move { post_json(addr, path, &body).await })
+}
+
+/// The response to a request started with [`post_in_background`].
+async fn response(request: JoinHandle<HttpResponse>) -> HttpResponse {
+    tokio::time::timeout(WAIT, request).await.unwrap().unwrap()
+}
 
 #[tokio::test]
 async fn handshake_paged_listing_ping_noise_and_a_call() {
     tokio::time::timeout(WAIT * 2, async {
         let server = Running::start(Config::default()).await;
-        let mut ws = mcp_connect(server.addr, "/mcp/?token=abc").await.unwrap();
-        handshake(
-            &mut ws,
+        let mut ws = mcp_server(
+            server.addr,
+            "/mcp/?token=abc",
             "pager",
             &[
                 vec![tool("echo", "Echo text")],
@@ -63,17 +81,11 @@ async fn handshake_paged_listing_ping_noise_and_a_call() {
 
         // An operator call through the admin route; the reply is matched by id even after an
         // unrelated response and with a trailing newline.
-        let call = tokio::spawn({
-            let addr = server.addr;
-            async move {
-                post_json(
-                    addr,
-                    "/admin/mcp/call",
-                    &json!({"name":"echo","arguments":{"text":"hi"}}),
-                )
-                .await
-            }
-        });
+        let call = post_in_background(
+            server.addr,
+            "/admin/mcp/call",
+            json!({"name":"echo","arguments":{"text":"hi"}}),
+        );
         let req = recv_json(&mut ws).await;
         assert_eq!(req["method"], "tools/call");
         assert_eq!(
@@ -86,28 +98,22 @@ async fn handshake_paged_listing_ping_noise_and_a_call() {
         ws.send(Message::Text(format!("{reply}\n").into()))
             .await
             .unwrap();
-        let r = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+        let r = response(call).await;
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(r.json()["result"]["content"][0]["text"], "echo: hi");
 
         // A result of 1 MiB comes through.
-        let call = tokio::spawn({
-            let addr = server.addr;
-            async move {
-                post_json(
-                    addr,
-                    "/admin/mcp/call",
-                    &json!({"name":"big","arguments":{"text":"x"}}),
-                )
-                .await
-            }
-        });
+        let call = post_in_background(
+            server.addr,
+            "/admin/mcp/call",
+            json!({"name":"big","arguments":{"text":"x"}}),
+        );
         let req = recv_json(&mut ws).await;
         let payload = "y".repeat(1 << 20);
         let reply = json!({"jsonrpc":"2.0","id":req["id"],
             "result":{"content":[{"type":"text","text":payload}]}});
         send_json(&mut ws, &reply).await;
-        let r = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+        let r = response(call).await;
         assert_eq!(r.status, 200);
         assert_eq!(
             r.json()["result"]["content"][0]["text"]
@@ -152,15 +158,20 @@ async fn tokens_are_checked_in_the_query_only() {
 async fn connections_merge_and_a_closed_one_takes_its_tools() {
     tokio::time::timeout(WAIT * 2, async {
         let server = Running::start(Config::default()).await;
-        let mut a = mcp_connect(server.addr, "/mcp?token=t").await.unwrap();
-        handshake(
-            &mut a,
+        let mut a = mcp_server(
+            server.addr,
+            "/mcp?token=t",
             "a",
             &[vec![tool("echo", "A's echo"), tool("lamp.on", "Lamp")]],
         )
         .await;
-        let mut b = mcp_connect(server.addr, "/mcp?token=t").await.unwrap();
-        handshake(&mut b, "b", &[vec![tool("echo", "B's echo")]]).await;
+        let mut b = mcp_server(
+            server.addr,
+            "/mcp?token=t",
+            "b",
+            &[vec![tool("echo", "B's echo")]],
+        )
+        .await;
         let names = wait_tools(server.addr, |n| n.len() == 3).await;
         assert_eq!(names, ["echo", "lamp_on", "echo_2"]);
         let r = http(server.addr, "GET", "/admin/sessions", &[], b"").await;
@@ -175,37 +186,25 @@ async fn connections_merge_and_a_closed_one_takes_its_tools() {
         assert_eq!(servers, ["a 1.0", "b 1.0"]);
 
         // `echo_2` is B's tool: the call goes to B.
-        let call = tokio::spawn({
-            let addr = server.addr;
-            async move {
-                post_json(
-                    addr,
-                    "/admin/mcp/call",
-                    &json!({"name":"echo_2","arguments":{"text":"to b"}}),
-                )
-                .await
-            }
-        });
+        let call = post_in_background(
+            server.addr,
+            "/admin/mcp/call",
+            json!({"name":"echo_2","arguments":{"text":"to b"}}),
+        );
         let seen = serve_calls(&mut b, 1).await;
         assert_eq!(seen[0]["params"]["name"], "echo");
-        let r = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+        let r = response(call).await;
         assert_eq!(r.json()["result"]["content"][0]["text"], "echo: to b");
 
         // A call in flight when its connection drops fails at once.
-        let call = tokio::spawn({
-            let addr = server.addr;
-            async move {
-                post_json(
-                    addr,
-                    "/admin/mcp/call",
-                    &json!({"name":"lamp_on","arguments":{"text":"x"}}),
-                )
-                .await
-            }
-        });
+        let call = post_in_background(
+            server.addr,
+            "/admin/mcp/call",
+            json!({"name":"lamp_on","arguments":{"text":"x"}}),
+        );
         assert_eq!(recv_json(&mut a).await["method"], "tools/call");
         drop(a);
-        let r = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+        let r = response(call).await;
         assert_eq!(r.status, 502, "{}", r.body);
         let names = wait_tools(server.addr, |n| n.len() == 1).await;
         // B's echo takes the plain name now.
@@ -225,8 +224,7 @@ async fn calls_time_out_and_bad_initialize_closes() {
         config.mcp.call_timeout_secs = 1;
         config.mcp.request_timeout_secs = 1;
         let server = Running::start(config).await;
-        let mut ws = mcp_connect(server.addr, "/mcp").await.unwrap();
-        handshake(&mut ws, "slow", &[vec![tool("echo", "Echo")]]).await;
+        let mut ws = mcp_server(server.addr, "/mcp", "slow", &[vec![tool("echo", "Echo")]]).await;
         wait_tools(server.addr, |n| n.len() == 1).await;
         let t0 = std::time::Instant::now();
         let r = post_json(
@@ -299,32 +297,26 @@ async fn calls_time_out_and_bad_initialize_closes() {
 async fn api_message_turn_calls_an_external_mcp_tool() {
     tokio::time::timeout(WAIT * 2, async {
         let server = Running::start(Config::default()).await;
-        let mut ws = mcp_connect(server.addr, "/mcp?token=t").await.unwrap();
-        handshake(
-            &mut ws,
+        let mut ws = mcp_server(
+            server.addr,
+            "/mcp?token=t",
             "tools",
             &[vec![tool("text.echo", "Echo text back")]],
         )
         .await;
         wait_tools(server.addr, |n| n == ["text_echo"]).await;
         // DemoAgent calls a tool when told `call <name> <JSON>`; the model sees `text_echo`.
-        let turn = tokio::spawn({
-            let addr = server.addr;
-            async move {
-                post_json(
-                    addr,
-                    "/api/message",
-                    &json!({"content":"call text_echo {\"text\":\"ping pong\"}","channel":"web"}),
-                )
-                .await
-            }
-        });
+        let turn = post_in_background(
+            server.addr,
+            "/api/message",
+            json!({"content":"call text_echo {\"text\":\"ping pong\"}","channel":"web"}),
+        );
         let seen = serve_calls(&mut ws, 1).await;
         assert_eq!(
             seen[0]["params"],
             json!({"name":"text.echo","arguments":{"text":"ping pong"}})
         );
-        let r = tokio::time::timeout(WAIT, turn).await.unwrap().unwrap();
+        let r = response(turn).await;
         assert_eq!(r.status, 200, "{}", r.body);
         let v = r.json();
         assert_eq!(v["tools_called"], json!(["text_echo"]));

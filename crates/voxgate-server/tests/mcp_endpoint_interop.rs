@@ -8,13 +8,13 @@
 //! passes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod bridge_support;
+mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use bridge_support::Running;
+use support::Running;
 use voxgate_server::Config;
 
 fn venv_python() -> Option<PathBuf> {

@@ -2,70 +2,18 @@
 //! (tokio-tungstenite) speaking the voxgate-realtime codec, the embedded demo agent.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use futures::SinkExt;
+use support::{Running, WAIT, Ws, connect, http, next_message, try_connect};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use voxgate_realtime::proto::client_bound_message::Payload as Down;
 use voxgate_realtime::proto::{InferenceTriggerMode, SessionErrorCategory, ToolDefinition};
 use voxgate_realtime::{AudioFormat, ClientBoundMessage, ServiceBoundMessage, SessionConfig};
-use voxgate_server::{Config, Server};
-
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Running {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    async fn start(config: Config) -> Self {
-        let config = config.with_ephemeral_ports();
-        let server = Server::bind(config).await.unwrap();
-        let addr = server.local_addr();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            addr,
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("server shuts down")
-            .unwrap();
-    }
-}
-
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-async fn connect(addr: SocketAddr, path: &str) -> Ws {
-    let (ws, _) = tokio::time::timeout(
-        WAIT,
-        tokio_tungstenite::connect_async(format!("ws://{addr}{path}")),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    ws
-}
+use voxgate_server::Config;
 
 async fn send(ws: &mut Ws, m: &ServiceBoundMessage) {
     ws.send(Message::Binary(m.to_frame())).await.unwrap();
@@ -74,15 +22,8 @@ async fn send(ws: &mut Ws, m: &ServiceBoundMessage) {
 /// The next protocol message; `None` when the server closed.
 async fn recv(ws: &mut Ws) -> Option<ClientBoundMessage> {
     loop {
-        let msg = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("a message within the timeout");
-        match msg {
-            Some(Ok(Message::Binary(b))) => {
-                return Some(ClientBoundMessage::decode_frame(b).unwrap());
-            }
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
-            Some(Ok(_)) => {}
+        if let Message::Binary(b) = next_message(ws, WAIT).await? {
+            return Some(ClientBoundMessage::decode_frame(b).unwrap());
         }
     }
 }
@@ -467,16 +408,10 @@ async fn bearer_keys_guard_the_door() {
     config.realtime.api_keys = vec!["s3cret".into()];
     let server = Running::start(config).await;
     let url = format!("ws://{}/realtime", server.addr);
-    assert!(
-        tokio_tungstenite::connect_async(url.as_str())
-            .await
-            .is_err()
-    );
-    let mut request = url.into_client_request().unwrap();
-    request
-        .headers_mut()
-        .insert("Authorization", "Bearer s3cret".parse().unwrap());
-    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert!(try_connect(&url, &[], WAIT).await.is_err());
+    let mut ws = try_connect(&url, &[("Authorization", "Bearer s3cret")], WAIT)
+        .await
+        .unwrap();
     send(
         &mut ws,
         &ServiceBoundMessage::initialize(&text_only()).unwrap(),
@@ -484,19 +419,6 @@ async fn bearer_keys_guard_the_door() {
     .await;
     assert!(matches!(recv_payload(&mut ws).await, Down::SessionReady(_)));
     server.stop().await;
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(WAIT, s.read_to_string(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    out
 }
 
 #[tokio::test]
@@ -509,17 +431,17 @@ async fn health_and_metrics() {
     )
     .await;
     response_text(&mut ws).await;
-    let health = http_get(server.addr, "/health").await;
-    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-    let body = health.split("\r\n\r\n").nth(1).unwrap();
-    let json: serde_json::Value = serde_json::from_str(body).unwrap();
+    let health = http(server.addr, "GET", "/health", &[], b"").await;
+    assert_eq!(health.status, 200, "{health:?}");
+    let json = health.json();
     assert_eq!(json["status"], "ok");
     assert_eq!(json["sessions"]["realtime"], 1);
     // ResponseFinished (the turn count) may follow ResponseEnd by a moment.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let metrics = http_get(server.addr, "/metrics").await;
-        assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+        let response = http(server.addr, "GET", "/metrics", &[], b"").await;
+        assert_eq!(response.status, 200, "{response:?}");
+        let metrics = response.body;
         assert!(metrics.contains("voxgate_sessions_total{door=\"realtime\"} 1"));
         assert!(metrics.contains("voxgate_provider_latency_seconds_count{provider=\"llm\"} 1"));
         if metrics.contains("voxgate_turns_total{door=\"realtime\"} 1") {

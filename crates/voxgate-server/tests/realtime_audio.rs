@@ -9,6 +9,8 @@
     clippy::cast_sign_loss
 )]
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,10 +19,10 @@ use axum::body::{Body, Bytes};
 use axum::http::HeaderMap;
 use futures::stream::SplitStream;
 use futures::{SinkExt, StreamExt};
-use tokio::net::{TcpListener, TcpStream};
+use support::{Running, Ws, next_message, try_connect};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use voxgate_audio::format::{PcmEncoder, PcmFormat, SampleFormat};
 use voxgate_audio::resample::Resampler;
 use voxgate_providers::ToneTts;
@@ -34,50 +36,32 @@ use voxgate_realtime::{
     ServiceBoundMessage, SessionConfig, SessionUpdate, TtsSettings, VoiceSettings,
 };
 use voxgate_server::config::AsrConfig;
-use voxgate_server::{Config, Providers, Server};
+use voxgate_server::{Config, Providers};
 
+/// Longer than the shared default: audio turns stream speech at real time.
 const WAIT: Duration = Duration::from_secs(15);
 
 // ---- server -------------------------------------------------------------------------------
 
-struct Running {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+/// The server `config` describes, with the placeholder tone synthesizer as its own TTS so
+/// reply audio lengths are known (220 ms per word).
+async fn start(config: Config) -> Running {
+    let mut providers = Providers::from_config(&config).unwrap();
+    providers.tts = Arc::new(ToneTts);
+    Running::start_with(config, providers).await
 }
 
-impl Running {
-    /// The server `config` describes, with the placeholder tone synthesizer as its own TTS so
-    /// reply audio lengths are known (220 ms per word).
-    async fn start(config: Config) -> Self {
-        let config = config.with_ephemeral_ports();
-        let mut providers = Providers::from_config(&config).unwrap();
-        providers.tts = Arc::new(ToneTts);
-        let server = Server::bind_with(config, providers).await.unwrap();
-        let addr = server.local_addr();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            addr,
-            stop: Some(tx),
-            task,
-        }
-    }
+/// A server whose recognizer is a fresh fake (see [`fake_asr`]), and the uploads it gets.
+async fn start_with_fake_asr() -> (Running, Arc<Mutex<Vec<Upload>>>) {
+    let (asr, uploads) = fake_asr().await;
+    (start(with_asr(&asr)).await, uploads)
+}
 
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("server shuts down")
-            .unwrap();
-    }
+/// A session config with spoken replies from `tts`.
+fn speaking(input: AudioFormat, output: AudioFormat, tts: TtsSettings) -> SessionConfig {
+    let mut config = SessionConfig::new(input, output);
+    config.tts = Some(tts);
+    config
 }
 
 /// A configuration whose recognizer is the fake at `asr`.
@@ -94,8 +78,6 @@ fn with_asr(asr: &str) -> Config {
 
 // ---- client -------------------------------------------------------------------------------
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
 /// A realtime client: one writer task (so audio can stream while the test reads), one reader.
 struct Client {
     tx: mpsc::UnboundedSender<Message>,
@@ -105,13 +87,9 @@ struct Client {
 
 impl Client {
     async fn connect(addr: SocketAddr) -> Self {
-        let (ws, _) = tokio::time::timeout(
-            WAIT,
-            tokio_tungstenite::connect_async(format!("ws://{addr}/realtime")),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let ws = try_connect(&format!("ws://{addr}/realtime"), &[], WAIT)
+            .await
+            .unwrap();
         let (mut sink, rx) = ws.split();
         let (tx, mut out) = mpsc::unbounded_channel::<Message>();
         tokio::spawn(async move {
@@ -175,15 +153,8 @@ impl Client {
     /// The next protocol message; `None` when the server closed.
     async fn recv(&mut self) -> Option<ClientBoundMessage> {
         loop {
-            let msg = tokio::time::timeout(WAIT, self.rx.next())
-                .await
-                .expect("a message within the timeout");
-            match msg {
-                Some(Ok(Message::Binary(b))) => {
-                    return Some(ClientBoundMessage::decode_frame(b).unwrap());
-                }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
-                Some(Ok(_)) => {}
+            if let Message::Binary(b) = next_message(&mut self.rx, WAIT).await? {
+                return Some(ClientBoundMessage::decode_frame(b).unwrap());
             }
         }
     }
@@ -486,8 +457,7 @@ fn check_audio_turn(msgs: &[Down], input_rate: u32) -> String {
 
 #[tokio::test]
 async fn audio_turns_in_every_sample_format_are_transcribed_and_answered() {
-    let (asr, uploads) = fake_asr().await;
-    let server = Running::start(with_asr(&asr)).await;
+    let (server, uploads) = start_with_fake_asr().await;
     let speech = speech();
     let formats = [
         AudioFormat::new(16_000, 1, proto::SampleFormat::Signed16Bit).unwrap(),
@@ -563,13 +533,12 @@ async fn audio_turns_in_every_sample_format_are_transcribed_and_answered() {
         assert_eq!(u.auth.as_deref(), Some("Bearer sk-test"));
         assert_eq!((u.sample_rate, u.channels), (16_000, 1));
     }
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn trigger_inference_with_flush_vad_ends_the_utterance_at_once() {
-    let (asr, _) = fake_asr().await;
-    let server = Running::start(with_asr(&asr)).await;
+    let (server, _) = start_with_fake_asr().await;
     let mut c = Client::initialized(
         server.addr,
         &SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K),
@@ -615,7 +584,7 @@ async fn trigger_inference_with_flush_vad_ends_the_utterance_at_once() {
     );
     let turn = response_begin(&msgs).unwrap();
     assert_eq!(fragments(&msgs, turn), format!("You said: {t}"));
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 /// A reply of `words` words: "You said: w1 w2 ...", about 220 ms of tone audio per word.
@@ -636,10 +605,12 @@ async fn spoken_response(c: &mut Client) -> (u32, Vec<Down>) {
 
 #[tokio::test]
 async fn user_speech_during_a_reply_clears_playback_and_truncates_the_reply() {
-    let (asr, _) = fake_asr().await;
-    let server = Running::start(with_asr(&asr)).await;
-    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
-    config.tts = Some(hosted_tts());
+    let (server, _) = start_with_fake_asr().await;
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_16K,
+        hosted_tts(),
+    );
     let mut c = Client::initialized(server.addr, &config).await;
     let said = long_text(30);
     c.send(&ServiceBoundMessage::user_text(
@@ -705,15 +676,14 @@ async fn user_speech_during_a_reply_clears_playback_and_truncates_the_reply() {
         h[1].delivery_status,
         ChatDeliveryStatus::DeliveryInterrupted as i32
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn playback_reports_decide_what_an_interrupted_reply_kept() {
-    let server = Running::start(Config::default()).await;
+    let server = start(Config::default()).await;
     let out = AudioFormat::SPEECH_16K;
-    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, out);
-    config.tts = Some(hosted_tts());
+    let mut config = speaking(AudioFormat::SPEECH_16K, out, hosted_tts());
     config.supports_playback_reporting = true;
     let mut c = Client::initialized(server.addr, &config).await;
     let said = long_text(18);
@@ -809,14 +779,17 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
         h[1].delivery_status,
         ChatDeliveryStatus::DeliveryInterrupted as i32
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn direct_speech_cancels_the_reply_and_speaks_verbatim() {
-    let server = Running::start(Config::default()).await;
-    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_24K);
-    config.tts = Some(hosted_tts());
+    let server = start(Config::default()).await;
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_24K,
+        hosted_tts(),
+    );
     let mut c = Client::initialized(server.addr, &config).await;
     c.send(&ServiceBoundMessage::user_text(
         1,
@@ -880,13 +853,12 @@ async fn direct_speech_cancels_the_reply_and_speaks_verbatim() {
         cut.delivery_status,
         ChatDeliveryStatus::DeliveryInterrupted as i32
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn reconfigure_switches_the_input_format_mid_session() {
-    let (asr, _) = fake_asr().await;
-    let server = Running::start(with_asr(&asr)).await;
+    let (server, _) = start_with_fake_asr().await;
     let mut c = Client::initialized(
         server.addr,
         &SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_24K),
@@ -939,7 +911,7 @@ async fn reconfigure_switches_the_input_format_mid_session() {
     );
     c.send(&ServiceBoundMessage::ping());
     assert!(matches!(c.next().await, Down::Pong(_)));
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 // ---- fake ElevenLabs ------------------------------------------------------------------------
@@ -1024,6 +996,15 @@ async fn fake_elevenlabs() -> (String, Arc<Mutex<Vec<TtsCall>>>) {
     (serve(router).await, seen)
 }
 
+/// A server whose ElevenLabs API is a fresh fake (see [`fake_elevenlabs`]), and the calls it
+/// gets.
+async fn start_with_fake_elevenlabs() -> (Running, Arc<Mutex<Vec<TtsCall>>>) {
+    let (eleven, calls) = fake_elevenlabs().await;
+    let mut config = Config::default();
+    config.realtime.elevenlabs_base_url = Some(eleven);
+    (start(config).await, calls)
+}
+
 fn elevenlabs(key: &str) -> TtsSettings {
     TtsSettings::ElevenLabs(
         ElevenLabsSettings::new(key, "voice_123")
@@ -1037,13 +1018,9 @@ fn elevenlabs(key: &str) -> TtsSettings {
 
 #[tokio::test]
 async fn elevenlabs_tts_chosen_by_the_client_speaks_in_the_output_format() {
-    let (eleven, calls) = fake_elevenlabs().await;
-    let mut server_config = Config::default();
-    server_config.realtime.elevenlabs_base_url = Some(eleven);
-    let server = Running::start(server_config).await;
+    let (server, calls) = start_with_fake_elevenlabs().await;
     let out = AudioFormat::new(24_000, 1, proto::SampleFormat::Float32Bit).unwrap();
-    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, out);
-    config.tts = Some(elevenlabs("xi-good"));
+    let config = speaking(AudioFormat::SPEECH_16K, out, elevenlabs("xi-good"));
     let mut c = Client::initialized(server.addr, &config).await;
     c.send(&ServiceBoundMessage::user_text(
         1,
@@ -1117,17 +1094,17 @@ async fn elevenlabs_tts_chosen_by_the_client_speaks_in_the_output_format() {
         "{:?}",
         t0.elapsed()
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn a_rejected_elevenlabs_key_is_a_tts_error_and_the_session_goes_on() {
-    let (eleven, calls) = fake_elevenlabs().await;
-    let mut server_config = Config::default();
-    server_config.realtime.elevenlabs_base_url = Some(eleven);
-    let server = Running::start(server_config).await;
-    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
-    config.tts = Some(elevenlabs("xi-bad"));
+    let (server, calls) = start_with_fake_elevenlabs().await;
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_16K,
+        elevenlabs("xi-bad"),
+    );
     let mut c = Client::initialized(server.addr, &config).await;
     c.send(&ServiceBoundMessage::user_text(
         1,
@@ -1143,12 +1120,12 @@ async fn a_rejected_elevenlabs_key_is_a_tts_error_and_the_session_goes_on() {
     assert!(!calls.lock().unwrap().is_empty());
     c.send(&ServiceBoundMessage::ping());
     c.until(|m| matches!(m, Down::Pong(_))).await;
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn realtime_clients_never_see_the_reply_emoji() {
-    let server = Running::start(Config::default()).await;
+    let server = start(Config::default()).await;
     let mut c = Client::initialized(
         server.addr,
         &SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K),
@@ -1169,7 +1146,7 @@ async fn realtime_clients_never_see_the_reply_emoji() {
     assert_eq!(text_of(&snapshot_of(&msgs, turn).unwrap()), shown);
     let h = c.history(true).await;
     assert_eq!(text_of(&h[1]), shown);
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 // ---- fake OpenAI chat completions ----------------------------------------------------------
@@ -1232,7 +1209,7 @@ async fn reconfigured_prompt_and_instructions_reach_the_model() {
         }),
         ..Config::default()
     };
-    let server = Running::start(server_config).await;
+    let server = start(server_config).await;
     let mut config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
     config.inference = voxgate_realtime::InferenceSettings::new("You are Ada.", 0.3).unwrap();
     let mut c = Client::initialized(server.addr, &config).await;
@@ -1308,17 +1285,18 @@ async fn reconfigured_prompt_and_instructions_reach_the_model() {
             .iter()
             .any(|c| matches!(&c.content, Some(Content::Instructions(i)) if i == "Say goodbye."))
     }));
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }
 
 #[tokio::test]
 async fn an_unusable_elevenlabs_voice_is_a_fatal_configuration_error() {
-    let server = Running::start(Config::default()).await;
+    let server = start(Config::default()).await;
     let mut c = Client::connect(server.addr).await;
-    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
-    config.tts = Some(TtsSettings::ElevenLabs(
-        ElevenLabsSettings::new("xi-good", "../../v1/user").unwrap(),
-    ));
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_16K,
+        TtsSettings::ElevenLabs(ElevenLabsSettings::new("xi-good", "../../v1/user").unwrap()),
+    );
     c.send(&ServiceBoundMessage::initialize(&config).unwrap());
     match c.next().await {
         Down::Error(e) => {
@@ -1332,5 +1310,5 @@ async fn an_unusable_elevenlabs_voice_is_a_fatal_configuration_error() {
         c.recv().await.is_none(),
         "the server closes after a fatal error"
     );
-    server.stop().await;
+    server.stop_within(WAIT).await;
 }

@@ -3,96 +3,43 @@
 //! agent (or small scripted LLMs through the providers' trait where timing or failure matter).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use support::{Running, WAIT, Ws, next_message};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use voxgate_providers::{FinishReason, Llm, LlmEvent, LlmRequest, LlmStream, ProviderError};
 use voxgate_retell::{
     DriverConfig, DriverInput, DriverOutput, EndReason, REMINDER_PROMPT, RetellDriver, ServerEvent,
     TranscriptItem, Violation,
 };
 use voxgate_server::metrics::Door;
-use voxgate_server::{Config, Metrics, Providers, Server};
+use voxgate_server::{Config, Providers};
 
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Running {
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+/// A counter of the retell door in the server's metrics.
+fn counter(server: &Running, name: &str) -> u64 {
+    let key = format!("{name}{{door=\"retell\"}} ");
+    server
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&key).map(|v| v.parse().unwrap()))
+        .unwrap()
 }
 
-impl Running {
-    async fn start(config: Config) -> Self {
-        Self::start_with(config, Providers::embedded()).await
-    }
-
-    async fn start_with(config: Config, providers: Providers) -> Self {
-        let server = Server::bind_with(config.with_ephemeral_ports(), providers)
-            .await
-            .unwrap();
-        let addr = server.local_addr();
-        let metrics = server.metrics();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            addr,
-            metrics,
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("server shuts down")
-            .unwrap();
-    }
-
-    fn counter(&self, name: &str) -> u64 {
-        let key = format!("{name}{{door=\"retell\"}} ");
-        self.metrics
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(&key).map(|v| v.parse().unwrap()))
-            .unwrap()
-    }
-
-    async fn sessions_back_to_zero(&self) {
-        let deadline = Instant::now() + WAIT;
-        while self.metrics.active_sessions(Door::Retell) != 0 {
-            assert!(Instant::now() < deadline, "retell sessions stay open");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+/// Sends Retell's `ping_pong` with `timestamp`.
+async fn ping(ws: &mut Ws, timestamp: u64) {
+    let ping = json!({"interaction_type": "ping_pong", "timestamp": timestamp});
+    support::send_json(ws, &ping).await;
 }
-
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn connect(addr: SocketAddr, call_id: &str) -> Ws {
-    let url = format!("ws://{addr}/llm-websocket/{call_id}");
-    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
-        .await
-        .unwrap()
-        .unwrap();
-    ws
+    support::connect(addr, &format!("/llm-websocket/{call_id}")).await
 }
 
 /// One simulated Retell call: the socket, the driver, and every frame the server sent.
@@ -291,6 +238,13 @@ async fn bounded<F: Future<Output = ()>>(f: F) {
         .expect("test finished in time");
 }
 
+/// A server for `config` and one call to it with a quiet driver: how most tests begin.
+async fn open_call(config: Config, call_id: &str) -> (Running, RetellCall) {
+    let server = Running::start(config).await;
+    let call = RetellCall::open(server.addr, call_id, quiet_driver()).await;
+    (server, call)
+}
+
 fn config(f: impl FnOnce(&mut Config)) -> Config {
     let mut c = Config::default();
     f(&mut c);
@@ -300,11 +254,13 @@ fn config(f: impl FnOnce(&mut Config)) -> Config {
 #[tokio::test]
 async fn config_then_begin_at_once() {
     bounded(async {
-        let server = Running::start(config(|c| {
-            c.retell.begin_message = "Hello from voxgate.".into();
-        }))
+        let (server, mut call) = open_call(
+            config(|c| {
+                c.retell.begin_message = "Hello from voxgate.".into();
+            }),
+            "call_test",
+        )
         .await;
-        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
         let begin = call.spoken(0).await;
         assert_eq!(begin, "Hello from voxgate.");
         insta::assert_json_snapshot!("begin_at_once", call.shown_frames());
@@ -316,12 +272,14 @@ async fn config_then_begin_at_once() {
 #[tokio::test]
 async fn begin_after_call_details() {
     bounded(async {
-        let server = Running::start(config(|c| {
-            c.retell.begin_message = "Thanks for calling.".into();
-            c.retell.begin_after_call_details = true;
-        }))
+        let (server, mut call) = open_call(
+            config(|c| {
+                c.retell.begin_message = "Thanks for calling.".into();
+                c.retell.begin_after_call_details = true;
+            }),
+            "call_test",
+        )
         .await;
-        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
         let out = call
             .until("begin", |o| matches!(o, DriverOutput::AgentSpoke { .. }))
             .await;
@@ -347,8 +305,7 @@ async fn begin_after_call_details() {
 #[tokio::test]
 async fn a_turn_streams_chunks_and_completes() {
     bounded(async {
-        let server = Running::start(Config::default()).await;
-        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        let (server, mut call) = open_call(Config::default(), "call_test").await;
         call.input(DriverInput::UserSaid("hello there".into()));
         let text = call.spoken(1).await;
         assert_eq!(text, "😊 You said: hello there");
@@ -363,7 +320,7 @@ async fn a_turn_streams_chunks_and_completes() {
         // The metadata event follows the response.
         call.until("metadata", |o| matches!(o, DriverOutput::Metadata(_)))
             .await;
-        assert_eq!(server.counter("voxgate_turns_total"), 1);
+        assert_eq!(counter(&server, "voxgate_turns_total"), 1);
         insta::assert_json_snapshot!("turn", call.shown_frames());
         server.stop().await;
     })
@@ -457,8 +414,7 @@ async fn reminders_get_the_synthetic_turn() {
 #[tokio::test]
 async fn tool_calls_are_reported_and_the_same_response_continues() {
     bounded(async {
-        let server = Running::start(Config::default()).await;
-        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        let (server, mut call) = open_call(Config::default(), "call_test").await;
         call.input(DriverInput::UserSaid("call get_call_details {}".into()));
         let text = call.spoken(1).await;
         assert!(
@@ -500,8 +456,7 @@ async fn tool_calls_are_reported_and_the_same_response_continues() {
 #[tokio::test]
 async fn end_call_from_the_model() {
     bounded(async {
-        let server = Running::start(Config::default()).await;
-        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
+        let (server, mut call) = open_call(Config::default(), "call_test").await;
         call.input(DriverInput::UserSaid(
             r#"call end_call {"message": "Goodbye!"}"#.into(),
         ));
@@ -524,11 +479,13 @@ async fn end_call_from_the_model() {
 #[tokio::test]
 async fn transfer_from_the_model() {
     bounded(async {
-        let server = Running::start(config(|c| {
-            c.retell.transfer_number = "+15550100".into();
-        }))
+        let (server, mut call) = open_call(
+            config(|c| {
+                c.retell.transfer_number = "+15550100".into();
+            }),
+            "call_test",
+        )
         .await;
-        let mut call = RetellCall::open(server.addr, "call_test", quiet_driver()).await;
         call.input(DriverInput::UserSaid("call transfer_call {}".into()));
         let out = call
             .until("transfer", |o| matches!(o, DriverOutput::Transfer { .. }))
@@ -553,43 +510,30 @@ async fn transfer_from_the_model() {
     .await;
 }
 
-/// A tiny HTTP/1.1 client: (status, body).
-async fn http(
+/// A control API request, with the token when given: (status, body).
+async fn control(
     addr: SocketAddr,
     method: &str,
     path: &str,
     body: &str,
     token: Option<&str>,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let raw = String::from_utf8(raw).unwrap();
-    let status = raw[9..12].parse().unwrap();
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(auth) = &auth {
+        headers.push(("Authorization", auth));
+    }
+    let r = support::http(addr, method, path, &headers, body.as_bytes()).await;
+    (r.status, r.body)
 }
 
 #[tokio::test]
 async fn agent_interrupt_and_metadata_from_the_control_api() {
     bounded(async {
-        let server = Running::start(Config::default()).await;
-        let mut call = RetellCall::open(server.addr, "call_ctl", quiet_driver()).await;
+        let (server, mut call) = open_call(Config::default(), "call_ctl").await;
         call.frames_until("config", |c| !c.frames.is_empty()).await;
         let path = "/retell/calls/call_ctl/interrupt";
-        let (status, body) = http(
+        let (status, body) = control(
             server.addr,
             "POST",
             path,
@@ -619,7 +563,7 @@ async fn agent_interrupt_and_metadata_from_the_control_api() {
             .clone();
         insta::assert_json_snapshot!("agent_interrupt", frame);
 
-        let (status, _) = http(
+        let (status, _) = control(
             server.addr,
             "POST",
             "/retell/calls/call_ctl/metadata",
@@ -636,13 +580,13 @@ async fn agent_interrupt_and_metadata_from_the_control_api() {
             Some(&DriverOutput::Metadata(Some(json!({"step": "checkout"}))))
         );
 
-        let (status, body) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        let (status, body) = control(server.addr, "GET", "/retell/calls", "", None).await;
         assert_eq!(status, 200);
         assert_eq!(
             serde_json::from_str::<Value>(&body).unwrap(),
             json!({"calls": [{"call_id": "call_ctl", "connected": true}]})
         );
-        let (status, _) = http(
+        let (status, _) = control(
             server.addr,
             "POST",
             "/retell/calls/nope/interrupt",
@@ -651,15 +595,16 @@ async fn agent_interrupt_and_metadata_from_the_control_api() {
         )
         .await;
         assert_eq!(status, 404);
-        let (status, _) = http(server.addr, "POST", path, r#"{"text":"wrong field"}"#, None).await;
+        let (status, _) =
+            control(server.addr, "POST", path, r#"{"text":"wrong field"}"#, None).await;
         assert_eq!(status, 400);
         server.stop().await;
 
         // With a token, the control API wants it.
         let server = Running::start(config(|c| c.retell.control_token = "s3cret".into())).await;
-        let (status, _) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        let (status, _) = control(server.addr, "GET", "/retell/calls", "", None).await;
         assert_eq!(status, 401);
-        let (status, _) = http(server.addr, "GET", "/retell/calls", "", Some("s3cret")).await;
+        let (status, _) = control(server.addr, "GET", "/retell/calls", "", Some("s3cret")).await;
         assert_eq!(status, 200);
         server.stop().await;
     })
@@ -671,17 +616,9 @@ async fn ping_pong_echoes_the_timestamp() {
     bounded(async {
         let server = Running::start(Config::default()).await;
         let mut ws = connect(server.addr, "call_ping").await;
-        ws.send(Message::Text(
-            r#"{"interaction_type":"ping_pong","timestamp":1700000000123}"#.into(),
-        ))
-        .await
-        .unwrap();
+        ping(&mut ws, 1700000000123).await;
         loop {
-            let msg = tokio::time::timeout(WAIT, ws.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+            let msg = next_message(&mut ws, WAIT).await.unwrap();
             let v: Value = serde_json::from_str(msg.to_text().unwrap()).unwrap();
             if v["response_type"] == "ping_pong" {
                 insta::assert_json_snapshot!("ping_pong", v);
@@ -696,13 +633,15 @@ async fn ping_pong_echoes_the_timestamp() {
 #[tokio::test]
 async fn update_agent_from_config_once_per_call() {
     bounded(async {
-        let server = Running::start(config(|c| {
-            c.retell.agent.responsiveness = Some(0.8);
-            c.retell.agent.reminder_trigger_ms = Some(5000);
-            c.retell.agent.reminder_max_count = Some(2);
-        }))
+        let (server, mut call) = open_call(
+            config(|c| {
+                c.retell.agent.responsiveness = Some(0.8);
+                c.retell.agent.reminder_trigger_ms = Some(5000);
+                c.retell.agent.reminder_max_count = Some(2);
+            }),
+            "call_ua",
+        )
         .await;
-        let mut call = RetellCall::open(server.addr, "call_ua", quiet_driver()).await;
         call.begun().await;
         call.frames_until("update_agent", |c| {
             c.frames
@@ -739,15 +678,17 @@ async fn update_agent_from_config_once_per_call() {
 #[tokio::test]
 async fn a_reconnect_resumes_the_call() {
     bounded(async {
-        let server = Running::start(config(|c| {
-            c.retell.begin_message = "Welcome.".into();
-        }))
+        let (server, mut call) = open_call(
+            config(|c| {
+                c.retell.begin_message = "Welcome.".into();
+            }),
+            "call_rc",
+        )
         .await;
-        let mut call = RetellCall::open(server.addr, "call_rc", quiet_driver()).await;
         call.begun().await;
         call.input(DriverInput::UserSaid("one".into()));
         call.spoken(1).await;
-        let (status, _) = http(
+        let (status, _) = control(
             server.addr,
             "POST",
             "/retell/calls/call_rc/interrupt",
@@ -765,7 +706,7 @@ async fn a_reconnect_resumes_the_call() {
         call.ws.close(None).await.unwrap();
         call.until("reconnect", |o| matches!(o, DriverOutput::Reconnect { .. }))
             .await;
-        server.sessions_back_to_zero().await;
+        server.sessions_drain(Door::Retell).await;
         let before = call.frames.len();
         call.reconnect().await;
         call.input(DriverInput::UserSaid("two".into()));
@@ -773,7 +714,7 @@ async fn a_reconnect_resumes_the_call() {
         assert_eq!(call.spoken(2).await, "😊 You said: two");
         assert!(!call.frames[before..].iter().any(|f| f["response_id"] == 0));
         // Interrupt ids go on from the first socket's.
-        let (status, body) = http(
+        let (status, body) = control(
             server.addr,
             "POST",
             "/retell/calls/call_rc/interrupt",
@@ -796,7 +737,7 @@ async fn a_reconnect_resumes_the_call() {
         .await;
         let mut ws = connect(server.addr, "call_rc").await;
         ws.close(None).await.unwrap();
-        server.sessions_back_to_zero().await;
+        server.sessions_drain(Door::Retell).await;
         let mut call = RetellCall::open(server.addr, "call_rc", quiet_driver()).await;
         assert_eq!(call.spoken(0).await, "Welcome.");
         server.stop().await;
@@ -825,8 +766,7 @@ async fn a_second_socket_takes_over_and_the_first_is_closed_with_1000() {
 #[tokio::test]
 async fn malformed_frames_are_survived_and_unreadable_requests_get_the_apology() {
     bounded(async {
-        let server = Running::start(Config::default()).await;
-        let mut call = RetellCall::open(server.addr, "call_bad", quiet_driver()).await;
+        let (server, mut call) = open_call(Config::default(), "call_bad").await;
         call.begun().await;
         call.send_raw("this is not json").await;
         call.send_raw("[1, 2, 3]").await;
@@ -850,7 +790,7 @@ async fn malformed_frames_are_survived_and_unreadable_requests_get_the_apology()
         insta::assert_json_snapshot!("apology", apology);
         assert!(call.closed.is_none());
         // Four unreadable frames and the unreadable request; the unknown type is not an error.
-        assert_eq!(server.counter("voxgate_errors_total"), 5);
+        assert_eq!(counter(&server, "voxgate_errors_total"), 5);
         // The session goes on: the driver's next id is 1 (it never saw the raw request),
         // which is lower than 7 and still wins as the latest request.
         call.input(DriverInput::UserSaid("still fine?".into()));
@@ -919,11 +859,7 @@ async fn disconnects_free_sessions_and_shutdown_closes_with_1000() {
         .await;
         a.ws.close(None).await.unwrap();
         drop(a);
-        let deadline = Instant::now() + WAIT;
-        while server.metrics.active_sessions(Door::Retell) != 1 {
-            assert!(Instant::now() < deadline);
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        server.wait_sessions(Door::Retell, 1).await;
         // Shutdown closes the remaining socket with 1000, the only code Retell treats as normal.
         let metrics = Arc::clone(&server.metrics);
         let stop = server.stop();
@@ -950,7 +886,7 @@ async fn a_disabled_door_is_not_served() {
             matches!(&err, tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 404),
             "{err:?}"
         );
-        let (status, _) = http(server.addr, "GET", "/retell/calls", "", None).await;
+        let (status, _) = control(server.addr, "GET", "/retell/calls", "", None).await;
         assert_eq!(status, 404);
         server.stop().await;
     })
@@ -963,11 +899,7 @@ async fn retell_silence_closes_with_1000_for_a_reconnect() {
         let server = Running::start(Config::default()).await;
         let mut ws = connect(server.addr, "call_quiet").await;
         // One ping arms the keep-alive; then Retell goes quiet.
-        ws.send(Message::Text(
-            r#"{"interaction_type":"ping_pong","timestamp":1}"#.into(),
-        ))
-        .await
-        .unwrap();
+        ping(&mut ws, 1).await;
         let started = Instant::now();
         let mut keepalives = 0;
         let code = loop {
@@ -991,7 +923,7 @@ async fn retell_silence_closes_with_1000_for_a_reconnect() {
         );
         // The server kept pinging (every 3 s without Retell's pings) until it gave up.
         assert!(keepalives >= 1);
-        server.sessions_back_to_zero().await;
+        server.sessions_drain(Door::Retell).await;
         server.stop().await;
     })
     .await;

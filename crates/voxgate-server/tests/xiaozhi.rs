@@ -3,82 +3,27 @@
 //! synthesizer, and a fake OpenAI `/audio/transcriptions` endpoint for audio turns.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
+use support::{Running, WAIT, Ws, next_message, send_json, try_connect};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use voxgate_audio::opus::{
     FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
 };
 use voxgate_providers::{DemoAgent, NoAsr, ToneTts};
 use voxgate_server::metrics::Door;
-use voxgate_server::{Config, Metrics, Providers, Server};
+use voxgate_server::{Config, Providers};
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 use voxgate_xiaozhi::token::{self, TokenSecret};
 
-const WAIT: Duration = Duration::from_secs(10);
 const DEVICE: &str = "aa:bb:cc:dd:ee:ff";
 const CLIENT: &str = "3b5c1f2e-0000-4000-8000-000000000001";
-
-struct Running {
-    addr: SocketAddr,
-    ws_addr: Option<SocketAddr>,
-    ota_addr: Option<SocketAddr>,
-    metrics: Arc<Metrics>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    async fn start(config: Config, providers: Providers) -> Self {
-        let config = config.with_ephemeral_ports();
-        let server = Server::bind_with(config, providers).await.unwrap();
-        let addr = server.local_addr();
-        let ws_addr = server.listener_addr("xiaozhi");
-        let ota_addr = server.listener_addr("xiaozhi-ota");
-        let metrics = server.metrics();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            addr,
-            ws_addr,
-            ota_addr,
-            metrics,
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("server shuts down")
-            .unwrap();
-    }
-
-    /// Waits until no Xiaozhi session is open.
-    async fn sessions_drain(&self) {
-        let t0 = Instant::now();
-        while self.metrics.active_sessions(Door::Xiaozhi) != 0 {
-            assert!(t0.elapsed() < WAIT, "sessions still active");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
 
 fn providers() -> Providers {
     Providers {
@@ -88,22 +33,12 @@ fn providers() -> Providers {
     }
 }
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-async fn try_connect(
+async fn device_connect(
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
 ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
-    let mut req = format!("ws://{addr}{path}").into_client_request().unwrap();
-    for (k, v) in headers {
-        let name: tokio_tungstenite::tungstenite::http::HeaderName = k.parse().unwrap();
-        req.headers_mut().insert(name, v.parse().unwrap());
-    }
-    tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
-        .await
-        .unwrap()
-        .map(|(ws, _)| ws)
+    try_connect(&format!("ws://{addr}{path}"), headers, WAIT).await
 }
 
 /// What the device receives.
@@ -143,7 +78,7 @@ struct Device {
 impl Device {
     async fn connect(addr: SocketAddr, version: ProtocolVersion) -> Self {
         let v = version.number().to_string();
-        let ws = try_connect(
+        let ws = device_connect(
             addr,
             "/xiaozhi/v1/",
             &[
@@ -161,10 +96,7 @@ impl Device {
     }
 
     async fn send(&mut self, v: Value) {
-        self.ws
-            .send(Message::Text(v.to_string().into()))
-            .await
-            .unwrap();
+        send_json(&mut self.ws, &v).await;
     }
 
     async fn send_raw(&mut self, m: Message) {
@@ -187,22 +119,14 @@ impl Device {
     }
 
     async fn next_inner(&mut self) -> Option<Ev> {
-        loop {
-            let msg = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("a message within the timeout");
-            match msg {
-                Some(Ok(Message::Text(t))) => {
-                    return Some(Ev::Json(serde_json::from_str(&t).unwrap()));
-                }
-                Some(Ok(Message::Binary(b))) => {
-                    let frame = self.codec.decode(&b).expect("a well-framed downlink frame");
-                    assert!(frame.frame_type.is_opus());
-                    return Some(Ev::Audio(frame.payload.to_vec()));
-                }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
-                Some(Ok(_)) => {}
+        match next_message(&mut self.ws, WAIT).await? {
+            Message::Text(t) => Some(Ev::Json(serde_json::from_str(&t).unwrap())),
+            Message::Binary(b) => {
+                let frame = self.codec.decode(&b).expect("a well-framed downlink frame");
+                assert!(frame.frame_type.is_opus());
+                Some(Ev::Audio(frame.payload.to_vec()))
             }
+            other => unreachable!("not a data message: {other:?}"),
         }
     }
 
@@ -352,18 +276,8 @@ async fn fake_asr(text: &'static str) -> (String, Arc<Mutex<Vec<usize>>>) {
 
 /// A raw HTTP exchange (status, body), so the Host header is exactly what the test says.
 async fn http(addr: SocketAddr, request: String) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(buf).unwrap();
-    let status = text[9..12].parse().unwrap();
-    let body = text.split_once("\r\n\r\n").unwrap().1.to_owned();
-    (status, body)
+    let r = support::exchange(addr, request.as_bytes(), b"").await;
+    (r.status, r.body)
 }
 
 fn ota_request(host: &str, path: &str, headers: &str, body: &str) -> String {
@@ -384,7 +298,7 @@ const OTA_BODY: &str = r#"{"version": 2, "language": "zh-CN", "flash_size": 1677
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_and_text_turn_in_every_framing() {
-    let server = Running::start(Config::default(), providers()).await;
+    let server = Running::start_with(Config::default(), providers()).await;
     for version in ProtocolVersion::ALL {
         let mut dev = Device::connect(server.addr, version).await;
         let hello = dev.hello(version, false).await;
@@ -424,7 +338,7 @@ async fn hello_and_text_turn_in_every_framing() {
         // Paced: 5 frames at once, then one per 60 ms, and `tts stop` after playback.
         assert!(elapsed >= Duration::from_millis(800), "{elapsed:?}");
     }
-    server.sessions_drain().await;
+    server.sessions_drain(Door::Xiaozhi).await;
     server.stop().await;
 }
 
@@ -432,10 +346,10 @@ async fn hello_and_text_turn_in_every_framing() {
 async fn headerless_client_framing_from_hello_and_own_listener_any_path() {
     let mut config = Config::default();
     config.xiaozhi.listen = Some("127.0.0.1:0".parse().unwrap());
-    let server = Running::start(config, providers()).await;
-    let ws_addr = server.ws_addr.expect("own listener");
+    let server = Running::start_with(config, providers()).await;
+    let ws_addr = server.listener("xiaozhi").expect("own listener");
     // A browser-style client: no headers, ids in the query, version only in the hello.
-    let ws = try_connect(
+    let ws = device_connect(
         ws_addr,
         "/any/path?device-id=aa%3Abb%3Acc%3Add%3Aee%3Aff&client-id=web",
         &[],
@@ -462,7 +376,7 @@ async fn ota_reply_shape_host_url_and_token() {
     config.xiaozhi.protocol_version = 3;
     config.xiaozhi.timezone_offset_minutes = 480;
     config.xiaozhi.ota_listen = Some("127.0.0.1:0".parse().unwrap());
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let headers = format!("Device-Id: AA:BB:CC:DD:EE:FF\r\nClient-Id: {CLIENT}\r\n");
     let (status, body) = http(
         server.addr,
@@ -487,7 +401,7 @@ async fn ota_reply_shape_host_url_and_token() {
 
     // Configured URL wins over the Host header.
     let (status, body) = http(
-        server.ota_addr.unwrap(),
+        server.listener("xiaozhi-ota").unwrap(),
         ota_request("example.org", "/any/path/", &headers, "{broken json"),
     )
     .await;
@@ -514,7 +428,7 @@ async fn ota_reply_shape_host_url_and_token() {
 
     let mut config = Config::default();
     config.xiaozhi.websocket_url = "wss://voice.example.org/xiaozhi/v1/".into();
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let (_, body) = http(
         server.addr,
         ota_request("192.168.1.2:8080", "/xiaozhi/ota/", &headers, OTA_BODY),
@@ -532,7 +446,7 @@ async fn auth_accepts_tokens_and_allowlist_and_rejects_the_rest() {
     config.xiaozhi.auth = true;
     config.xiaozhi.token_secret = "auth secret".into();
     config.xiaozhi.allowed_devices = vec!["11:22:33:44:55:66".into()];
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let refused = |r: Result<Ws, tokio_tungstenite::tungstenite::Error>| match r {
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => resp.status().as_u16(),
         Err(e) => panic!("unexpected error {e}"),
@@ -540,7 +454,7 @@ async fn auth_accepts_tokens_and_allowlist_and_rejects_the_rest() {
     };
     let base = [("Device-Id", DEVICE), ("Client-Id", CLIENT)];
     assert_eq!(
-        refused(try_connect(server.addr, "/xiaozhi/v1/", &base).await),
+        refused(device_connect(server.addr, "/xiaozhi/v1/", &base).await),
         401
     );
     let bad = [
@@ -549,12 +463,12 @@ async fn auth_accepts_tokens_and_allowlist_and_rejects_the_rest() {
         ("Client-Id", CLIENT),
     ];
     assert_eq!(
-        refused(try_connect(server.addr, "/xiaozhi/v1/", &bad).await),
+        refused(device_connect(server.addr, "/xiaozhi/v1/", &bad).await),
         401
     );
     assert_eq!(
         refused(
-            try_connect(
+            device_connect(
                 server.addr,
                 "/xiaozhi/v1/",
                 &[
@@ -582,7 +496,9 @@ async fn auth_accepts_tokens_and_allowlist_and_rejects_the_rest() {
         ("Device-Id", DEVICE),
         ("Client-Id", CLIENT),
     ];
-    let ws = try_connect(server.addr, "/xiaozhi/v1/", &ok).await.unwrap();
+    let ws = device_connect(server.addr, "/xiaozhi/v1/", &ok)
+        .await
+        .unwrap();
     let mut dev = Device {
         ws,
         codec: FrameCodec::new(ProtocolVersion::V1),
@@ -595,17 +511,17 @@ async fn auth_accepts_tokens_and_allowlist_and_rejects_the_rest() {
         ("Client-Id", CLIENT),
     ];
     assert_eq!(
-        refused(try_connect(server.addr, "/xiaozhi/v1/", &other).await),
+        refused(device_connect(server.addr, "/xiaozhi/v1/", &other).await),
         401
     );
     let query = format!(
         "/xiaozhi/v1/?device-id={}&client-id={CLIENT}&authorization=Bearer%20{tok}",
         DEVICE.replace(':', "%3A")
     );
-    try_connect(server.addr, &query, &[]).await.unwrap();
+    device_connect(server.addr, &query, &[]).await.unwrap();
     // The allowlisted device needs no token.
     let listed = [("Device-Id", "11:22:33:44:55:66")];
-    let ws = try_connect(server.addr, "/xiaozhi/v1/", &listed)
+    let ws = device_connect(server.addr, "/xiaozhi/v1/", &listed)
         .await
         .unwrap();
     let mut dev2 = Device {
@@ -630,7 +546,7 @@ async fn audio_turn_from_a_wav_with_a_recognizer() {
     });
     let mut p = Providers::from_config(&config).unwrap();
     p.tts = Arc::new(ToneTts);
-    let server = Running::start(config, p).await;
+    let server = Running::start_with(config, p).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V2).await;
     dev.hello(ProtocolVersion::V2, false).await;
     dev.listen_start("auto").await;
@@ -666,7 +582,7 @@ async fn audio_turn_from_a_wav_with_a_recognizer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audio_turn_without_a_recognizer_skips_stt_and_says_so() {
-    let server = Running::start(Config::default(), providers()).await;
+    let server = Running::start_with(Config::default(), providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, false).await;
     dev.listen_start("auto").await;
@@ -686,7 +602,7 @@ async fn audio_turn_without_a_recognizer_skips_stt_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_listen_stop_ends_the_utterance() {
-    let server = Running::start(Config::default(), providers()).await;
+    let server = Running::start_with(Config::default(), providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, false).await;
     dev.listen_start("manual").await;
@@ -718,7 +634,7 @@ const LONG: &str = "please read this long sentence back to me slowly so that the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_mid_reply_stops_audio_at_once() {
-    let server = Running::start(Config::default(), providers()).await;
+    let server = Running::start_with(Config::default(), providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V3).await;
     dev.hello(ProtocolVersion::V3, false).await;
     let long = format!("{LONG} {LONG}");
@@ -754,7 +670,7 @@ async fn abort_mid_reply_stops_audio_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn barge_in_in_realtime_mode() {
-    let server = Running::start(Config::default(), providers()).await;
+    let server = Running::start_with(Config::default(), providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, false).await;
     dev.listen_start("realtime").await;
@@ -803,7 +719,7 @@ async fn barge_in_in_realtime_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_tools_over_mcp_reach_the_model_and_back() {
-    let server = Running::start(Config::default(), providers()).await;
+    let server = Running::start_with(Config::default(), providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, true).await;
     let mcp = |v: &Value| v["type"] == "mcp";
@@ -903,7 +819,7 @@ async fn emotion_allowlist_maps_other_faces_to_the_default() {
     let mut config = Config::default();
     config.xiaozhi.emotions = vec!["😠".into(), "sad".into()];
     config.xiaozhi.default_emotion = "neutral".into();
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, false).await;
     dev.detect("how are you").await;
@@ -929,7 +845,7 @@ async fn bad_frames_are_ignored_and_the_session_goes_on() {
         max_frame_bytes: 4096,
         ..Config::default()
     };
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V3).await;
     // Before the hello: audio, a listen, garbage.
     dev.send_opus(&[0xf8, 0xff, 0xfe]).await;
@@ -974,7 +890,7 @@ async fn bad_frames_are_ignored_and_the_session_goes_on() {
         "hello"
     );
     drop(other);
-    server.sessions_drain().await;
+    server.sessions_drain(Door::Xiaozhi).await;
     server.stop().await;
 }
 
@@ -982,7 +898,7 @@ async fn bad_frames_are_ignored_and_the_session_goes_on() {
 async fn no_hello_in_time_closes_and_sessions_return_to_zero() {
     let mut config = Config::default();
     config.xiaozhi.hello_timeout_ms = 300;
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let mut silent = Device::connect(server.addr, ProtocolVersion::V1).await;
     let t0 = Instant::now();
     assert!(silent.next().await.is_none(), "closed without a hello");
@@ -1001,7 +917,7 @@ async fn no_hello_in_time_closes_and_sessions_return_to_zero() {
     b.until_tts_stop().await;
     b.send(json!({"type":"goodbye"})).await;
     assert!(b.next().await.is_none(), "goodbye closes");
-    server.sessions_drain().await;
+    server.sessions_drain(Door::Xiaozhi).await;
     let text = server.metrics.render();
     assert!(
         text.lines()
@@ -1020,7 +936,7 @@ async fn no_hello_in_time_closes_and_sessions_return_to_zero() {
 async fn a_silent_device_is_closed_after_the_idle_timeout() {
     let mut config = Config::default();
     config.xiaozhi.idle_timeout_secs = 1;
-    let server = Running::start(config, providers()).await;
+    let server = Running::start_with(config, providers()).await;
     let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
     dev.hello(ProtocolVersion::V1, false).await;
     let t0 = Instant::now();
@@ -1030,6 +946,6 @@ async fn a_silent_device_is_closed_after_the_idle_timeout() {
         waited >= Duration::from_millis(800) && waited < Duration::from_secs(4),
         "{waited:?}"
     );
-    server.sessions_drain().await;
+    server.sessions_drain(Door::Xiaozhi).await;
     server.stop().await;
 }

@@ -1,49 +1,14 @@
 //! Helpers shared by the end-to-end tests: a real server in-process, a short speech WAV.
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use voxgate_server::{Config, Server};
+// The server's own test scaffolding (a server on free loopback ports until stopped, and more),
+// shared rather than copied.
+#[path = "../../../../crates/voxgate-server/tests/support/mod.rs"]
+mod support;
 
-/// A server running on free loopback ports until stopped.
-pub struct Running {
-    pub addr: SocketAddr,
-    pub server_listeners: Vec<(String, SocketAddr)>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    pub async fn start(config: Config) -> Self {
-        let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
-        let addr = server.local_addr();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server
-                .run(async move {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            addr,
-            server_listeners: Vec::new(),
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    pub async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("server shuts down")
-            .unwrap();
-    }
-}
+pub use support::Running;
 
 /// A fresh scratch directory under the target dir.
 pub fn scratch(name: &str) -> PathBuf {

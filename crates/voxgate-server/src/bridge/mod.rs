@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -371,8 +372,16 @@ async fn json_body(app: &App, body: Body, headers: &HeaderMap) -> Result<Value, 
     let bytes: Bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| too_large())?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", format!("{e}")))
+    serde_json::from_slice(&bytes).map_err(bad_json)
+}
+
+/// The 400 for a body that is not JSON (a `map_err` adapter, hence the owned error).
+#[allow(
+    clippy::needless_pass_by_value,
+    reason = "map_err hands the error over by value"
+)]
+fn bad_json(e: serde_json::Error) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "bad_json", format!("{e}"))
 }
 
 fn optional_string(v: &Value, key: &str) -> Result<Option<String>, ApiError> {
@@ -478,27 +487,28 @@ fn admin_guard(app: &App, peer: SocketAddr, headers: &HeaderMap) -> Result<(), A
     authorize(app, headers)
 }
 
-type Peer = ConnectInfo<SocketAddr>;
+/// The app, for an `/admin/*` handler, once `admin_guard` let the request through: refused
+/// requests get its JSON error before the handler runs (or reads a body).
+#[derive(Debug)]
+struct Admin(Arc<App>);
 
-async fn admin_not_found(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-) -> ApiResult {
-    admin_guard(&app, peer, &headers)?;
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "no such admin route",
-    ))
+impl FromRequestParts<Arc<App>> for Admin {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
+        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, app)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        admin_guard(app, peer, &parts.headers).map_err(IntoResponse::into_response)?;
+        Ok(Self(Arc::clone(app)))
+    }
 }
 
-async fn admin_sessions(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-) -> ApiResult {
-    admin_guard(&app, peer, &headers)?;
+async fn admin_not_found(_: Admin) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
+}
+
+async fn admin_sessions(Admin(app): Admin) -> ApiResult {
     let sessions: serde_json::Map<String, Value> = Door::ALL
         .iter()
         .map(|d| (d.label().to_owned(), app.metrics.active_sessions(*d).into()))
@@ -511,22 +521,11 @@ async fn admin_sessions(
     }))
 }
 
-async fn admin_perception(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-) -> ApiResult {
-    admin_guard(&app, peer, &headers)?;
+async fn admin_perception(Admin(app): Admin) -> ApiResult {
     ok_json(json!({"devices": app.shared.perception.devices()}))
 }
 
-async fn admin_device(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-    Path(device_id): Path<String>,
-) -> ApiResult {
-    admin_guard(&app, peer, &headers)?;
+async fn admin_device(Admin(app): Admin, Path(device_id): Path<String>) -> ApiResult {
     match app.shared.perception.device(&device_id) {
         Some(state) => ok_json(json!(state)),
         None => Err(ApiError::new(
@@ -537,36 +536,19 @@ async fn admin_device(
     }
 }
 
-async fn admin_publish(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    request: Request,
-) -> ApiResult {
-    let (parts, body) = request.into_parts();
-    admin_guard(&app, peer, &parts.headers)?;
-    let v = json_body(&app, body, &parts.headers).await?;
+async fn admin_publish(Admin(app): Admin, headers: HeaderMap, body: Body) -> ApiResult {
+    let v = json_body(&app, body, &headers).await?;
     let event = PerceptionEvent::from_value(v, Some("admin"), None, EventOrigin::Admin)
         .map_err(|e| ApiError::bad_request(e.0))?;
     let delivered = app.shared.perception.publish(event);
     ok_json(json!({"ok": true, "delivered": delivered}))
 }
 
-async fn admin_conversations(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-) -> ApiResult {
-    admin_guard(&app, peer, &headers)?;
+async fn admin_conversations(Admin(app): Admin) -> ApiResult {
     ok_json(json!({"conversations": app.shared.conversations.list()}))
 }
 
-async fn admin_clear(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    request: Request,
-) -> ApiResult {
-    let (parts, body) = request.into_parts();
-    admin_guard(&app, peer, &parts.headers)?;
+async fn admin_clear(Admin(app): Admin, body: Body) -> ApiResult {
     // An empty body clears everything.
     let bytes = axum::body::to_bytes(body, app.config.bridge.max_body_bytes)
         .await
@@ -574,34 +556,22 @@ async fn admin_clear(
     let key = if bytes.trim_ascii().is_empty() {
         None
     } else {
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_json", format!("{e}")))?;
+        let v: Value = serde_json::from_slice(&bytes).map_err(bad_json)?;
         optional_string(&v, "key")?
     };
     let cleared = app.shared.conversations.clear(key.as_deref());
     ok_json(json!({"ok": true, "cleared": cleared}))
 }
 
-async fn admin_tools(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    headers: HeaderMap,
-) -> ApiResult {
-    admin_guard(&app, peer, &headers)?;
+async fn admin_tools(Admin(app): Admin) -> ApiResult {
     ok_json(json!({
         "tools": app.shared.mcp.tools(&Scope::All),
         "connections": app.shared.mcp.connections(),
     }))
 }
 
-async fn admin_call(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): Peer,
-    request: Request,
-) -> ApiResult {
-    let (parts, body) = request.into_parts();
-    admin_guard(&app, peer, &parts.headers)?;
-    let v = json_body(&app, body, &parts.headers).await?;
+async fn admin_call(Admin(app): Admin, headers: HeaderMap, body: Body) -> ApiResult {
+    let v = json_body(&app, body, &headers).await?;
     let name =
         optional_string(&v, "name")?.ok_or_else(|| ApiError::bad_request("`name` is required"))?;
     let arguments = v.get("arguments").cloned().unwrap_or(Value::Null);
@@ -643,6 +613,19 @@ mod tests {
         (Arc::new(app), stop)
     }
 
+    /// Runs the `/admin/*` extractor on a request from `peer` with `headers`.
+    async fn admin(
+        app: &Arc<App>,
+        peer: SocketAddr,
+        headers: &HeaderMap,
+    ) -> Result<Admin, Response> {
+        let mut request = Request::new(());
+        *request.headers_mut() = headers.clone();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let (mut parts, ()) = request.into_parts();
+        Admin::from_request_parts(&mut parts, app).await
+    }
+
     #[tokio::test]
     async fn admin_refuses_remote_and_proxied_peers() {
         let (app, _stop) = app(Config::default());
@@ -650,23 +633,23 @@ mod tests {
         let local: SocketAddr = "127.0.0.1:5555".parse().unwrap();
         let mapped: SocketAddr = "[::ffff:127.0.0.1]:5555".parse().unwrap();
         let h = HeaderMap::new();
-        let r = admin_sessions(State(Arc::clone(&app)), ConnectInfo(remote), h.clone())
-            .await
-            .unwrap_err();
-        assert_eq!(r.status, StatusCode::FORBIDDEN);
-        let r = admin_not_found(State(Arc::clone(&app)), ConnectInfo(remote), h.clone())
-            .await
-            .unwrap_err();
-        assert_eq!(r.status, StatusCode::FORBIDDEN);
-        let ok = admin_sessions(State(Arc::clone(&app)), ConnectInfo(local), h.clone())
+        // Every admin handler, `admin_sessions` and `admin_not_found` among them, takes `Admin`.
+        let r = admin(&app, remote, &h).await.unwrap_err();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        let ok = admin_sessions(admin(&app, local, &h).await.unwrap())
             .await
             .unwrap();
         assert_eq!(ok.status(), StatusCode::OK);
+        let missing = admin_not_found(admin(&app, local, &h).await.unwrap()).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
         assert!(admin_guard(&app, mapped, &h).is_ok());
+        assert!(admin(&app, mapped, &h).await.is_ok());
         let mut proxied = HeaderMap::new();
         proxied.insert("x-forwarded-for", "10.0.0.9".parse().unwrap());
         let r = admin_guard(&app, local, &proxied).unwrap_err();
         assert_eq!(r.status, StatusCode::FORBIDDEN);
+        let r = admin(&app, local, &proxied).await.unwrap_err();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
     }
 
     #[tokio::test]

@@ -1,38 +1,65 @@
-//! Helpers shared by the Bridge HTTP API and MCP endpoint tests: a running server, raw HTTP/1.1
-//! requests, Server-Sent Events, and a scripted MCP server that connects in over WebSocket the
-//! way `mcp2xiaozhi` / `xiaozhi-mcp` relay one.
+//! Scaffolding shared by the server's integration tests: a server on ephemeral ports that
+//! stops on request, WebSocket connect / receive with a timeout, raw HTTP/1.1 requests, and the
+//! Bridge/MCP helpers (Server-Sent Events, a scripted MCP server that connects in over
+//! WebSocket the way `mcp2xiaozhi` / `xiaozhi-mcp` relay one). Door-specific helpers stay in
+//! their test files. voxgate-client's end-to-end tests include this file too (`#[path]`).
 
+// Every test binary compiles this module (`mod support;`) but uses only part of it; without
+// these allows the unused rest would warn, and clippy `-D warnings` would fail, per binary.
 #![allow(dead_code, unreachable_pub, reason = "each test binary uses a subset")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::{SinkExt, Stream, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use voxgate_server::{Config, Providers, Server};
+use voxgate_server::metrics::Door;
+use voxgate_server::{Config, Metrics, Providers, Server};
 
+/// How long a test waits for any one thing (a connection, a message, a shutdown) unless it
+/// says otherwise.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// The doors' own listeners a test may ask [`Running::listener`] for.
+const LISTENERS: [&str; 3] = ["xiaozhi", "xiaozhi-ota", "gemini"];
+
+/// A server on ephemeral loopback ports, running until [`Running::stop`].
 pub struct Running {
+    /// The main listener.
     pub addr: SocketAddr,
+    /// The server's metrics, for session counts and counters.
+    pub metrics: Arc<Metrics>,
+    listeners: Vec<(&'static str, SocketAddr)>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
+    /// The server `config` describes, with the providers it names (embedded ones for the
+    /// sections it leaves out), as `voxgate-server` itself starts.
     pub async fn start(config: Config) -> Self {
-        Self::start_with(config, Providers::embedded()).await
+        let config = config.with_ephemeral_ports();
+        let providers = Providers::from_config(&config).unwrap();
+        Self::start_with(config, providers).await
     }
 
+    /// The server `config` describes with the given providers.
     pub async fn start_with(config: Config, providers: Providers) -> Self {
         let config = config.with_ephemeral_ports();
         let server = Server::bind_with(config, providers).await.unwrap();
         let addr = server.local_addr();
+        let metrics = server.metrics();
+        let listeners = LISTENERS
+            .into_iter()
+            .filter_map(|name| Some((name, server.listener_addr(name)?)))
+            .collect();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -44,19 +71,107 @@ impl Running {
         });
         Self {
             addr,
+            metrics,
+            listeners,
             stop: Some(tx),
             task,
         }
     }
 
-    pub async fn stop(mut self) {
+    /// The address of a door's own listener (`"xiaozhi"`, `"xiaozhi-ota"`, `"gemini"`), when
+    /// the configuration opened it.
+    pub fn listener(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find_map(|(n, a)| (*n == name).then_some(*a))
+    }
+
+    /// Stops the server and waits for it to finish.
+    pub async fn stop(self) {
+        self.stop_within(WAIT).await;
+    }
+
+    /// Stops the server; it must finish within `wait`.
+    pub async fn stop_within(mut self, wait: Duration) {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(WAIT, self.task)
+        tokio::time::timeout(wait, self.task)
             .await
             .expect("server shuts down")
             .unwrap();
     }
+
+    /// Waits until `door` has no open session.
+    pub async fn sessions_drain(&self, door: Door) {
+        self.wait_sessions(door, 0).await;
+    }
+
+    /// Waits until `door` has `n` open sessions.
+    pub async fn wait_sessions(&self, door: Door, n: u64) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self.metrics.active_sessions(door) != n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} sessions never reached {n}",
+                door.label()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
+
+// ---- WebSocket ------------------------------------------------------------------------------
+
+/// A client WebSocket.
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Opens `url` with extra request headers; the upgrade must be answered within `wait`.
+pub async fn try_connect(
+    url: &str,
+    headers: &[(&str, &str)],
+    wait: Duration,
+) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+    let mut req = url.into_client_request().unwrap();
+    for (k, v) in headers {
+        let name: tokio_tungstenite::tungstenite::http::HeaderName = k.parse().unwrap();
+        req.headers_mut().insert(name, v.parse().unwrap());
+    }
+    tokio::time::timeout(wait, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect in time")
+        .map(|(ws, _)| ws)
+}
+
+/// Opens `ws://{addr}{path}`; the upgrade must succeed.
+pub async fn connect(addr: SocketAddr, path: &str) -> Ws {
+    try_connect(&format!("ws://{addr}{path}"), &[], WAIT)
+        .await
+        .unwrap()
+}
+
+/// The next data message (text or binary) within `wait`, skipping control frames; `None`
+/// when the server closed or the connection failed.
+pub async fn next_message<S>(rx: &mut S, wait: Duration) -> Option<Message>
+where
+    S: Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    loop {
+        let msg = tokio::time::timeout(wait, rx.next())
+            .await
+            .expect("a message within the timeout");
+        match msg {
+            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => return Some(m),
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+/// Sends `v` as one text frame.
+pub async fn send_json(ws: &mut Ws, v: &Value) {
+    ws.send(Message::Text(v.to_string().into())).await.unwrap();
+}
+
+// ---- HTTP -----------------------------------------------------------------------------------
 
 /// A parsed HTTP response.
 #[derive(Debug)]
@@ -82,7 +197,6 @@ pub async fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> HttpResponse {
-    let mut s = TcpStream::connect(addr).await.unwrap();
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -91,7 +205,14 @@ pub async fn http(
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
+    exchange(addr, req.as_bytes(), body).await
+}
+
+/// Sends a request written out by the caller (`head` up to and including the blank line,
+/// then `body`) and reads the whole response, which the request must make the server close.
+pub async fn exchange(addr: SocketAddr, head: &[u8], body: &[u8]) -> HttpResponse {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(head).await.unwrap();
     // A server may answer (413) before reading a large body and close: ignore write errors.
     let _ = s.write_all(body).await;
     let mut raw = Vec::new();
@@ -196,18 +317,10 @@ impl Sse {
     }
 }
 
-pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
 /// Opens `/mcp...` as a bridge would; `Err` carries the HTTP status of a refused upgrade.
 pub async fn mcp_connect(addr: SocketAddr, path_and_query: &str) -> Result<Ws, u16> {
-    let r = tokio::time::timeout(
-        WAIT,
-        tokio_tungstenite::connect_async(format!("ws://{addr}{path_and_query}")),
-    )
-    .await
-    .expect("connect in time");
-    match r {
-        Ok((ws, _)) => Ok(ws),
+    match try_connect(&format!("ws://{addr}{path_and_query}"), &[], WAIT).await {
+        Ok(ws) => Ok(ws),
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err(resp.status().as_u16()),
         Err(e) => panic!("connect failed: {e}"),
     }
@@ -216,24 +329,11 @@ pub async fn mcp_connect(addr: SocketAddr, path_and_query: &str) -> Result<Ws, u
 /// The next JSON-RPC message from the server (pings answered by tungstenite).
 pub async fn recv_json(ws: &mut Ws) -> Value {
     loop {
-        let m = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("message in time")
-            .expect("socket open")
-            .unwrap();
-        match m {
-            Message::Text(t) => {
-                assert_eq!(t.as_str(), t.trim(), "frames are compact, untrimmed JSON");
-                return serde_json::from_str(&t).unwrap();
-            }
-            Message::Close(_) => panic!("closed"),
-            _ => {}
+        if let Message::Text(t) = next_message(ws, WAIT).await.expect("socket open") {
+            assert_eq!(t.as_str(), t.trim(), "frames are compact, untrimmed JSON");
+            return serde_json::from_str(&t).unwrap();
         }
     }
-}
-
-pub async fn send_json(ws: &mut Ws, v: &Value) {
-    ws.send(Message::Text(v.to_string().into())).await.unwrap();
 }
 
 pub fn tool(name: &str, description: &str) -> Value {
@@ -283,6 +383,19 @@ pub async fn handshake(ws: &mut Ws, server_name: &str, pages: &[Vec<Value>]) {
         )
         .await;
     }
+}
+
+/// Connects to the MCP endpoint at `path_and_query` as a bridge and plays its MCP server
+/// through the [`handshake`].
+pub async fn mcp_server(
+    addr: SocketAddr,
+    path_and_query: &str,
+    server_name: &str,
+    pages: &[Vec<Value>],
+) -> Ws {
+    let mut ws = mcp_connect(addr, path_and_query).await.unwrap();
+    handshake(&mut ws, server_name, pages).await;
+    ws
 }
 
 /// Answers `tools/call` requests until `n` were served: `echo` returns its text, anything else
