@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use divan::{Bencher, black_box};
 use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat, f32_to_i16};
 use voxgate_audio::opus::{
-    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
+    FrameDuration, OpusApplication, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
 };
 use voxgate_audio::pacer::{Pacer, PacerConfig};
 use voxgate_audio::resample::Resampler;
@@ -87,21 +87,36 @@ fn uplink_60ms_decode_and_vad(bencher: Bencher<'_, '_>, name: &str) {
 }
 
 /// Xiaozhi downlink: resample 60 ms of TTS audio to 24 kHz and Opus-encode a 60 ms frame at
-/// complexity 5 (plus the pacer bookkeeping).
+/// complexity 5 (plus the pacer bookkeeping), with the VoIP application (SILK/hybrid).
 #[divan::bench(args = BACKENDS, consts = [22_050, 24_000])]
 fn downlink_60ms_resample_and_encode<const TTS_RATE: u32>(bencher: Bencher<'_, '_>, name: &str) {
-    let tts = at_rate(TTS_RATE);
-    let Ok(mut resampler) = Resampler::new(TTS_RATE, 24_000) else {
+    downlink(bencher, name, TTS_RATE, OpusApplication::Voip);
+}
+
+/// The same downlink with the audio application, what the Xiaozhi reference servers (and the
+/// voxgate Xiaozhi door by default) encode replies with: CELT at 24 kbit/s.
+#[divan::bench(args = BACKENDS, consts = [22_050, 24_000])]
+fn downlink_60ms_resample_and_encode_audio_mode<const TTS_RATE: u32>(
+    bencher: Bencher<'_, '_>,
+    name: &str,
+) {
+    downlink(bencher, name, TTS_RATE, OpusApplication::Audio);
+}
+
+fn downlink(bencher: Bencher<'_, '_>, name: &str, tts_rate: u32, application: OpusApplication) {
+    let tts = at_rate(tts_rate);
+    let Ok(mut resampler) = Resampler::new(tts_rate, 24_000) else {
         unreachable!()
     };
     let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
         backend: backend(name),
+        application,
         ..OpusEncoderConfig::voice(24_000)
     }) else {
         unreachable!()
     };
     let frame = enc.frame_samples();
-    let chunk = TTS_RATE as usize * 60 / 1000;
+    let chunk = tts_rate as usize * 60 / 1000;
     let mut pending = Vec::with_capacity(frame * 3);
     let mut pacer = Pacer::new(PacerConfig::new(Duration::from_millis(60), 5, 64));
     let t0 = Instant::now();
