@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use voxgate_audio::format::f32_to_i16;
+use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::resample::Resampler;
 use voxgate_audio::vad::{MODEL_RATE, Vad, VadConfig, VadError, VadOutput, VadState};
 
@@ -24,8 +24,10 @@ pub(crate) struct Capture {
     vad: Vad,
     rate: u32,
     capturing: bool,
-    /// Input-rate samples of the utterance, starting at absolute position `buf_start`.
-    buf: Vec<f32>,
+    /// Input-rate samples of the utterance, starting at absolute position `buf_start`. Kept
+    /// 16-bit: speech arrives as 16-bit (Opus, PCM) and an utterance is the largest buffer a
+    /// listening session holds, so this halves it.
+    buf: Vec<i16>,
     buf_start: u64,
     max_samples: usize,
     /// Samples dropped because an utterance outgrew `max_samples`.
@@ -72,7 +74,7 @@ impl Capture {
         let mut scratch = std::mem::take(&mut self.scratch);
         for chunk in samples.chunks(256) {
             scratch.clear();
-            scratch.extend(chunk.iter().map(|&s| voxgate_audio::format::i16_to_f32(s)));
+            scratch.extend(chunk.iter().map(|&s| i16_to_f32(s)));
             self.process(&scratch);
         }
         self.scratch = scratch;
@@ -99,7 +101,9 @@ impl Capture {
                             self.capturing = true;
                             self.buf.clear();
                             // Everything from the backbuffer up to the end of this block.
-                            self.buf_start = self.vad.copy_audio(t.audio_start, &mut self.buf);
+                            let mut kept = Vec::new();
+                            self.buf_start = self.vad.copy_audio(t.audio_start, &mut kept);
+                            self.buf.extend(kept.into_iter().map(f32_to_i16));
                             self.events.push_back(CaptureEvent::SpeechStarted);
                         }
                         (VadState::SpeechEnding, VadState::Silence) if self.capturing => {
@@ -121,29 +125,29 @@ impl Capture {
     fn append(&mut self, samples: &[f32]) {
         let room = self.max_samples.saturating_sub(self.buf.len());
         let take = room.min(samples.len());
-        self.buf.extend_from_slice(&samples[..take]);
+        self.buf
+            .extend(samples[..take].iter().map(|&s| f32_to_i16(s)));
         self.dropped += (samples.len() - take) as u64;
     }
 
     fn take_utterance_16k(&mut self) -> Vec<i16> {
         let samples = std::mem::take(&mut self.buf);
-        let resampled = if self.rate == MODEL_RATE {
-            samples
-        } else {
-            match Resampler::new(self.rate, MODEL_RATE) {
-                Ok(mut r) => {
-                    let mut out = Vec::with_capacity(samples.len() * 16_000 / self.rate as usize);
-                    r.process(&samples, &mut out);
-                    r.flush(&mut out);
-                    let delay = r.delay().min(out.len());
-                    out.drain(..delay);
-                    out
-                }
-                // Checked in `new`; unreachable in practice.
-                Err(_) => Vec::new(),
+        if self.rate == MODEL_RATE {
+            return samples;
+        }
+        match Resampler::new(self.rate, MODEL_RATE) {
+            Ok(mut r) => {
+                let input: Vec<f32> = samples.into_iter().map(i16_to_f32).collect();
+                let mut out = Vec::with_capacity(input.len() * 16_000 / self.rate as usize);
+                r.process(&input, &mut out);
+                r.flush(&mut out);
+                let delay = r.delay().min(out.len());
+                out.drain(..delay);
+                out.into_iter().map(f32_to_i16).collect()
             }
-        };
-        resampled.into_iter().map(f32_to_i16).collect()
+            // Checked in `new`; unreachable in practice.
+            Err(_) => Vec::new(),
+        }
     }
 
     /// Ends the stream (the input format changes): the VAD returns to silence and an

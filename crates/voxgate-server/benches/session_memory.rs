@@ -3,10 +3,11 @@
 //! `cargo bench -p voxgate-server --bench session_memory` (add `--features libopus` to compare
 //! the libopus backend). The real server runs in-process on its own tokio runtime whose threads
 //! are tagged, so the counting allocator attributes every byte to the server or to the simulated
-//! devices (which share the process). Each device connects, says hello, streams speech, then
-//! asks for a reply (`listen detect`) and keeps listening while the reply plays; the figure is the
-//! server's live heap divided by the number of sessions, taken mid-reply (the peak of a session's
-//! life: codecs, engine, VAD, queued reply audio, socket buffers). After every device has left,
+//! devices (which share the process). Each device connects and says hello (idle), starts
+//! listening in auto mode and streams a second of speech (listening: uplink decoder, engine, VAD),
+//! then the silence that ends its utterance, and waits for the reply (mid-reply: queued reply
+//! audio, and the encoder while the reply is still being synthesized). The figures are the
+//! server's live heap divided by the number of sessions at each of those moments. After every device has left,
 //! the server's heap must be back at its baseline: anything left is reported as a leak.
 //!
 //! RSS per session (what `cargo xtask load` reports) adds the allocator's own overhead and
@@ -34,6 +35,8 @@ static GLOBAL: CountingAllocator = CountingAllocator;
 const SERVER: usize = 1;
 const SESSIONS: usize = 100;
 const WAIT: Duration = Duration::from_secs(30);
+/// 60 ms packets of speech before the silence that ends the utterance.
+const SPEECH_PACKETS: usize = 17;
 
 fn main() {
     let backends: Vec<OpusBackendChoice> = [OpusBackendChoice::Pure, OpusBackendChoice::Libopus]
@@ -53,11 +56,12 @@ fn main() {
     for backend in backends {
         let r = measure(backend);
         println!(
-            "  opus_backend = {:<8} {:>6.1} KB per session mid-reply ({:.1} KB after hello), \
-             {:+.1} KB per session left after all closed (baseline {:.0} KB)",
+            "  opus_backend = {:<8} KB per session: {:>6.1} after hello, {:>6.1} listening, \
+             {:>6.1} mid-reply; {:+.1} left after all closed (baseline {:.0} KB)",
             format!("{backend:?}").to_lowercase(),
-            r.mid_reply_kb,
             r.after_hello_kb,
+            r.listening_kb,
+            r.mid_reply_kb,
             r.leak_kb,
             r.baseline_kb,
         );
@@ -67,6 +71,7 @@ fn main() {
 struct Figures {
     baseline_kb: f64,
     after_hello_kb: f64,
+    listening_kb: f64,
     mid_reply_kb: f64,
     leak_kb: f64,
 }
@@ -113,7 +118,8 @@ fn measure(backend: OpusBackendChoice) -> Figures {
         // runtime's pools) is not charged to the measured sessions.
         let mut warm = Device::connect(addr).await;
         warm.hello().await;
-        warm.reply_started(&packets).await;
+        warm.listen(&packets).await;
+        warm.reply_started(&[]).await;
         warm.close().await;
         wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -127,9 +133,15 @@ fn measure(backend: OpusBackendChoice) -> Figures {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after_hello = server_heap();
+        // Speech only (no trailing silence yet): every session is listening, mid-utterance.
+        let (speech, silence) = packets.split_at(SPEECH_PACKETS);
+        let listening: Vec<_> = devices.iter_mut().map(|d| d.listen(speech)).collect();
+        futures::future::join_all(listening).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let listening = server_heap();
         let started: Vec<_> = devices
             .iter_mut()
-            .map(|d| d.reply_started(&packets))
+            .map(|d| d.reply_started(silence))
             .collect();
         futures::future::join_all(started).await;
         // A moment into the replies: every session is speaking, its reply queued.
@@ -146,6 +158,7 @@ fn measure(backend: OpusBackendChoice) -> Figures {
         Figures {
             baseline_kb: baseline,
             after_hello_kb: (after_hello - baseline) / n,
+            listening_kb: (listening - baseline) / n,
             mid_reply_kb: (mid_reply - baseline) / n,
             leak_kb: (after - baseline) / n,
         }
@@ -183,7 +196,7 @@ fn speech_packets() -> Vec<Vec<u8>> {
     .unwrap();
     let silence = vec![0i16; 960 * 17];
     pcm.chunks_exact(960)
-        .take(17)
+        .take(SPEECH_PACKETS)
         .chain(silence.chunks_exact(960))
         .map(|c| enc.encode(c).unwrap().to_vec())
         .collect()
@@ -247,19 +260,16 @@ impl Device {
         assert_eq!(hello["type"], "hello");
     }
 
-    /// Streams an utterance in auto mode and waits for the reply's first frames.
-    async fn reply_started(&mut self, packets: &[Vec<u8>]) {
+    /// Starts listening in auto mode and streams `packets`.
+    async fn listen(&mut self, packets: &[Vec<u8>]) {
         self.send(json!({"type": "listen", "state": "start", "mode": "auto"}))
             .await;
-        let mut out = Vec::new();
-        for p in packets {
-            out.clear();
-            self.codec.encode(&Frame::opus(p), &mut out).unwrap();
-            self.ws
-                .send(Message::Binary(out.clone().into()))
-                .await
-                .unwrap();
-        }
+        self.stream(packets).await;
+    }
+
+    /// Streams the rest of an utterance and waits for the reply's first frames.
+    async fn reply_started(&mut self, packets: &[Vec<u8>]) {
+        self.stream(packets).await;
         loop {
             let msg = tokio::time::timeout(WAIT, self.ws.next())
                 .await
@@ -269,6 +279,18 @@ impl Device {
             if matches!(msg, Message::Binary(_)) {
                 return;
             }
+        }
+    }
+
+    async fn stream(&mut self, packets: &[Vec<u8>]) {
+        let mut out = Vec::new();
+        for p in packets {
+            out.clear();
+            self.codec.encode(&Frame::opus(p), &mut out).unwrap();
+            self.ws
+                .send(Message::Binary(out.clone().into()))
+                .await
+                .unwrap();
         }
     }
 

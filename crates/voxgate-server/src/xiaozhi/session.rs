@@ -30,7 +30,9 @@ use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use voxgate_audio::format::{f32_to_i16, i16_to_f32};
-use voxgate_audio::opus::{FrameDuration, OpusDecoder, OpusEncoder, OpusEncoderConfig};
+use voxgate_audio::opus::{
+    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig, OpusError,
+};
 use voxgate_audio::pacer::{Pacer, PacerConfig};
 use voxgate_audio::resample::Resampler;
 use voxgate_engine::{
@@ -178,22 +180,49 @@ struct Paced {
     packet: Option<Bytes>,
 }
 
+/// What turns reply audio into Opus packets: it exists only from a response's first audio to
+/// its end. The pure-Rust encoder alone holds about 310 KB of fixed buffers, and replies are
+/// encoded as fast as the TTS delivers them (the pacer then holds packets), so keeping it only
+/// for that stretch is most of the difference between an idle and a speaking session's memory.
+struct Downlink {
+    encoder: OpusEncoder,
+    resampler: Option<(u32, Resampler)>,
+    /// Reply audio at the announced rate not yet a whole frame.
+    pcm: Vec<f32>,
+    scratch: Vec<f32>,
+    /// One frame converted to 16-bit for the encoder.
+    frame_pcm: Vec<i16>,
+}
+
+impl Downlink {
+    fn new(config: OpusEncoderConfig) -> Result<Self, OpusError> {
+        let encoder = OpusEncoder::new(config)?;
+        let n = encoder.frame_samples();
+        Ok(Self {
+            encoder,
+            resampler: None,
+            pcm: Vec::with_capacity(n * 2),
+            scratch: Vec::new(),
+            frame_pcm: Vec::with_capacity(n),
+        })
+    }
+}
+
 /// A session after the hello.
 struct Session {
     id: String,
     engine: Engine,
     codec: FrameCodec,
-    decoder: OpusDecoder,
-    encoder: OpusEncoder,
+    backend: OpusBackend,
+    /// The uplink decoder, built at the first audio frame and dropped while a half-duplex
+    /// device speaks (it sends no audio then).
+    decoder: Option<OpusDecoder>,
+    encoder_config: OpusEncoderConfig,
+    /// Reply encoding state, present only while reply audio is arriving.
+    downlink: Option<Downlink>,
     out_rate: u32,
     frame_ms: u32,
     frame_samples: usize,
-    resampler: Option<(u32, Resampler)>,
-    /// Reply audio at `out_rate` not yet a whole frame.
-    pcm: Vec<f32>,
-    scratch: Vec<f32>,
-    /// One frame converted to 16-bit for the encoder.
-    frame_pcm: Vec<i16>,
     frame_buf: Vec<u8>,
     pacer: Pacer<Paced>,
     /// A `sentence_start` waiting for the first frame of its audio.
@@ -358,7 +387,20 @@ impl Conn {
         if payload.is_empty() {
             return;
         }
-        match s.decoder.decode_f32(payload) {
+        if s.decoder.is_none() {
+            match OpusDecoder::new(INPUT_RATE, s.backend) {
+                Ok(d) => s.decoder = Some(d),
+                Err(e) => {
+                    self.metrics.error(Door::Xiaozhi);
+                    tracing::warn!(%e, "cannot build the uplink decoder");
+                    return;
+                }
+            }
+        }
+        let Some(decoder) = &mut s.decoder else {
+            return;
+        };
+        match decoder.decode_f32(payload) {
             Ok(pcm) => s.engine.handle_audio(Instant::now(), pcm),
             Err(e) => {
                 self.metrics.error(Door::Xiaozhi);
@@ -596,6 +638,11 @@ impl Conn {
                 if !s.speaking {
                     s.speaking = true;
                     s.pacer.clear();
+                    if s.mode != ListenMode::Realtime {
+                        // Half duplex: no uplink audio until the reply is over, and the next
+                        // utterance starts a fresh stream.
+                        s.decoder = None;
+                    }
                     send(&self.out, with_sid(Tts::start(), &sid)).await;
                 }
             }
@@ -727,30 +774,31 @@ impl Session {
         let frame_duration = FrameDuration::from_millis(config.output_frame_ms)
             .ok_or_else(|| format!("frame length {} ms", config.output_frame_ms))?;
         let backend = config.opus_backend.resolve();
-        let encoder = OpusEncoder::new(OpusEncoderConfig {
+        let encoder_config = OpusEncoderConfig {
             frame_duration,
             bitrate: config.opus_bitrate,
             complexity: config.opus_complexity,
             application: config.opus_application.to_opus(),
             backend,
             ..OpusEncoderConfig::voice(config.output_sample_rate)
-        })
-        .map_err(|e| e.to_string())?;
-        let decoder = OpusDecoder::new(INPUT_RATE, backend).map_err(|e| e.to_string())?;
-        let frame_samples = encoder.frame_samples();
+        };
+        // Built once here so a setting the codec refuses fails the hello, not the first reply;
+        // the codecs themselves are built when they are needed.
+        let frame_samples = OpusEncoder::new(encoder_config)
+            .map_err(|e| e.to_string())?
+            .frame_samples();
+        OpusDecoder::new(INPUT_RATE, backend).map_err(|e| e.to_string())?;
         Ok(Self {
             id: super::new_session_id(),
             engine,
             codec: FrameCodec::new(version),
-            decoder,
-            encoder,
+            backend,
+            decoder: None,
+            encoder_config,
+            downlink: None,
             out_rate: config.output_sample_rate,
             frame_ms: config.output_frame_ms,
             frame_samples,
-            resampler: None,
-            pcm: Vec::with_capacity(frame_samples * 2),
-            scratch: Vec::new(),
-            frame_pcm: Vec::with_capacity(frame_samples),
             frame_buf: Vec::new(),
             pacer: Pacer::new(PacerConfig::new(
                 Duration::from_millis(u64::from(config.output_frame_ms)),
@@ -793,11 +841,8 @@ impl Session {
     /// Drops every queued and partial reply frame.
     fn clear(&mut self) {
         self.pacer.clear();
-        self.pcm.clear();
+        self.downlink = None;
         self.subtitle = None;
-        if let Some((_, r)) = &mut self.resampler {
-            r.reset();
-        }
     }
 
     /// Reply audio in: resample to the announced rate and cut into frames.
@@ -814,44 +859,55 @@ impl Session {
     }
 
     fn push_slice(&mut self, now: Instant, samples: &[i16], rate: u32, metrics: &Metrics) {
-        self.scratch.clear();
-        self.scratch.extend(samples.iter().map(|&s| i16_to_f32(s)));
-        if rate == self.out_rate {
-            self.pcm.extend_from_slice(&self.scratch);
+        if self.downlink.is_none() {
+            match Downlink::new(self.encoder_config) {
+                Ok(d) => self.downlink = Some(d),
+                Err(e) => {
+                    tracing::warn!(%e, "cannot build the reply encoder");
+                    return;
+                }
+            }
+        }
+        let out_rate = self.out_rate;
+        let Some(d) = &mut self.downlink else { return };
+        d.scratch.clear();
+        d.scratch.extend(samples.iter().map(|&s| i16_to_f32(s)));
+        if rate == out_rate {
+            d.pcm.extend_from_slice(&d.scratch);
         } else {
-            if self
-                .resampler
-                .as_ref()
-                .is_none_or(|(from, _)| *from != rate)
-            {
-                match Resampler::new(rate, self.out_rate) {
-                    Ok(r) => self.resampler = Some((rate, r)),
+            if d.resampler.as_ref().is_none_or(|(from, _)| *from != rate) {
+                match Resampler::new(rate, out_rate) {
+                    Ok(r) => d.resampler = Some((rate, r)),
                     Err(e) => {
                         tracing::warn!(%e, rate, "cannot resample reply audio");
                         return;
                     }
                 }
             }
-            if let Some((_, r)) = &mut self.resampler {
-                r.process(&self.scratch, &mut self.pcm);
+            if let Some((_, r)) = &mut d.resampler {
+                r.process(&d.scratch, &mut d.pcm);
             }
         }
         self.encode_frames(now, metrics);
     }
 
     /// The end of a response's audio: the resampler's tail and a last, zero-padded frame.
+    /// The encoder goes with it; what is left of the reply waits in the pacer as packets.
     fn flush_audio(&mut self, now: Instant, metrics: &Metrics) {
-        if let Some((_, r)) = &mut self.resampler {
-            r.flush(&mut self.pcm);
-            r.reset();
-        }
-        if !self.pcm.is_empty() {
-            let pad = self.frame_samples - self.pcm.len() % self.frame_samples;
-            if pad < self.frame_samples {
-                self.pcm.extend(std::iter::repeat_n(0.0, pad));
+        let n = self.frame_samples;
+        if let Some(d) = &mut self.downlink {
+            if let Some((_, r)) = &mut d.resampler {
+                r.flush(&mut d.pcm);
+            }
+            if !d.pcm.is_empty() {
+                let pad = n - d.pcm.len() % n;
+                if pad < n {
+                    d.pcm.extend(std::iter::repeat_n(0.0, pad));
+                }
             }
         }
         self.encode_frames(now, metrics);
+        self.downlink = None;
         if let Some(subtitle) = self.subtitle.take() {
             // A sentence with no audio at all still gets its subtitle, in order.
             let _ = self.pacer.handle_input(
@@ -864,18 +920,19 @@ impl Session {
         }
     }
 
-    /// Encodes every whole frame of `pcm` and queues it with the pacer.
+    /// Encodes every whole frame of reply audio and queues it with the pacer.
     fn encode_frames(&mut self, now: Instant, metrics: &Metrics) {
         let n = self.frame_samples;
+        let Some(d) = &mut self.downlink else { return };
         let mut start = 0;
-        while self.pcm.len() - start >= n {
-            let Some(chunk) = self.pcm.get(start..start + n) else {
+        while d.pcm.len() - start >= n {
+            let Some(chunk) = d.pcm.get(start..start + n) else {
                 break;
             };
             start += n;
-            self.frame_pcm.clear();
-            self.frame_pcm.extend(chunk.iter().map(|&x| f32_to_i16(x)));
-            let packet = match self.encoder.encode(&self.frame_pcm) {
+            d.frame_pcm.clear();
+            d.frame_pcm.extend(chunk.iter().map(|&x| f32_to_i16(x)));
+            let packet = match d.encoder.encode(&d.frame_pcm) {
                 Ok(p) => Bytes::copy_from_slice(p),
                 Err(e) => {
                     tracing::warn!(%e, "opus encode failed");
@@ -890,7 +947,7 @@ impl Session {
                 metrics.dropped(Door::Xiaozhi, Direction::Downlink, 1);
             }
         }
-        self.pcm.drain(..start);
+        d.pcm.drain(..start);
     }
 
     /// One Opus packet in the device's framing, stamped with the audio time sent so far.
