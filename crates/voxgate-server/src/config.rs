@@ -60,11 +60,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use self::env::{EnvVars, Secret};
+
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
 pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
+
+pub(crate) mod env;
 
 /// The whole server configuration. See the [module docs](self) for the file format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -264,30 +268,17 @@ impl AcpBrainConfig {
         c
     }
 
-    fn apply_env(section: &mut Option<Self>, var: &impl Fn(&str) -> Option<String>) {
-        let list = |v: String| -> Vec<String> {
-            v.split(',')
-                .map(str::trim)
-                .filter(|r| !r.is_empty())
-                .map(str::to_owned)
-                .collect()
-        };
-        if let Some(command) = var("VOXGATE_ACP_COMMAND") {
+    fn apply_env(section: &mut Option<Self>, vars: EnvVars<'_>) {
+        if let Some(command) = vars.raw("VOXGATE_ACP_COMMAND") {
             section.get_or_insert_with(|| Self::new("")).command = command;
         }
         let Some(acp) = section else { return };
-        if let Some(v) = var("VOXGATE_ACP_ARGS") {
+        if let Some(v) = vars.raw("VOXGATE_ACP_ARGS") {
             acp.args = v.split_whitespace().map(str::to_owned).collect();
         }
-        if let Some(v) = var("VOXGATE_ACP_CWD") {
-            acp.cwd = Some(v);
-        }
-        if let Some(v) = var("VOXGATE_ACP_ALLOW") {
-            acp.allow = list(v);
-        }
-        if let Some(v) = var("VOXGATE_ACP_DENY") {
-            acp.deny = list(v);
-        }
+        vars.optional("VOXGATE_ACP_CWD", &mut acp.cwd);
+        vars.list("VOXGATE_ACP_ALLOW", &mut acp.allow);
+        vars.list("VOXGATE_ACP_DENY", &mut acp.deny);
     }
 }
 
@@ -373,26 +364,15 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Env`] for an unparsable address or number.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let vars = EnvVars::new(&var);
         if let Some(v) = var("VOXGATE_LISTEN") {
             self.listen = v.trim().parse().map_err(|e| ConfigError::Env {
                 name: "VOXGATE_LISTEN",
                 message: format!("{v:?} is not a socket address: {e}"),
             })?;
         }
-        if let Some(v) = var("VOXGATE_MAX_FRAME_BYTES") {
-            self.max_frame_bytes = v.trim().parse().map_err(|e| ConfigError::Env {
-                name: "VOXGATE_MAX_FRAME_BYTES",
-                message: format!("{v:?}: {e}"),
-            })?;
-        }
-        if let Some(v) = var("VOXGATE_API_KEYS") {
-            self.realtime.api_keys = v
-                .split(',')
-                .map(str::trim)
-                .filter(|k| !k.is_empty())
-                .map(str::to_owned)
-                .collect();
-        }
+        vars.parsed("VOXGATE_MAX_FRAME_BYTES", &mut self.max_frame_bytes)?;
+        vars.list("VOXGATE_API_KEYS", &mut self.realtime.api_keys);
         if let Some(v) = var("VOXGATE_ELEVENLABS_BASE_URL") {
             let v = v.trim();
             self.realtime.elevenlabs_base_url = (!v.is_empty()).then(|| v.to_owned());
@@ -402,7 +382,7 @@ impl Config {
         self.gemini.apply_env(&var)?;
         self.bridge.apply_env(&var)?;
         self.mcp.apply_env(&var)?;
-        AcpBrainConfig::apply_env(&mut self.acp, &var);
+        AcpBrainConfig::apply_env(&mut self.acp, vars);
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {
                 base_url: String::new(),
@@ -412,12 +392,8 @@ impl Config {
             llm.base_url = base_url;
         }
         if let Some(llm) = &mut self.llm {
-            if let Some(m) = var("VOXGATE_LLM_MODEL") {
-                llm.model = m;
-            }
-            if let Some(k) = var("VOXGATE_LLM_API_KEY") {
-                llm.api_key = Some(k);
-            }
+            vars.string("VOXGATE_LLM_MODEL", &mut llm.model);
+            vars.optional("VOXGATE_LLM_API_KEY", &mut llm.api_key);
         }
         if let Some(base_url) = var("VOXGATE_ASR_BASE_URL") {
             let asr = self.asr.get_or_insert_with(|| AsrConfig {
@@ -428,12 +404,8 @@ impl Config {
             asr.base_url = base_url;
         }
         if let Some(asr) = &mut self.asr {
-            if let Some(m) = var("VOXGATE_ASR_MODEL") {
-                asr.model = m;
-            }
-            if let Some(k) = var("VOXGATE_ASR_API_KEY") {
-                asr.api_key = Some(k);
-            }
+            vars.string("VOXGATE_ASR_MODEL", &mut asr.model);
+            vars.optional("VOXGATE_ASR_API_KEY", &mut asr.api_key);
         }
         if let Some(base_url) = var("VOXGATE_TTS_BASE_URL") {
             let tts = self.tts.get_or_insert_with(|| TtsConfig {
@@ -445,15 +417,9 @@ impl Config {
             tts.base_url = base_url;
         }
         if let Some(tts) = &mut self.tts {
-            if let Some(m) = var("VOXGATE_TTS_MODEL") {
-                tts.model = m;
-            }
-            if let Some(v) = var("VOXGATE_TTS_VOICE") {
-                tts.voice = v;
-            }
-            if let Some(k) = var("VOXGATE_TTS_API_KEY") {
-                tts.api_key = Some(k);
-            }
+            vars.string("VOXGATE_TTS_MODEL", &mut tts.model);
+            vars.string("VOXGATE_TTS_VOICE", &mut tts.voice);
+            vars.optional("VOXGATE_TTS_API_KEY", &mut tts.api_key);
         }
         self.check()
     }
@@ -488,32 +454,23 @@ impl Config {
     #[must_use]
     pub fn to_toml(&self) -> String {
         let mut shown = self.clone();
-        let mask = |k: &mut Option<String>| {
-            if k.is_some() {
-                *k = Some("***".into());
-            }
-        };
-        shown
-            .realtime
-            .api_keys
-            .iter_mut()
-            .for_each(|k| *k = "***".into());
+        shown.realtime.api_keys.mask();
         shown.xiaozhi.mask_secrets();
         shown.retell.mask_secrets();
         shown.gemini.mask_secrets();
         shown.bridge.mask_secrets();
         shown.mcp.mask_secrets();
         if let Some(l) = &mut shown.llm {
-            mask(&mut l.api_key);
+            l.api_key.mask();
         }
         if let Some(a) = &mut shown.asr {
-            mask(&mut a.api_key);
+            a.api_key.mask();
         }
         if let Some(t) = &mut shown.tts {
-            mask(&mut t.api_key);
+            t.api_key.mask();
         }
         if let Some(a) = &mut shown.acp {
-            a.env.values_mut().for_each(|v| *v = "***".into());
+            a.env.mask();
         }
         // Serializing plain structs of strings, numbers and lists cannot fail.
         toml::to_string_pretty(&shown).unwrap_or_default()

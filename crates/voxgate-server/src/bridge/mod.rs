@@ -42,8 +42,8 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use voxgate_xiaozhi::emotion::EmojiPolicy;
 
+use crate::config::env::{EnvVars, Secret};
 use crate::config::{Config, ConfigError};
-use crate::mcp_endpoint::env_list;
 use crate::mcp_endpoint::hub::{McpHub, Scope};
 use crate::metrics::Door;
 use crate::server::App;
@@ -111,43 +111,26 @@ impl BridgeConfig {
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        if let Some(v) = var("VOXGATE_BRIDGE_TOKENS") {
-            self.tokens = env_list(&v);
-        }
-        if let Some(v) = var("VOXGATE_BRIDGE_EMOJI_CHANNELS") {
-            self.emoji_channels = env_list(&v);
-        }
-        if let Some(v) = var("VOXGATE_BRIDGE_SYSTEM_PROMPT") {
-            self.system_prompt = v;
-        }
-        if let Some(v) = var("VOXGATE_BRIDGE_MCP_TOKEN") {
-            self.mcp_token = Some(v).filter(|t| !t.trim().is_empty());
-        }
-        let number = |name: &'static str| -> Result<Option<u64>, ConfigError> {
-            var(name)
-                .map(|v| {
-                    v.trim().parse::<u64>().map_err(|e| ConfigError::Env {
-                        name,
-                        message: format!("{v:?}: {e}"),
-                    })
-                })
-                .transpose()
-        };
-        if let Some(n) = number("VOXGATE_BRIDGE_MAX_BODY_BYTES")? {
+        let vars = EnvVars::new(var);
+        vars.list("VOXGATE_BRIDGE_TOKENS", &mut self.tokens);
+        vars.list("VOXGATE_BRIDGE_EMOJI_CHANNELS", &mut self.emoji_channels);
+        vars.string("VOXGATE_BRIDGE_SYSTEM_PROMPT", &mut self.system_prompt);
+        vars.non_blank("VOXGATE_BRIDGE_MCP_TOKEN", &mut self.mcp_token);
+        // Parsed as u64 and saturated, so a huge value means "no limit" on any target.
+        if let Some(n) = vars.get::<u64>("VOXGATE_BRIDGE_MAX_BODY_BYTES")? {
             self.max_body_bytes = usize::try_from(n).unwrap_or(usize::MAX);
         }
-        if let Some(n) = number("VOXGATE_BRIDGE_TURN_TIMEOUT_SECS")? {
-            self.turn_timeout_secs = n;
-        }
+        vars.parsed(
+            "VOXGATE_BRIDGE_TURN_TIMEOUT_SECS",
+            &mut self.turn_timeout_secs,
+        )?;
         Ok(())
     }
 
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
-        self.tokens.iter_mut().for_each(|t| *t = "***".into());
-        if self.mcp_token.is_some() {
-            self.mcp_token = Some("***".into());
-        }
+        self.tokens.mask();
+        self.mcp_token.mask();
     }
 
     /// Rejects values out of range.

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
+use crate::config::env::{EnvVars, Secret};
 
 /// Who answers a bridge session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -95,17 +96,6 @@ impl Default for GeminiConfig {
     }
 }
 
-fn flag(name: &'static str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::Env {
-            name,
-            message: format!("{v:?} is not a boolean (true/false)"),
-        }),
-    }
-}
-
 impl GeminiConfig {
     /// Applies the door's `VOXGATE_GEMINI_*` environment overrides: `ENABLED`, `LISTEN` (an
     /// address, or `off` for no own listener), `MODE`, `API_KEY`, `BASE_URL`, `MODEL`,
@@ -114,9 +104,8 @@ impl GeminiConfig {
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        if let Some(v) = var("VOXGATE_GEMINI_ENABLED") {
-            self.enabled = flag("VOXGATE_GEMINI_ENABLED", &v)?;
-        }
+        let vars = EnvVars::new(var);
+        vars.flag("VOXGATE_GEMINI_ENABLED", &mut self.enabled)?;
         if let Some(v) = var("VOXGATE_GEMINI_LISTEN") {
             if v.trim().eq_ignore_ascii_case("off") || v.trim().is_empty() {
                 self.own_listener = false;
@@ -134,35 +123,21 @@ impl GeminiConfig {
                 message: format!("{v:?} is neither \"engine\" nor \"passthrough\""),
             })?;
         }
-        if let Some(v) = var("VOXGATE_GEMINI_API_KEY") {
-            self.api_key = Some(v).filter(|k| !k.trim().is_empty());
-        }
-        if let Some(v) = var("VOXGATE_GEMINI_BASE_URL") {
-            self.base_url = v.trim().to_owned();
-        }
-        if let Some(v) = var("VOXGATE_GEMINI_MODEL") {
-            self.model = v.trim().to_owned();
-        }
-        if let Some(v) = var("VOXGATE_GEMINI_AUDIO_CHUNKS") {
-            self.audio_chunks = flag("VOXGATE_GEMINI_AUDIO_CHUNKS", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_GEMINI_ASSISTANT_SPEAKING") {
-            self.assistant_speaking = flag("VOXGATE_GEMINI_ASSISTANT_SPEAKING", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_GEMINI_MAX_FRAME_BYTES") {
-            self.max_frame_bytes = v.trim().parse().map_err(|e| ConfigError::Env {
-                name: "VOXGATE_GEMINI_MAX_FRAME_BYTES",
-                message: format!("{v:?}: {e}"),
-            })?;
-        }
+        vars.non_blank("VOXGATE_GEMINI_API_KEY", &mut self.api_key);
+        vars.trimmed("VOXGATE_GEMINI_BASE_URL", &mut self.base_url);
+        vars.trimmed("VOXGATE_GEMINI_MODEL", &mut self.model);
+        vars.flag("VOXGATE_GEMINI_AUDIO_CHUNKS", &mut self.audio_chunks)?;
+        vars.flag(
+            "VOXGATE_GEMINI_ASSISTANT_SPEAKING",
+            &mut self.assistant_speaking,
+        )?;
+        vars.parsed("VOXGATE_GEMINI_MAX_FRAME_BYTES", &mut self.max_frame_bytes)?;
         Ok(())
     }
 
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
-        if self.api_key.is_some() {
-            self.api_key = Some("***".into());
-        }
+        self.api_key.mask();
     }
 
     /// Moves the door's own listener (when enabled) to a free loopback port.

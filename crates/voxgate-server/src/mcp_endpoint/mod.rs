@@ -39,6 +39,7 @@ use voxgate_mcp::jsonrpc::ErrorObject;
 use voxgate_mcp::model::CallToolResult;
 
 use crate::config::ConfigError;
+use crate::config::env::{EnvVars, Secret};
 use crate::metrics::Door;
 use crate::server::App;
 use hub::Command;
@@ -68,32 +69,6 @@ impl Default for McpEndpointConfig {
     }
 }
 
-fn env_number<T: std::str::FromStr>(
-    var: &impl Fn(&str) -> Option<String>,
-    name: &'static str,
-    into: &mut T,
-) -> Result<(), ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    if let Some(v) = var(name) {
-        *into = v.trim().parse().map_err(|e| ConfigError::Env {
-            name,
-            message: format!("{v:?}: {e}"),
-        })?;
-    }
-    Ok(())
-}
-
-/// A comma-separated list (empty entries dropped).
-pub(crate) fn env_list(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 impl McpEndpointConfig {
     /// Applies the door's `VOXGATE_MCP_*` environment overrides: `VOXGATE_MCP_TOKENS`
     /// (comma-separated), `VOXGATE_MCP_REQUEST_TIMEOUT_SECS`, `VOXGATE_MCP_CALL_TIMEOUT_SECS`,
@@ -102,30 +77,20 @@ impl McpEndpointConfig {
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        if let Some(v) = var("VOXGATE_MCP_TOKENS") {
-            self.tokens = env_list(&v);
-        }
-        env_number(
-            var,
+        let vars = EnvVars::new(var);
+        vars.list("VOXGATE_MCP_TOKENS", &mut self.tokens);
+        vars.parsed(
             "VOXGATE_MCP_REQUEST_TIMEOUT_SECS",
             &mut self.request_timeout_secs,
         )?;
-        env_number(
-            var,
-            "VOXGATE_MCP_CALL_TIMEOUT_SECS",
-            &mut self.call_timeout_secs,
-        )?;
-        env_number(
-            var,
-            "VOXGATE_MCP_MAX_MESSAGE_BYTES",
-            &mut self.max_message_bytes,
-        )?;
+        vars.parsed("VOXGATE_MCP_CALL_TIMEOUT_SECS", &mut self.call_timeout_secs)?;
+        vars.parsed("VOXGATE_MCP_MAX_MESSAGE_BYTES", &mut self.max_message_bytes)?;
         Ok(())
     }
 
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
-        self.tokens.iter_mut().for_each(|t| *t = "***".into());
+        self.tokens.mask();
     }
 
     /// Rejects values out of range.

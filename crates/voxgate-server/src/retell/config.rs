@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use voxgate_retell::AgentConfig;
 
 use crate::config::ConfigError;
+use crate::config::env::{EnvVars, Secret};
 
 /// Settings of the Retell door (`[retell]` in the configuration file).
 ///
@@ -150,97 +151,54 @@ impl Default for RetellConfig {
     }
 }
 
-fn parse<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    v.trim().parse().map_err(|e| ConfigError::Env {
-        name,
-        message: format!("{v:?}: {e}"),
-    })
-}
-
-fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::Env {
-            name,
-            message: format!("{v:?} is not a boolean (true/false)"),
-        }),
-    }
-}
-
 impl RetellConfig {
     /// Applies the door's `VOXGATE_RETELL_*` environment overrides (see docs/doors/retell.md).
     pub(crate) fn apply_env(
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        macro_rules! set_bool {
-            ($name:literal, $field:expr) => {
-                if let Some(v) = var($name) {
-                    $field = parse_bool($name, &v)?;
-                }
-            };
-        }
-        macro_rules! set_num {
-            ($name:literal, $field:expr) => {
-                if let Some(v) = var($name) {
-                    $field = parse($name, &v)?;
-                }
-            };
-        }
-        macro_rules! set_str {
-            ($name:literal, $field:expr) => {
-                if let Some(v) = var($name) {
-                    $field = v;
-                }
-            };
-        }
-        set_bool!("VOXGATE_RETELL_ENABLED", self.enabled);
-        set_str!("VOXGATE_RETELL_BEGIN_MESSAGE", self.begin_message);
-        set_bool!(
-            "VOXGATE_RETELL_BEGIN_AFTER_CALL_DETAILS",
-            self.begin_after_call_details
-        );
-        set_str!("VOXGATE_RETELL_SYSTEM_PROMPT", self.system_prompt);
-        set_bool!("VOXGATE_RETELL_AUTO_RECONNECT", self.auto_reconnect);
-        set_bool!("VOXGATE_RETELL_CALL_DETAILS", self.call_details);
-        set_bool!(
-            "VOXGATE_RETELL_TRANSCRIPT_WITH_TOOL_CALLS",
-            self.transcript_with_tool_calls
-        );
-        set_num!("VOXGATE_RETELL_RESUME_WINDOW_SECS", self.resume_window_secs);
-        set_num!("VOXGATE_RETELL_MAX_FRAME_BYTES", self.max_frame_bytes);
-        set_str!("VOXGATE_RETELL_TRANSFER_NUMBER", self.transfer_number);
-        set_bool!("VOXGATE_RETELL_END_CALL_TOOL", self.end_call_tool);
-        set_bool!("VOXGATE_RETELL_TRANSFER_TOOL", self.transfer_tool);
-        set_num!("VOXGATE_RETELL_MAX_TOOL_ROUNDS", self.max_tool_rounds);
-        set_str!("VOXGATE_RETELL_APOLOGY", self.apology);
-        set_bool!("VOXGATE_RETELL_METADATA", self.metadata);
-        set_str!("VOXGATE_RETELL_CONTROL_TOKEN", self.control_token);
-        if let Some(v) = var("VOXGATE_RETELL_RESPONSIVENESS") {
-            self.agent.responsiveness = Some(parse("VOXGATE_RETELL_RESPONSIVENESS", &v)?);
-        }
-        if let Some(v) = var("VOXGATE_RETELL_INTERRUPTION_SENSITIVITY") {
-            self.agent.interruption_sensitivity =
-                Some(parse("VOXGATE_RETELL_INTERRUPTION_SENSITIVITY", &v)?);
-        }
-        if let Some(v) = var("VOXGATE_RETELL_REMINDER_TRIGGER_MS") {
-            self.agent.reminder_trigger_ms = Some(parse("VOXGATE_RETELL_REMINDER_TRIGGER_MS", &v)?);
-        }
-        if let Some(v) = var("VOXGATE_RETELL_REMINDER_MAX_COUNT") {
-            self.agent.reminder_max_count = Some(parse("VOXGATE_RETELL_REMINDER_MAX_COUNT", &v)?);
-        }
+        let vars = EnvVars::new(var);
+        vars.flag("VOXGATE_RETELL_ENABLED", &mut self.enabled)?;
+        vars.string("VOXGATE_RETELL_BEGIN_MESSAGE", &mut self.begin_message);
+        let after_details = &mut self.begin_after_call_details;
+        vars.flag("VOXGATE_RETELL_BEGIN_AFTER_CALL_DETAILS", after_details)?;
+        vars.string("VOXGATE_RETELL_SYSTEM_PROMPT", &mut self.system_prompt);
+        vars.flag("VOXGATE_RETELL_AUTO_RECONNECT", &mut self.auto_reconnect)?;
+        vars.flag("VOXGATE_RETELL_CALL_DETAILS", &mut self.call_details)?;
+        let with_tools = &mut self.transcript_with_tool_calls;
+        vars.flag("VOXGATE_RETELL_TRANSCRIPT_WITH_TOOL_CALLS", with_tools)?;
+        vars.parsed(
+            "VOXGATE_RETELL_RESUME_WINDOW_SECS",
+            &mut self.resume_window_secs,
+        )?;
+        vars.parsed("VOXGATE_RETELL_MAX_FRAME_BYTES", &mut self.max_frame_bytes)?;
+        vars.string("VOXGATE_RETELL_TRANSFER_NUMBER", &mut self.transfer_number);
+        vars.flag("VOXGATE_RETELL_END_CALL_TOOL", &mut self.end_call_tool)?;
+        vars.flag("VOXGATE_RETELL_TRANSFER_TOOL", &mut self.transfer_tool)?;
+        vars.parsed("VOXGATE_RETELL_MAX_TOOL_ROUNDS", &mut self.max_tool_rounds)?;
+        vars.string("VOXGATE_RETELL_APOLOGY", &mut self.apology);
+        vars.flag("VOXGATE_RETELL_METADATA", &mut self.metadata)?;
+        vars.string("VOXGATE_RETELL_CONTROL_TOKEN", &mut self.control_token);
+        let agent = &mut self.agent;
+        vars.parsed_some("VOXGATE_RETELL_RESPONSIVENESS", &mut agent.responsiveness)?;
+        vars.parsed_some(
+            "VOXGATE_RETELL_INTERRUPTION_SENSITIVITY",
+            &mut agent.interruption_sensitivity,
+        )?;
+        vars.parsed_some(
+            "VOXGATE_RETELL_REMINDER_TRIGGER_MS",
+            &mut agent.reminder_trigger_ms,
+        )?;
+        vars.parsed_some(
+            "VOXGATE_RETELL_REMINDER_MAX_COUNT",
+            &mut agent.reminder_max_count,
+        )?;
         Ok(())
     }
 
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
-        if !self.control_token.is_empty() {
-            self.control_token = "***".into();
-        }
+        self.control_token.mask();
     }
 
     /// Rejects values out of range.

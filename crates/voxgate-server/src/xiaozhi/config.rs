@@ -34,6 +34,7 @@ use voxgate_audio::opus::{OpusApplication, OpusBackend};
 use voxgate_xiaozhi::emotion::{EmojiPolicy, Emotion};
 
 use crate::config::ConfigError;
+use crate::config::env::EnvVars;
 
 /// The firmware's 21 faces, the default allowlist.
 const FIRMWARE_FACES: [&str; 21] = [
@@ -226,35 +227,6 @@ impl Default for XiaozhiConfig {
     }
 }
 
-fn parse<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    v.trim().parse().map_err(|e| ConfigError::Env {
-        name,
-        message: format!("{v:?}: {e}"),
-    })
-}
-
-fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" | "" => Ok(false),
-        _ => Err(ConfigError::Env {
-            name,
-            message: format!("{v:?} is not a boolean"),
-        }),
-    }
-}
-
-fn list(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 /// An emoji for a configured face: the entry itself, or the emoji of a firmware name.
 fn face(entry: &str) -> String {
     let entry = entry.trim();
@@ -269,82 +241,46 @@ impl XiaozhiConfig {
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        let addr = |name: &'static str, v: &str| -> Result<Option<SocketAddr>, ConfigError> {
-            if v.trim().is_empty() {
-                Ok(None)
-            } else {
-                parse(name, v).map(Some)
-            }
-        };
-        if let Some(v) = var("VOXGATE_XIAOZHI_LISTEN") {
-            self.listen = addr("VOXGATE_XIAOZHI_LISTEN", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OTA_LISTEN") {
-            self.ota_listen = addr("VOXGATE_XIAOZHI_OTA_LISTEN", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_WEBSOCKET_URL") {
-            self.websocket_url = v.trim().to_owned();
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_PROTOCOL_VERSION") {
-            self.protocol_version = parse("VOXGATE_XIAOZHI_PROTOCOL_VERSION", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_AUTH") {
-            self.auth = parse_bool("VOXGATE_XIAOZHI_AUTH", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_TOKEN_SECRET") {
-            self.token_secret = v;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_ALLOWED_DEVICES") {
-            self.allowed_devices = list(&v);
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS") {
-            self.hello_timeout_ms = parse("VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS") {
-            self.idle_timeout_secs = parse("VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OUTPUT_SAMPLE_RATE") {
-            self.output_sample_rate = parse("VOXGATE_XIAOZHI_OUTPUT_SAMPLE_RATE", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OUTPUT_FRAME_MS") {
-            self.output_frame_ms = parse("VOXGATE_XIAOZHI_OUTPUT_FRAME_MS", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_LEAD_FRAMES") {
-            self.lead_frames = parse("VOXGATE_XIAOZHI_LEAD_FRAMES", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_BACKEND") {
-            self.opus_backend = parse("VOXGATE_XIAOZHI_OPUS_BACKEND", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_APPLICATION") {
-            self.opus_application = parse("VOXGATE_XIAOZHI_OPUS_APPLICATION", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_BITRATE") {
-            self.opus_bitrate = parse("VOXGATE_XIAOZHI_OPUS_BITRATE", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_OPUS_COMPLEXITY") {
-            self.opus_complexity = parse("VOXGATE_XIAOZHI_OPUS_COMPLEXITY", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_EMOTIONS") {
-            self.emotions = list(&v);
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_DEFAULT_EMOTION") {
-            self.default_emotion = v.trim().to_owned();
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_WAKE_WORDS") {
-            self.wake_words = list(&v);
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_GREET_ON_WAKE") {
-            self.greet_on_wake = parse_bool("VOXGATE_XIAOZHI_GREET_ON_WAKE", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_VISION_URL") {
-            self.vision_url = v.trim().to_owned();
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES") {
-            self.timezone_offset_minutes = parse("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES", &v)?;
-        }
-        if let Some(v) = var("VOXGATE_XIAOZHI_SYSTEM_PROMPT") {
-            self.system_prompt = v;
-        }
+        let vars = EnvVars::new(var);
+        vars.parsed_or_none("VOXGATE_XIAOZHI_LISTEN", &mut self.listen)?;
+        vars.parsed_or_none("VOXGATE_XIAOZHI_OTA_LISTEN", &mut self.ota_listen)?;
+        vars.trimmed("VOXGATE_XIAOZHI_WEBSOCKET_URL", &mut self.websocket_url);
+        vars.parsed(
+            "VOXGATE_XIAOZHI_PROTOCOL_VERSION",
+            &mut self.protocol_version,
+        )?;
+        vars.flag_blank_false("VOXGATE_XIAOZHI_AUTH", &mut self.auth)?;
+        vars.string("VOXGATE_XIAOZHI_TOKEN_SECRET", &mut self.token_secret);
+        vars.list("VOXGATE_XIAOZHI_ALLOWED_DEVICES", &mut self.allowed_devices);
+        vars.parsed(
+            "VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS",
+            &mut self.hello_timeout_ms,
+        )?;
+        vars.parsed(
+            "VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS",
+            &mut self.idle_timeout_secs,
+        )?;
+        vars.parsed(
+            "VOXGATE_XIAOZHI_OUTPUT_SAMPLE_RATE",
+            &mut self.output_sample_rate,
+        )?;
+        vars.parsed("VOXGATE_XIAOZHI_OUTPUT_FRAME_MS", &mut self.output_frame_ms)?;
+        vars.parsed("VOXGATE_XIAOZHI_LEAD_FRAMES", &mut self.lead_frames)?;
+        vars.parsed("VOXGATE_XIAOZHI_OPUS_BACKEND", &mut self.opus_backend)?;
+        vars.parsed(
+            "VOXGATE_XIAOZHI_OPUS_APPLICATION",
+            &mut self.opus_application,
+        )?;
+        vars.parsed("VOXGATE_XIAOZHI_OPUS_BITRATE", &mut self.opus_bitrate)?;
+        vars.parsed("VOXGATE_XIAOZHI_OPUS_COMPLEXITY", &mut self.opus_complexity)?;
+        vars.list("VOXGATE_XIAOZHI_EMOTIONS", &mut self.emotions);
+        vars.trimmed("VOXGATE_XIAOZHI_DEFAULT_EMOTION", &mut self.default_emotion);
+        vars.list("VOXGATE_XIAOZHI_WAKE_WORDS", &mut self.wake_words);
+        vars.flag_blank_false("VOXGATE_XIAOZHI_GREET_ON_WAKE", &mut self.greet_on_wake)?;
+        vars.trimmed("VOXGATE_XIAOZHI_VISION_URL", &mut self.vision_url);
+        let offset = &mut self.timezone_offset_minutes;
+        vars.parsed("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES", offset)?;
+        vars.string("VOXGATE_XIAOZHI_SYSTEM_PROMPT", &mut self.system_prompt);
         Ok(())
     }
 
