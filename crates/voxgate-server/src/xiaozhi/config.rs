@@ -34,7 +34,7 @@ use voxgate_audio::opus::{OpusApplication, OpusBackend};
 use voxgate_xiaozhi::emotion::{EmojiPolicy, Emotion};
 
 use crate::config::ConfigError;
-use crate::config::env::EnvVars;
+use crate::config::env::{EnvVars, Secret};
 
 /// The firmware's 21 faces, the default allowlist.
 const FIRMWARE_FACES: [&str; 21] = [
@@ -286,9 +286,7 @@ impl XiaozhiConfig {
 
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
-        if !self.token_secret.is_empty() {
-            "***".clone_into(&mut self.token_secret);
-        }
+        self.token_secret.mask();
     }
 
     /// Moves the door's own listeners (those enabled) to free loopback ports.
