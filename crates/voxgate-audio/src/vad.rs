@@ -187,6 +187,23 @@ impl History {
         self.push_with(samples, |s| s);
     }
 
+    /// Copies the model frame starting at absolute position `pos`, if all of it is still held.
+    fn frame(&self, pos: u64, out: &mut [f32; FRAME_SAMPLES]) -> bool {
+        if pos < self.oldest() || pos + FRAME_SAMPLES as u64 > self.written {
+            return false;
+        }
+        let at = self.slot(pos);
+        let first = (self.buf.len() - at).min(FRAME_SAMPLES);
+        let (head, tail) = out.split_at_mut(first);
+        for (d, &s) in head.iter_mut().zip(&self.buf[at..at + first]) {
+            *d = crate::format::i16_to_f32(s);
+        }
+        for (d, &s) in tail.iter_mut().zip(&self.buf) {
+            *d = crate::format::i16_to_f32(s);
+        }
+        true
+    }
+
     fn oldest(&self) -> u64 {
         self.written.saturating_sub(self.buf.len() as u64)
     }
@@ -233,7 +250,9 @@ struct Model {
     frame: [f32; FRAME_SAMPLES],
     fill: usize,
     /// Ring of the most recent quiet frames not yet seen by the model, as 16-bit PCM (8 KiB):
-    /// quiet frame `k` of the run is at `k % REPLAY_FRAMES`.
+    /// quiet frame `k` of the run is at `k % REPLAY_FRAMES`. Empty at 16 kHz, where the
+    /// history already holds them (unless one call fed more than the history holds, when the
+    /// frames already overwritten are left out of the replay).
     quiet: Vec<[i16; FRAME_SAMPLES]>,
     /// Quiet frames in the current run not yet seen by the model.
     skipped: u64,
@@ -242,18 +261,24 @@ struct Model {
 
 impl Model {
     /// Scores the full frame: `(confidence, volume, scored)`.
-    fn score(&mut self, min_volume: f32) -> (f32, f32, bool) {
+    /// `history` and `frame_start` (its model-rate position) locate the quiet frames when the
+    /// input is at 16 kHz and the ring is not used.
+    fn score(&mut self, min_volume: f32, history: &History, frame_start: u64) -> (f32, f32, bool) {
         let energy: f32 = self.frame.iter().map(|s| s * s).sum::<f32>() / FRAME_SAMPLES as f32;
         let dbfs = 10.0 * energy.max(1e-12).log10();
         let volume = ((dbfs - VOLUME_FLOOR_DBFS) / -VOLUME_FLOOR_DBFS).clamp(0.0, 1.0);
         if self.gate && volume < min_volume {
+            // Kept only when resampling (the ring is empty at 16 kHz, where `get_mut` is None).
             let slot = usize::try_from(self.skipped % REPLAY_FRAMES as u64).unwrap_or(0);
-            // The frame is sanitised to -1..=1, so this stays in range (`as` saturates +1.0).
-            // Truncation instead of rounding: exact for 16-bit sources (multiples of 1/32768),
-            // within one step otherwise, and it vectorises where `round` is a libm call.
-            #[allow(clippy::cast_possible_truncation)]
-            for (d, &s) in self.quiet[slot].iter_mut().zip(&self.frame) {
-                *d = (s * 32768.0) as i16;
+            if let Some(quiet) = self.quiet.get_mut(slot) {
+                // The frame is sanitised to -1..=1, so this stays in range (`as` saturates
+                // +1.0). Truncation instead of rounding: exact for 16-bit sources (multiples of
+                // 1/32768), within one step otherwise, and it vectorises where `round` is a libm
+                // call.
+                #[allow(clippy::cast_possible_truncation)]
+                for (d, &s) in quiet.iter_mut().zip(&self.frame) {
+                    *d = (s * 32768.0) as i16;
+                }
             }
             self.skipped += 1;
             return (0.0, volume, false);
@@ -262,11 +287,22 @@ impl Model {
             let n = self.skipped.min(REPLAY_FRAMES as u64);
             let mut replay = [0.0f32; FRAME_SAMPLES];
             for k in self.skipped - n..self.skipped {
-                let slot = usize::try_from(k % REPLAY_FRAMES as u64).unwrap_or(0);
-                for (d, &s) in replay.iter_mut().zip(&self.quiet[slot]) {
-                    *d = crate::format::i16_to_f32(s);
+                let found = if self.quiet.is_empty() {
+                    // At 16 kHz the history holds the quiet frames themselves.
+                    let back = (self.skipped - k) * FRAME_SAMPLES as u64;
+                    frame_start
+                        .checked_sub(back)
+                        .is_some_and(|pos| history.frame(pos, &mut replay))
+                } else {
+                    let slot = usize::try_from(k % REPLAY_FRAMES as u64).unwrap_or(0);
+                    for (d, &s) in replay.iter_mut().zip(&self.quiet[slot]) {
+                        *d = crate::format::i16_to_f32(s);
+                    }
+                    true
+                };
+                if found {
+                    self.detector.predict_f32(&replay);
                 }
-                self.detector.predict_f32(&replay);
             }
             self.skipped = 0;
         }
@@ -369,7 +405,14 @@ impl Vad {
         ));
         let delay_in = resampler.delay() as u64 * u64::from(input_rate) / u64::from(MODEL_RATE)
             + resampler.block_input_samples() as u64;
-        let history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(0);
+        let mut history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(0);
+        let quiet_frames = if resampler.is_passthrough() {
+            // The gate replays quiet frames from the history: keep them and a 60 ms packet.
+            history_len = history_len.max((REPLAY_FRAMES + 1) * FRAME_SAMPLES + 960);
+            0
+        } else {
+            REPLAY_FRAMES
+        };
         // The passthrough never uses `resampled`; otherwise it holds one block's output.
         let resampled_cap = if resampler.is_passthrough() {
             0
@@ -384,7 +427,7 @@ impl Vad {
                 detector: earshot::Detector::default_boxed(),
                 frame: [0.0; FRAME_SAMPLES],
                 fill: 0,
-                quiet: vec![[0; FRAME_SAMPLES]; REPLAY_FRAMES],
+                quiet: vec![[0; FRAME_SAMPLES]; quiet_frames],
                 skipped: 0,
                 gate: true,
             },
@@ -555,7 +598,9 @@ impl Vad {
     }
 
     fn on_frame(&mut self) {
-        let (confidence, volume, _) = self.model.score(self.config.min_volume);
+        let (confidence, volume, _) =
+            self.model
+                .score(self.config.min_volume, &self.history, self.model_pos);
         let frame_start = self.model_pos;
         self.model_pos += FRAME_SAMPLES as u64;
         let frame_end = self.model_pos;

@@ -339,3 +339,35 @@ fn volume_gate_keeps_every_transition() {
         }
     }
 }
+
+/// Fed in one call longer than the history, the gate cannot replay the quiet frames the history
+/// no longer holds; detection still finds the speech within the usual tolerance.
+#[test]
+fn volume_gate_with_one_big_chunk() {
+    let (start, end) = bounds();
+    let (start_ms, end_ms) = (to_ms(start, 16_000), to_ms(end, 16_000));
+    let speech = load("speech.wav");
+    let mut vad = Vad::new(VadConfig::default(), 16_000).unwrap();
+    vad.process(&speech);
+    let ts: Vec<VadTransition> = std::iter::from_fn(|| vad.poll_output())
+        .filter_map(|o| match o {
+            VadOutput::Transition(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    eprintln!("one chunk: {}", describe(&ts, 16_000));
+    let (on, off) = speech_span(&ts, 16_000);
+    assert!(
+        (on - start_ms).abs() <= TOL_MS,
+        "onset {on} ms, want {start_ms}"
+    );
+    assert!(
+        (off - end_ms).abs() <= TOL_MS,
+        "end {off} ms, want {end_ms}"
+    );
+    // The history still returns the last samples at their true positions.
+    let mut tail = Vec::new();
+    let first = vad.copy_audio(0, &mut tail);
+    assert_eq!(first + tail.len() as u64, speech.len() as u64);
+    assert_eq!(tail, speech[usize::try_from(first).unwrap()..]);
+}
