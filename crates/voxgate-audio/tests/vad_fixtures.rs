@@ -321,6 +321,15 @@ fn volume_gate_keeps_every_transition() {
                  frames {max_diff:.4}",
                 fs_on.len()
             );
+            if gated > 0 {
+                // With the gate off the model scores quiet frames too.
+                assert!(
+                    fs_off
+                        .iter()
+                        .any(|f| f.volume < VadConfig::default().min_volume && f.confidence > 0.0),
+                    "{name}: set_volume_gate(false) scores every frame"
+                );
+            }
             // The same transitions in the same order, each decided within one model frame of
             // where the ungated detector decides it.
             let frame = u64::from(rate) * 16 / 1000;
