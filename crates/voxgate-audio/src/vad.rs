@@ -154,7 +154,7 @@ struct History {
 }
 
 impl History {
-    /// Ring index of absolute position `pos` and how many samples fit from there to the end.
+    /// Ring index of absolute position `pos`.
     fn slot(&self, pos: u64) -> usize {
         usize::try_from(pos % self.buf.len() as u64).unwrap_or(0)
     }
@@ -237,13 +237,12 @@ const REPLAY_FRAMES: usize = 16;
 /// first loud frame after a quiet run is scored almost as if the model had seen the whole run,
 /// the last [`REPLAY_FRAMES`] quiet frames (256 ms) are kept and fed to the model (scores
 /// discarded) before it. That refills the window and the feature context exactly and lets the
-/// recurrent state settle on the quiet audio it would have ended the run with: a quiet run of
-/// up to 256 ms (pauses between words) is scored as without the gate (exactly, for 16-bit input;
-/// the ring holds 16-bit samples), only later, and
-/// after a longer one the next scores differ by at most a few hundredths (0.04-0.10 on the
-/// fixtures; three replayed frames left differences of 0.4, sixteen keeps every transition of
-/// the fixtures and moves none by more than one frame). Each quiet frame beyond the replay saves
-/// one model call (about 10 µs per 16 ms).
+/// recurrent state settle on the quiet audio it would have ended the run with. A quiet run of
+/// up to 256 ms (pauses between words) is scored as without the gate, only later (exactly for
+/// 16-bit input: the frames are kept as 16-bit samples); after a longer one the next scores
+/// differ by a few hundredths (0.04-0.10 on the fixtures, where three replayed frames left
+/// differences of 0.4; sixteen keep every transition of the fixtures and move none by more than
+/// one frame). Each quiet frame beyond the replay saves one model call (about 9 µs).
 struct Model {
     detector: Box<earshot::Detector>,
     /// The frame being filled, at 16 kHz, sanitised to `-1.0..=1.0`.
@@ -260,10 +259,10 @@ struct Model {
 }
 
 impl Model {
-    /// Scores the full frame: `(confidence, volume, scored)`.
-    /// `history` and `frame_start` (its model-rate position) locate the quiet frames when the
+    /// Scores the full frame: `(confidence, volume)`, confidence 0.0 when gated. `history` and
+    /// `frame_start` (the frame's model-rate position) locate the quiet frames to replay when the
     /// input is at 16 kHz and the ring is not used.
-    fn score(&mut self, min_volume: f32, history: &History, frame_start: u64) -> (f32, f32, bool) {
+    fn score(&mut self, min_volume: f32, history: &History, frame_start: u64) -> (f32, f32) {
         let energy: f32 = self.frame.iter().map(|s| s * s).sum::<f32>() / FRAME_SAMPLES as f32;
         let dbfs = 10.0 * energy.max(1e-12).log10();
         let volume = ((dbfs - VOLUME_FLOOR_DBFS) / -VOLUME_FLOOR_DBFS).clamp(0.0, 1.0);
@@ -281,7 +280,7 @@ impl Model {
                 }
             }
             self.skipped += 1;
-            return (0.0, volume, false);
+            return (0.0, volume);
         }
         if self.skipped > 0 {
             let n = self.skipped.min(REPLAY_FRAMES as u64);
@@ -309,7 +308,6 @@ impl Model {
         (
             self.detector.predict_f32(&self.frame).clamp(0.0, 1.0),
             volume,
-            true,
         )
     }
 
@@ -598,7 +596,7 @@ impl Vad {
     }
 
     fn on_frame(&mut self) {
-        let (confidence, volume, _) =
+        let (confidence, volume) =
             self.model
                 .score(self.config.min_volume, &self.history, self.model_pos);
         let frame_start = self.model_pos;
