@@ -65,11 +65,94 @@ fn packets(rate: u32, fd: FrameDuration, b: OpusBackend) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Xiaozhi uplink: decode one 60 ms Opus packet at 16 kHz and run the VAD over it.
+/// Xiaozhi uplink: decode one 60 ms Opus packet at 16 kHz and run the VAD over it, cycling
+/// through the speech fixture's packets (0.8 s of digital silence, the sentence, 0.8 s of
+/// digital silence). See the `device_stream` variants for speech and silence apart.
 #[divan::bench(args = BACKENDS)]
 fn uplink_60ms_decode_and_vad(bencher: Bencher<'_, '_>, name: &str) {
+    uplink(
+        bencher,
+        name,
+        &packets(16_000, FrameDuration::Ms60, backend(name)),
+    );
+}
+
+/// Which 60 ms packets of a device stream to replay.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    All,
+    Speech,
+    Silence,
+}
+
+fn fixture(name: &str) -> Vec<f32> {
+    let bytes: &[u8] = match name {
+        "noise" => include_bytes!("../tests/fixtures/noise.wav"),
+        _ => include_bytes!("../tests/fixtures/speech.wav"),
+    };
+    let Ok(wav) = read_wav(bytes) else {
+        unreachable!("the committed fixtures are valid WAVs");
+    };
+    wav.to_mono()
+}
+
+/// Speech bounds of `speech.wav` in samples (`tests/fixtures/fixtures.txt`).
+const SPEECH: (usize, usize) = (12_800, 69_730);
+
+/// What a listening device sends, at 16 kHz: the sentence over a -58 dBFS noise floor (the
+/// `noise.wav` fixture, looped), 2 s of the noise floor alone, the sentence again. About 45 %
+/// of it is speech. Returns the samples and, per 60 ms packet, whether it lies inside speech.
+fn device_stream() -> (Vec<f32>, Vec<Option<bool>>) {
+    let speech = fixture("speech");
+    let noise = fixture("noise");
+    let mut stream = Vec::new();
+    let mut spans = Vec::new();
+    for pause in [0, 32_000] {
+        let at = stream.len() + pause;
+        stream.extend(noise.iter().cycle().take(pause));
+        stream.extend(speech.iter().zip(noise.iter().cycle()).map(|(s, n)| s + n));
+        spans.push((at + SPEECH.0, at + SPEECH.1));
+    }
+    let kinds = (0..stream.len() / 960)
+        .map(|k| {
+            let (a, b) = (k * 960, k * 960 + 960);
+            if spans.iter().any(|&(s, e)| a >= s && b <= e) {
+                Some(true)
+            } else if spans.iter().all(|&(s, e)| b <= s || a >= e) {
+                Some(false)
+            } else {
+                None
+            }
+        })
+        .collect();
+    (stream, kinds)
+}
+
+fn device_packets(b: OpusBackend, part: Part) -> Vec<Vec<u8>> {
+    let (stream, kinds) = device_stream();
+    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+        backend: b,
+        ..OpusEncoderConfig::voice(16_000)
+    }) else {
+        unreachable!("valid config");
+    };
+    let pcm: Vec<i16> = stream.into_iter().map(f32_to_i16).collect();
+    pcm.chunks_exact(enc.frame_samples())
+        .zip(kinds)
+        .filter_map(|(f, kind)| {
+            let p = enc.encode(f).ok()?.to_vec();
+            let keep = match part {
+                Part::All => true,
+                Part::Speech => kind == Some(true),
+                Part::Silence => kind == Some(false),
+            };
+            keep.then_some(p)
+        })
+        .collect()
+}
+
+fn uplink(bencher: Bencher<'_, '_>, name: &str, packets: &[Vec<u8>]) {
     let b = backend(name);
-    let packets = packets(16_000, FrameDuration::Ms60, b);
     let Ok(mut dec) = OpusDecoder::new(16_000, b) else {
         unreachable!()
     };
@@ -84,6 +167,27 @@ fn uplink_60ms_decode_and_vad(bencher: Bencher<'_, '_>, name: &str) {
         while black_box(vad.poll_output()).is_some() {}
         k += 1;
     });
+}
+
+/// The Xiaozhi uplink on a device stream (speech, pauses and the noise floor between them, see
+/// [`device_stream`]), cycled in order: the mean is the average cost of a listening device.
+#[divan::bench(args = BACKENDS)]
+fn uplink_60ms_device_stream(bencher: Bencher<'_, '_>, name: &str) {
+    uplink(bencher, name, &device_packets(backend(name), Part::All));
+}
+
+/// Only the device stream's packets that lie entirely inside speech, back to back: the cost
+/// while a user talks (the model scores every frame but the quiet gaps between words).
+#[divan::bench(args = BACKENDS)]
+fn uplink_60ms_speech_only(bencher: Bencher<'_, '_>, name: &str) {
+    uplink(bencher, name, &device_packets(backend(name), Part::Speech));
+}
+
+/// Only the device stream's noise-floor packets: the cost while a device listens to a quiet
+/// room (the volume gate skips the model).
+#[divan::bench(args = BACKENDS)]
+fn uplink_60ms_silence_only(bencher: Bencher<'_, '_>, name: &str) {
+    uplink(bencher, name, &device_packets(backend(name), Part::Silence));
 }
 
 /// Xiaozhi downlink: resample 60 ms of TTS audio to 24 kHz and Opus-encode a 60 ms frame at

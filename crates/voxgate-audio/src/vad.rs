@@ -13,9 +13,12 @@
 //! ```
 //!
 //! A frame counts as speech when its confidence reaches `confidence_threshold` and its volume
-//! reaches `min_volume`. Every transition is reported with sample positions in the caller's
+//! reaches `min_volume`. The volume is measured first, and a frame below `min_volume` is not
+//! scored by the model at all (its confidence reads 0.0): silence and background noise cost
+//! almost nothing, and the states are the same as with every frame scored. Every transition is reported with sample positions in the caller's
 //! input rate, and the detector keeps the last `backbuffer_duration` (plus the start window) of
-//! input so the audio from just before speech was declared can be handed to a recogniser.
+//! input (as 16-bit PCM) so the audio from just before speech was declared can be handed to a
+//! recogniser.
 //!
 //! The drive loop: feed samples with [`Vad::process`] (any chunk size), then drain
 //! [`Vad::poll_output`] until it returns `None`. Time is the sample count, so the detector needs
@@ -104,7 +107,8 @@ pub struct VadFrame {
     pub index: u64,
     /// Input-rate sample position of the frame's end.
     pub end: u64,
-    /// Model score, 0..=1.
+    /// Model score, 0..=1. 0.0 when the frame's volume is below `min_volume`: such a frame can
+    /// never count as speech, so the model is not run on it (see [`Vad::set_volume_gate`]).
     pub confidence: f32,
     /// Volume, 0..=1.
     pub volume: f32,
@@ -140,26 +144,75 @@ pub enum VadOutput {
     Frame(VadFrame),
 }
 
-/// Fixed-size history of input samples, addressed by absolute position.
+/// `f32` to 16-bit, clamped, NaN to 0, rounded to nearest (ties to even: the 1.5 * 2^23 trick,
+/// exact for the clamped range). Unlike `f32::round`, which is a libm call on baseline x86-64,
+/// this vectorises; it runs on every input sample.
+#[allow(clippy::cast_possible_truncation)]
+fn to_i16(sample: f32) -> i16 {
+    const MAGIC: f32 = 12_582_912.0;
+    let scaled = sample.clamp(-1.0, 1.0) * 32768.0;
+    // `as` saturates +32768.0 to i16::MAX and maps NaN to 0.
+    ((scaled + MAGIC) - MAGIC) as i16
+}
+
+/// Fixed-size history of input samples, addressed by absolute position. Stored as 16-bit PCM:
+/// every source a voice server sees (Opus, 16-bit PCM, WAV) is 16-bit already, and it halves
+/// the largest buffer a detector holds.
 #[derive(Debug)]
 struct History {
-    buf: Vec<f32>,
+    buf: Vec<i16>,
     written: u64,
 }
 
 impl History {
-    fn push(&mut self, samples: &[f32]) {
+    /// Ring index of absolute position `pos`.
+    fn slot(&self, pos: u64) -> usize {
+        usize::try_from(pos % self.buf.len() as u64).unwrap_or(0)
+    }
+
+    fn push_with<T: Copy>(&mut self, samples: &[T], convert: impl Fn(T) -> i16) {
         let cap = self.buf.len();
         if cap == 0 {
             return;
         }
-        let samples = &samples[samples.len().saturating_sub(cap)..];
-        let at = usize::try_from(self.written % cap as u64).unwrap_or(0);
+        // Only the last `cap` samples can be kept; the ones before still advance the position.
+        let skip = samples.len().saturating_sub(cap);
+        self.written += skip as u64;
+        let samples = &samples[skip..];
+        let at = self.slot(self.written);
         let first = (cap - at).min(samples.len());
-        self.buf[at..at + first].copy_from_slice(&samples[..first]);
-        let rest = &samples[first..];
-        self.buf[..rest.len()].copy_from_slice(rest);
+        for (d, &s) in self.buf[at..at + first].iter_mut().zip(samples) {
+            *d = convert(s);
+        }
+        for (d, &s) in self.buf.iter_mut().zip(&samples[first..]) {
+            *d = convert(s);
+        }
         self.written += samples.len() as u64;
+    }
+
+    fn push(&mut self, samples: &[f32]) {
+        self.push_with(samples, to_i16);
+    }
+
+    fn push_i16(&mut self, samples: &[i16]) {
+        self.push_with(samples, |s| s);
+    }
+
+    /// Copies the model frame starting at absolute position `pos`, if all of it is still held.
+    fn frame(&self, pos: u64, out: &mut [f32; FRAME_SAMPLES]) -> bool {
+        if pos < self.oldest() || pos + FRAME_SAMPLES as u64 > self.written {
+            return false;
+        }
+        let at = self.slot(pos);
+        let first = (self.buf.len() - at).min(FRAME_SAMPLES);
+        let (head, tail) = out.split_at_mut(first);
+        for (d, &s) in head.iter_mut().zip(&self.buf[at..at + first]) {
+            *d = crate::format::i16_to_f32(s);
+        }
+        for (d, &s) in tail.iter_mut().zip(&self.buf) {
+            *d = crate::format::i16_to_f32(s);
+        }
+        true
     }
 
     fn oldest(&self) -> u64 {
@@ -171,12 +224,108 @@ impl History {
         let cap = self.buf.len() as u64;
         let mut pos = start;
         while pos < self.written {
-            let at = usize::try_from(pos % cap).unwrap_or(0);
+            let at = self.slot(pos);
             let run = usize::try_from((self.written - pos).min(cap - pos % cap)).unwrap_or(0);
-            out.extend_from_slice(&self.buf[at..at + run]);
+            out.extend(
+                self.buf[at..at + run]
+                    .iter()
+                    .map(|&s| crate::format::i16_to_f32(s)),
+            );
             pos += run as u64;
         }
         start
+    }
+}
+
+/// Quiet frames replayed through the model before the next loud one (see [`Model`]).
+const REPLAY_FRAMES: usize = 16;
+
+/// earshot plus the volume gate.
+///
+/// A frame below `min_volume` can never count as speech, so the model is not run on it. earshot
+/// carries state from frame to frame: a 768-sample (three-frame) analysis window, the log-mel
+/// features of the last three frames, and a recurrent state with a long memory. So that the
+/// first loud frame after a quiet run is scored almost as if the model had seen the whole run,
+/// the last [`REPLAY_FRAMES`] quiet frames (256 ms) are kept and fed to the model (scores
+/// discarded) before it. That refills the window and the feature context exactly and lets the
+/// recurrent state settle on the quiet audio it would have ended the run with. A quiet run of
+/// up to 256 ms (pauses between words) is scored as without the gate, only later (exactly for
+/// 16-bit input: the frames are kept as 16-bit samples); after a longer one the next scores
+/// differ by a few hundredths (0.04-0.10 on the fixtures, where three replayed frames left
+/// differences of 0.4; sixteen keep every transition of the fixtures and move none by more than
+/// one frame). Each quiet frame beyond the replay saves one model call (about 9 µs).
+struct Model {
+    detector: Box<earshot::Detector>,
+    /// The frame being filled, at 16 kHz, sanitised to `-1.0..=1.0`.
+    frame: [f32; FRAME_SAMPLES],
+    fill: usize,
+    /// Ring of the most recent quiet frames not yet seen by the model, as 16-bit PCM (8 KiB):
+    /// quiet frame `k` of the run is at `k % REPLAY_FRAMES`. Empty at 16 kHz, where the
+    /// history already holds them (unless one call fed more than the history holds, when the
+    /// frames already overwritten are left out of the replay).
+    quiet: Vec<[i16; FRAME_SAMPLES]>,
+    /// Quiet frames in the current run not yet seen by the model.
+    skipped: u64,
+    gate: bool,
+}
+
+impl Model {
+    /// Scores the full frame: `(confidence, volume)`, confidence 0.0 when gated. `history` and
+    /// `frame_start` (the frame's model-rate position) locate the quiet frames to replay when the
+    /// input is at 16 kHz and the ring is not used.
+    fn score(&mut self, min_volume: f32, history: &History, frame_start: u64) -> (f32, f32) {
+        let energy: f32 = self.frame.iter().map(|s| s * s).sum::<f32>() / FRAME_SAMPLES as f32;
+        let dbfs = 10.0 * energy.max(1e-12).log10();
+        let volume = ((dbfs - VOLUME_FLOOR_DBFS) / -VOLUME_FLOOR_DBFS).clamp(0.0, 1.0);
+        if self.gate && volume < min_volume {
+            // Kept only when resampling (the ring is empty at 16 kHz, where `get_mut` is None).
+            let slot = usize::try_from(self.skipped % REPLAY_FRAMES as u64).unwrap_or(0);
+            if let Some(quiet) = self.quiet.get_mut(slot) {
+                // The frame is sanitised to -1..=1, so this stays in range (`as` saturates
+                // +1.0). Truncation instead of rounding: exact for 16-bit sources (multiples of
+                // 1/32768), within one step otherwise, and it vectorises where `round` is a libm
+                // call.
+                #[allow(clippy::cast_possible_truncation)]
+                for (d, &s) in quiet.iter_mut().zip(&self.frame) {
+                    *d = (s * 32768.0) as i16;
+                }
+            }
+            self.skipped += 1;
+            return (0.0, volume);
+        }
+        if self.skipped > 0 {
+            let n = self.skipped.min(REPLAY_FRAMES as u64);
+            let mut replay = [0.0f32; FRAME_SAMPLES];
+            for k in self.skipped - n..self.skipped {
+                let found = if self.quiet.is_empty() {
+                    // At 16 kHz the history holds the quiet frames themselves.
+                    let back = (self.skipped - k) * FRAME_SAMPLES as u64;
+                    frame_start
+                        .checked_sub(back)
+                        .is_some_and(|pos| history.frame(pos, &mut replay))
+                } else {
+                    let slot = usize::try_from(k % REPLAY_FRAMES as u64).unwrap_or(0);
+                    for (d, &s) in replay.iter_mut().zip(&self.quiet[slot]) {
+                        *d = crate::format::i16_to_f32(s);
+                    }
+                    true
+                };
+                if found {
+                    self.detector.predict_f32(&replay);
+                }
+            }
+            self.skipped = 0;
+        }
+        (
+            self.detector.predict_f32(&self.frame).clamp(0.0, 1.0),
+            volume,
+        )
+    }
+
+    fn reset(&mut self) {
+        self.detector.reset();
+        self.fill = 0;
+        self.skipped = 0;
     }
 }
 
@@ -185,9 +334,8 @@ pub struct Vad {
     config: VadConfig,
     input_rate: u32,
     resampler: Resampler,
-    detector: Box<earshot::Detector>,
+    model: Model,
     resampled: Vec<f32>,
-    frame_fill: usize,
     /// Resampled samples already consumed into frames (model-rate position).
     model_pos: u64,
     /// Input samples consumed.
@@ -233,6 +381,10 @@ fn check_unit(v: f32, name: &'static str) -> Result<(), VadError> {
     }
 }
 
+/// Output reports queued before the caller drains them: a few per frame is the most a 60 ms
+/// packet produces, so this never grows in steady state.
+const OUTPUT_QUEUE: usize = 32;
+
 impl Vad {
     /// A detector for mono audio at `input_rate` Hz.
     ///
@@ -262,15 +414,33 @@ impl Vad {
         ));
         let delay_in = resampler.delay() as u64 * u64::from(input_rate) / u64::from(MODEL_RATE)
             + resampler.block_input_samples() as u64;
-        let history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(0);
-        let resampled_cap = resampler.block_output_samples() + FRAME_SAMPLES;
+        let mut history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(0);
+        let quiet_frames = if resampler.is_passthrough() {
+            // The gate replays quiet frames from the history: keep them and a 60 ms packet.
+            history_len = history_len.max((REPLAY_FRAMES + 1) * FRAME_SAMPLES + 960);
+            0
+        } else {
+            REPLAY_FRAMES
+        };
+        // The passthrough never uses `resampled`; otherwise it holds one block's output.
+        let resampled_cap = if resampler.is_passthrough() {
+            0
+        } else {
+            resampler.block_output_samples()
+        };
         Ok(Self {
             config,
             input_rate,
             resampler,
-            detector: earshot::Detector::default_boxed(),
+            model: Model {
+                detector: earshot::Detector::default_boxed(),
+                frame: [0.0; FRAME_SAMPLES],
+                fill: 0,
+                quiet: vec![[0; FRAME_SAMPLES]; quiet_frames],
+                skipped: 0,
+                gate: true,
+            },
             resampled: Vec::with_capacity(resampled_cap),
-            frame_fill: 0,
             model_pos: 0,
             input_pos: 0,
             frames: 0,
@@ -282,12 +452,12 @@ impl Vad {
             stop_frames: frames_for(config.stop_duration),
             backbuffer,
             history: History {
-                buf: vec![0.0; history_len],
+                buf: vec![0; history_len],
                 written: 0,
             },
             telemetry: false,
             last: None,
-            outputs: VecDeque::with_capacity(64),
+            outputs: VecDeque::with_capacity(OUTPUT_QUEUE),
         })
     }
 
@@ -326,27 +496,78 @@ impl Vad {
         self.telemetry = on;
     }
 
-    /// Feeds mono samples in `-1.0..=1.0` (others are clamped).
+    /// Skip the model on frames below `min_volume` (on by default). Such a frame can never count
+    /// as speech, so the states and transitions are the same either way (the fixture tests check
+    /// it); with the gate on, a skipped frame reports confidence 0.0. Turn it off to get the
+    /// model's score on every frame for telemetry, at the model's cost on silence too.
+    pub fn set_volume_gate(&mut self, on: bool) {
+        self.model.gate = on;
+    }
+
+    /// Feeds mono samples in `-1.0..=1.0` (others are clamped). The kept history is stored as
+    /// 16-bit PCM, so [`Vad::copy_audio`] returns them rounded to 16 bits.
     pub fn process(&mut self, samples: &[f32]) {
         self.history.push(samples);
         self.input_pos += samples.len() as u64;
-        let mut resampled = std::mem::take(&mut self.resampled);
-        // Feed the resampler in slices so `resampled` never outgrows its first allocation.
-        for chunk in samples.chunks(self.resampler.block_input_samples().max(1)) {
-            self.resampler.process(chunk, &mut resampled);
-            self.consume(&mut resampled);
+        if self.resampler.is_passthrough() {
+            self.feed(
+                samples,
+                |s| {
+                    if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) }
+                },
+            );
+            return;
         }
-        self.resampled = resampled;
+        self.resample_and_feed(samples);
     }
 
     /// Feeds mono `i16` samples.
     pub fn process_i16(&mut self, samples: &[i16]) {
+        self.history.push_i16(samples);
+        self.input_pos += samples.len() as u64;
+        if self.resampler.is_passthrough() {
+            self.feed(samples, crate::format::i16_to_f32);
+            return;
+        }
         let mut buf = [0.0f32; 256];
         for chunk in samples.chunks(buf.len()) {
             for (d, &s) in buf.iter_mut().zip(chunk) {
                 *d = crate::format::i16_to_f32(s);
             }
-            self.process(&buf[..chunk.len()]);
+            self.resample_and_feed(&buf[..chunk.len()]);
+        }
+    }
+
+    fn resample_and_feed(&mut self, samples: &[f32]) {
+        let mut resampled = std::mem::take(&mut self.resampled);
+        // Feed the resampler in slices so `resampled` never outgrows its first allocation.
+        for chunk in samples.chunks(self.resampler.block_input_samples().max(1)) {
+            resampled.clear();
+            self.resampler.process(chunk, &mut resampled);
+            self.feed(&resampled, |s| {
+                if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) }
+            });
+        }
+        self.resampled = resampled;
+    }
+
+    /// Appends model-rate samples to the current frame, scoring each one that fills up.
+    fn feed<T: Copy>(&mut self, mut samples: &[T], convert: impl Fn(T) -> f32) {
+        while !samples.is_empty() {
+            let fill = self.model.fill;
+            let n = (FRAME_SAMPLES - fill).min(samples.len());
+            for (d, &s) in self.model.frame[fill..fill + n]
+                .iter_mut()
+                .zip(&samples[..n])
+            {
+                *d = convert(s);
+            }
+            samples = &samples[n..];
+            self.model.fill += n;
+            if self.model.fill == FRAME_SAMPLES {
+                self.model.fill = 0;
+                self.on_frame();
+            }
         }
     }
 
@@ -356,7 +577,8 @@ impl Vad {
     }
 
     /// Appends the kept input audio from `from` (clamped to what is still held) up to the current
-    /// position to `out`; returns the position of the first sample copied.
+    /// position to `out`; returns the position of the first sample copied. The audio is kept as
+    /// 16-bit PCM, so samples fed as `f32` come back rounded to 16 bits.
     pub fn copy_audio(&self, from: u64, out: &mut Vec<f32>) -> u64 {
         self.history.copy_from(from, out)
     }
@@ -364,9 +586,8 @@ impl Vad {
     /// Back to `SILENCE` at position 0 with fresh model state (a new stream).
     pub fn reset(&mut self) {
         self.resampler.reset();
-        self.detector.reset();
+        self.model.reset();
         self.resampled.clear();
-        self.frame_fill = 0;
         self.model_pos = 0;
         self.input_pos = 0;
         self.frames = 0;
@@ -379,33 +600,16 @@ impl Vad {
         self.outputs.clear();
     }
 
-    fn consume(&mut self, resampled: &mut Vec<f32>) {
-        let mut start = 0;
-        while resampled.len() - start >= FRAME_SAMPLES {
-            let mut frame = [0.0f32; FRAME_SAMPLES];
-            for (d, &s) in frame
-                .iter_mut()
-                .zip(&resampled[start..start + FRAME_SAMPLES])
-            {
-                *d = if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) };
-            }
-            start += FRAME_SAMPLES;
-            self.on_frame(&frame);
-        }
-        resampled.drain(..start);
-    }
-
     /// Model-rate position to input-rate position, undoing the resampler's delay.
     fn to_input(&self, model_pos: u64) -> u64 {
         let delayed = model_pos.saturating_sub(self.resampler.delay() as u64);
         delayed * u64::from(self.input_rate) / u64::from(MODEL_RATE)
     }
 
-    fn on_frame(&mut self, frame: &[f32; FRAME_SAMPLES]) {
-        let confidence = self.detector.predict_f32(frame).clamp(0.0, 1.0);
-        let energy: f32 = frame.iter().map(|s| s * s).sum::<f32>() / FRAME_SAMPLES as f32;
-        let dbfs = 10.0 * energy.max(1e-12).log10();
-        let volume = ((dbfs - VOLUME_FLOOR_DBFS) / -VOLUME_FLOOR_DBFS).clamp(0.0, 1.0);
+    fn on_frame(&mut self) {
+        let (confidence, volume) =
+            self.model
+                .score(self.config.min_volume, &self.history, self.model_pos);
         let frame_start = self.model_pos;
         self.model_pos += FRAME_SAMPLES as u64;
         let frame_end = self.model_pos;
@@ -519,21 +723,49 @@ mod tests {
     #[test]
     fn history_wraps_and_clamps() {
         let mut h = History {
-            buf: vec![0.0; 4],
+            buf: vec![0; 4],
             written: 0,
         };
-        h.push(&[1.0, 2.0, 3.0]);
-        h.push(&[4.0, 5.0, 6.0]);
+        let f = |v: &[i16]| -> Vec<f32> { v.iter().map(|&s| f32::from(s) / 32768.0).collect() };
+        h.push_i16(&[1, 2, 3]);
+        h.push(&f(&[4, 5, 6]));
         let mut out = Vec::new();
         assert_eq!(h.copy_from(0, &mut out), 2);
-        assert_eq!(out, vec![3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(out, f(&[3, 4, 5, 6]));
         out.clear();
         assert_eq!(h.copy_from(5, &mut out), 5);
-        assert_eq!(out, vec![6.0]);
-        h.push(&[7.0, 8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(out, f(&[6]));
+        // More than the ring holds at once: the last four are kept at their true positions.
+        h.push_i16(&[7, 8, 9, 10, 11]);
+        assert_eq!(h.written, 11);
         out.clear();
-        h.copy_from(0, &mut out);
-        assert_eq!(out, vec![8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(h.copy_from(0, &mut out), 7);
+        assert_eq!(out, f(&[8, 9, 10, 11]));
+        // Floats are kept rounded to 16 bits and clamped.
+        h.push(&[0.5 + 0.1 / 32768.0, 2.0]);
+        out.clear();
+        h.copy_from(11, &mut out);
+        assert_eq!(out, vec![0.5, 32767.0 / 32768.0]);
+    }
+
+    #[test]
+    fn to_i16_rounds_clamps_and_zeroes_nan() {
+        for k in [-32768i16, -12345, -1, 0, 1, 16384, 32767] {
+            assert_eq!(to_i16(f32::from(k) / 32768.0), k);
+        }
+        assert_eq!(to_i16(0.4 / 32768.0), 0);
+        assert_eq!(to_i16(0.6 / 32768.0), 1);
+        assert_eq!(to_i16(-0.6 / 32768.0), -1);
+        assert_eq!(to_i16(2.0), i16::MAX);
+        assert_eq!(to_i16(-2.0), i16::MIN);
+        assert_eq!(to_i16(f32::NAN), 0);
+        // Agrees with the crate's rounding everywhere but exact ties.
+        for i in 0..100_000 {
+            let x = (i as f32 / 50_000.0 - 1.0) * 0.999_97;
+            if (x * 32768.0).fract().abs() != 0.5 {
+                assert_eq!(to_i16(x), crate::format::f32_to_i16(x), "{x}");
+            }
+        }
     }
 
     /// With a zero threshold and volume every frame is speech, so the machine walks

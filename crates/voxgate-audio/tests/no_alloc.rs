@@ -160,3 +160,29 @@ fn counter_sees_allocations() {
     r.process(&[0.0; 480], &mut out);
     assert!(allocations() > before, "a fresh output Vec must grow");
 }
+
+/// Heap one detector holds: earshot's boxed model state (7.6 KiB), the 16-bit history (the
+/// 500 ms backbuffer plus the start window, 20 KiB at 16 kHz, where it also serves the volume
+/// gate's replay), the gate's 8 KiB replay ring when resampling, and the output queue. Before
+/// the history was stored as 16-bit samples a detector held 51,700 bytes at 16 kHz (176,710 at
+/// 48 kHz, most of it the f32 history).
+#[test]
+fn vad_heap_per_session() {
+    for (rate, bound) in [(16_000, 30 * 1024), (48_000, 124 * 1024)] {
+        let (vad, stats) =
+            voxgate_test_support::measure(|| Vad::new(VadConfig::default(), rate).unwrap());
+        eprintln!(
+            "Vad at {rate} Hz: {} heap bytes in {} allocations, {} inline",
+            stats.bytes,
+            stats.count,
+            size_of_val(&vad)
+        );
+        assert!(stats.bytes > 20_000, "the history is counted");
+        assert!(
+            stats.bytes <= bound,
+            "{rate} Hz: {} bytes, want at most {bound}",
+            stats.bytes
+        );
+        drop(vad);
+    }
+}

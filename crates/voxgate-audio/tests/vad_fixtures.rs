@@ -234,3 +234,149 @@ fn frame_telemetry_covers_the_stream() {
         "digital silence has zero volume"
     );
 }
+
+/// A device stream: the speech fixture over the low-level noise floor (looped), then a pause of
+/// noise only, then the speech again with the noise, like a user talking, waiting and talking.
+fn device_stream() -> Vec<f32> {
+    let speech = load("speech.wav");
+    let noise = load("noise.wav");
+    let mut out: Vec<f32> = speech
+        .iter()
+        .zip(noise.iter().cycle())
+        .map(|(s, n)| s + n)
+        .collect();
+    out.extend(noise.iter().take(16_000 * 2));
+    let again: Vec<f32> = speech
+        .iter()
+        .zip(noise.iter().cycle().skip(7_000))
+        .map(|(s, n)| s + n)
+        .collect();
+    out.extend(again);
+    out
+}
+
+/// Runs the VAD in 60 ms chunks with frame telemetry; returns transitions and frames.
+fn run_full(
+    samples: &[f32],
+    rate: u32,
+    gate: bool,
+) -> (Vec<VadTransition>, Vec<voxgate_audio::vad::VadFrame>) {
+    let mut vad = Vad::new(VadConfig::default(), rate).unwrap();
+    vad.set_frame_telemetry(true);
+    vad.set_volume_gate(gate);
+    let (mut ts, mut fs) = (Vec::new(), Vec::new());
+    for chunk in samples.chunks(rate as usize * 60 / 1000) {
+        vad.process(chunk);
+        while let Some(o) = vad.poll_output() {
+            match o {
+                VadOutput::Transition(t) => ts.push(t),
+                VadOutput::Frame(f) => fs.push(f),
+                _ => {}
+            }
+        }
+    }
+    (ts, fs)
+}
+
+/// The volume gate skips the model on frames below `min_volume`, which can never count as
+/// speech; replaying the last 256 ms of quiet frames before the next loud one keeps earshot's
+/// window, feature context and recurrent state close enough that every transition is the same
+/// as with the model run on every frame, none moved by more than one 16 ms frame. Gated frames
+/// report confidence 0.0 and their real volume.
+#[test]
+fn volume_gate_keeps_every_transition() {
+    let inputs = [
+        ("speech", load("speech.wav")),
+        ("speech 10 dB SNR", load("speech_noise_10db.wav")),
+        ("noise", load("noise.wav")),
+        ("silence", load("silence.wav")),
+        ("device stream", device_stream()),
+    ];
+    for (name, samples) in &inputs {
+        for rate in [16_000, 48_000] {
+            let input = if rate == 16_000 {
+                samples.clone()
+            } else {
+                resample(samples, rate)
+            };
+            let (ts_off, fs_off) = run_full(&input, rate, false);
+            let (ts_on, fs_on) = run_full(&input, rate, true);
+            assert_eq!(fs_on.len(), fs_off.len());
+            let mut gated = 0;
+            let mut max_diff = 0.0f32;
+            for (on, off) in fs_on.iter().zip(&fs_off) {
+                assert_eq!(
+                    (on.index, on.end, on.volume),
+                    (off.index, off.end, off.volume)
+                );
+                if on.volume < VadConfig::default().min_volume {
+                    assert_eq!(on.confidence, 0.0, "{name}: gated frames report 0.0");
+                    gated += 1;
+                } else {
+                    max_diff = max_diff.max((on.confidence - off.confidence).abs());
+                }
+            }
+            eprintln!(
+                "{name} @ {rate} Hz: {gated}/{} frames gated, max confidence change on scored \
+                 frames {max_diff:.4}",
+                fs_on.len()
+            );
+            if gated > 0 {
+                // With the gate off the model scores quiet frames too.
+                assert!(
+                    fs_off
+                        .iter()
+                        .any(|f| f.volume < VadConfig::default().min_volume && f.confidence > 0.0),
+                    "{name}: set_volume_gate(false) scores every frame"
+                );
+            }
+            // The same transitions in the same order, each decided within one model frame of
+            // where the ungated detector decides it.
+            let frame = u64::from(rate) * 16 / 1000;
+            let same = ts_on.len() == ts_off.len()
+                && ts_on.iter().zip(&ts_off).all(|(a, b)| {
+                    (a.from, a.to) == (b.from, b.to)
+                        && a.position.abs_diff(b.position) <= frame
+                        && a.onset.abs_diff(b.onset) <= frame
+                });
+            assert!(
+                same,
+                "{name} @ {rate} Hz: gate on {}\ngate off {}",
+                describe(&ts_on, rate),
+                describe(&ts_off, rate)
+            );
+        }
+    }
+}
+
+/// Fed in one call longer than the history, the gate cannot replay the quiet frames the history
+/// no longer holds; detection still finds the speech within the usual tolerance.
+#[test]
+fn volume_gate_with_one_big_chunk() {
+    let (start, end) = bounds();
+    let (start_ms, end_ms) = (to_ms(start, 16_000), to_ms(end, 16_000));
+    let speech = load("speech.wav");
+    let mut vad = Vad::new(VadConfig::default(), 16_000).unwrap();
+    vad.process(&speech);
+    let ts: Vec<VadTransition> = std::iter::from_fn(|| vad.poll_output())
+        .filter_map(|o| match o {
+            VadOutput::Transition(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    eprintln!("one chunk: {}", describe(&ts, 16_000));
+    let (on, off) = speech_span(&ts, 16_000);
+    assert!(
+        (on - start_ms).abs() <= TOL_MS,
+        "onset {on} ms, want {start_ms}"
+    );
+    assert!(
+        (off - end_ms).abs() <= TOL_MS,
+        "end {off} ms, want {end_ms}"
+    );
+    // The history still returns the last samples at their true positions.
+    let mut tail = Vec::new();
+    let first = vad.copy_audio(0, &mut tail);
+    assert_eq!(first + tail.len() as u64, speech.len() as u64);
+    assert_eq!(tail, speech[usize::try_from(first).unwrap()..]);
+}
