@@ -125,6 +125,13 @@ impl Capture {
     fn append(&mut self, samples: &[f32]) {
         let room = self.max_samples.saturating_sub(self.buf.len());
         let take = room.min(samples.len());
+        if self.buf.capacity() - self.buf.len() < take {
+            // Grow by half a second at a time instead of doubling: a long utterance would
+            // otherwise hold up to twice its size, and it is the biggest buffer a listening
+            // session has. (Large blocks are remapped, not copied, by the allocator.)
+            let step = (self.rate as usize / 2).max(take);
+            self.buf.reserve_exact(step.min(room));
+        }
         self.buf
             .extend(samples[..take].iter().map(|&s| f32_to_i16(s)));
         self.dropped += (samples.len() - take) as u64;

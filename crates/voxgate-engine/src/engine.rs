@@ -603,9 +603,16 @@ impl Engine {
             }
             CaptureEvent::SpeechEnded(audio) => {
                 let id = self.request();
+                // The copy is only for the history's user audio; without it the recognizer's
+                // request holds the only one.
+                let kept = if self.config.keep_user_audio {
+                    audio.clone()
+                } else {
+                    Vec::new()
+                };
                 self.asr.push_back(Asr {
                     id,
-                    audio: audio.clone(),
+                    audio: kept,
                     result: None,
                 });
                 self.provider(ProviderRequest::Transcribe {
