@@ -86,7 +86,7 @@ pub mod provider;
 pub mod sentence;
 mod types;
 
-pub use config::{EngineConfig, OutputAudio};
+pub use config::{DEFAULT_MAX_CONTEXT_CHARS, EngineConfig, OutputAudio};
 pub use engine::Engine;
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
