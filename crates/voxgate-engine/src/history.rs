@@ -508,6 +508,47 @@ mod tests {
     }
 
     #[test]
+    fn budget_groups_exchanges_from_each_user_turn_and_skips_ephemeral_messages() {
+        let t0 = Instant::now();
+        let mut h = History::default();
+        // A greeting before the user spoke is an exchange of its own.
+        h.push_instructions(t0, TurnId(1), "Greet.".into());
+        h.set_assistant_text(t0, TurnId(1), "Hello!".into());
+        h.push_user_text(t0, TurnId(2), "0123456789".into());
+        h.assistant(t0, TurnId(3)).ephemeral = true;
+        h.set_assistant_text(t0, TurnId(3), "One moment.".into());
+        h.set_assistant_text(t0, TurnId(4), "abcdefghij".into());
+        // A result whose call is unknown is filed on its own, in the exchange it came in.
+        h.push_tool_result(t0, "lost", "r".into());
+        h.push_user_text(t0, TurnId(5), "klmnopqrst".into());
+
+        let all = h.context("S", 0, 0);
+        assert!(all.dropped.is_empty());
+        assert_eq!(all.messages.len(), 7);
+        // 1 + 12 + 21 + 10 = 44: the greeting goes first, then the first question with its
+        // reply and the stray result; the newest question stays even alone over budget.
+        assert_eq!(h.context("S", 40, 0).dropped, [0, 1]);
+        assert_eq!(h.context("S", 20, 0).dropped, [0, 1, 2, 4, 5]);
+        let tight = h.context("S", 1, 100);
+        assert_eq!(tight.dropped, [0, 1, 2, 4, 5]);
+        let texts: Vec<&str> = tight.messages.iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(texts, ["S", "klmnopqrst"]);
+
+        // Marked messages stay out; their turns are reported once each, the ephemeral one's
+        // never.
+        let dropped = h.context("S", 20, 0).dropped;
+        assert_eq!(
+            h.mark_truncated(&dropped, TurnId(6)),
+            [TurnId(1), TurnId(2), TurnId(4)]
+        );
+        assert_eq!(h.messages()[3].truncated_at_response_turn, None);
+        assert_eq!(h.messages()[5].truncated_at_response_turn, Some(TurnId(6)));
+        let after = h.context("S", 0, 0);
+        assert!(after.dropped.is_empty());
+        assert_eq!(after.messages.len(), 2);
+    }
+
+    #[test]
     fn without_audio_drops_samples_keeps_transcription() {
         let t0 = Instant::now();
         let mut h = History::default();
