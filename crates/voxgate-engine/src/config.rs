@@ -14,6 +14,11 @@ pub struct OutputAudio {
     pub bytes_per_second: u32,
 }
 
+/// Default [`EngineConfig::max_context_chars`]: 32 000 characters, about 8 000 tokens of
+/// English, which fits the context window of any current chat model with room for the tools
+/// and the reply, and keeps per-turn LLM cost and latency flat in long sessions.
+pub const DEFAULT_MAX_CONTEXT_CHARS: usize = 32_000;
+
 /// Configuration of an [`crate::Engine`]. Plain data: build it with struct update syntax over
 /// [`EngineConfig::default`].
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +54,15 @@ pub struct EngineConfig {
     /// Zero keeps no audio at all, not even while a reply is being spoken: for doors that never
     /// export history audio (a device session then holds no reply PCM).
     pub max_history_audio: Duration,
+    /// Largest LLM context, in characters (the system prompt, message texts, tool calls'
+    /// names and JSON arguments, tool results; tool definitions are not counted). Count about
+    /// four characters per token for English, one per token for CJK. When a reply's context
+    /// would be larger, the oldest exchanges (a user turn and everything up to the next one)
+    /// leave it for good, reported with [`crate::ClientEvent::ContextTruncated`]; the system
+    /// prompt and the newest user turn always stay. History keeps every message (dropped ones
+    /// carry [`crate::ChatMessage::truncated_at_response_turn`]). 0: unlimited. Default
+    /// [`DEFAULT_MAX_CONTEXT_CHARS`].
+    pub max_context_chars: usize,
 }
 
 impl Default for EngineConfig {
@@ -68,6 +82,7 @@ impl Default for EngineConfig {
             max_utterance: Duration::from_secs(60),
             keep_user_audio: true,
             max_history_audio: Duration::from_secs(300),
+            max_context_chars: DEFAULT_MAX_CONTEXT_CHARS,
         }
     }
 }

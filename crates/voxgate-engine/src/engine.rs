@@ -676,7 +676,7 @@ impl Engine {
                 }
                 let id = self.request();
                 self.new_response(turn, Some(id));
-                let messages = self.history.context(&self.config.system_prompt);
+                let messages = self.response_context(turn);
                 let tools = self.llm_tools();
                 self.provider(ProviderRequest::Generate {
                     id,
@@ -783,9 +783,6 @@ impl Engine {
                     DeliveryStatus::Complete
                 };
                 m.ephemeral = a.ephemeral;
-                if interrupted {
-                    m.truncated_at_response_turn = Some(a.turn);
-                }
                 if r.as_ref().is_none_or(|r| !r.end_sent) {
                     self.client(ClientEvent::ResponseEnd { turn: a.turn });
                 }
@@ -800,6 +797,22 @@ impl Engine {
             }),
             _ => {}
         }
+    }
+
+    /// The LLM context for response `turn`, within the budget: exchanges left out now leave
+    /// the context for good, are marked in history and reported to the client.
+    fn response_context(&mut self, turn: TurnId) -> Vec<ContextMessage> {
+        let context =
+            self.history
+                .context(&self.config.system_prompt, self.config.max_context_chars, 0);
+        let truncated = self.history.mark_truncated(&context.dropped, turn);
+        if !truncated.is_empty() {
+            self.client(ClientEvent::ContextTruncated {
+                truncated,
+                response: turn,
+            });
+        }
+        context.messages
     }
 
     fn send_end(&mut self, turn: TurnId) {
@@ -1425,7 +1438,18 @@ impl Engine {
         if prompt.is_none() && instructions.is_none() {
             return Err(InputError::EmptyQuery);
         }
-        let mut messages = self.history.context(&self.config.system_prompt);
+        // The same bound as replies, with room for the question; a query is no response, so
+        // what it leaves out stays in later replies' contexts (nothing is marked or reported).
+        let reserve = instructions.as_ref().map_or(0, |i| i.chars().count())
+            + prompt.as_ref().map_or(0, |p| p.chars().count());
+        let mut messages = self
+            .history
+            .context(
+                &self.config.system_prompt,
+                self.config.max_context_chars,
+                reserve,
+            )
+            .messages;
         if let Some(i) = instructions {
             messages.push(ContextMessage::new(ChatRole::System, i));
         }

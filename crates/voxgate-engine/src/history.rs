@@ -130,7 +130,11 @@ pub struct ChatMessage {
     pub created_at: Instant,
     /// The turn it belongs to.
     pub turn: Option<TurnId>,
-    /// For an interrupted reply: the response turn whose playback truncated it.
+    /// The response turn that was the first generated without this message: it was dropped
+    /// from the model's context then (and stays out) to keep the context within
+    /// [`crate::EngineConfig::max_context_chars`]. `None` while it is still in the context.
+    /// Unrelated to interruption, which is [`DeliveryStatus::Interrupted`] with the text cut
+    /// to what was heard.
     pub truncated_at_response_turn: Option<TurnId>,
 }
 
@@ -314,61 +318,156 @@ impl History {
         }
     }
 
-    /// Builds the LLM context: the system prompt, then every non-ephemeral message. An
-    /// assistant message becomes an assistant message (text + calls) followed by one tool
-    /// message per result.
-    pub(crate) fn context(&self, system_prompt: &str) -> Vec<ContextMessage> {
-        let mut out = Vec::with_capacity(self.messages.len() + 1);
-        if !system_prompt.is_empty() {
-            out.push(ContextMessage::new(ChatRole::System, system_prompt));
+    /// Builds the LLM context within `max_chars` ([`crate::EngineConfig::max_context_chars`];
+    /// 0: unlimited): the system prompt, then every non-ephemeral message not already dropped
+    /// from the context. An assistant message becomes an assistant message (text + calls)
+    /// followed by one tool message per result.
+    ///
+    /// When the whole does not fit (`reserve` counts what the caller appends), the oldest
+    /// exchanges are left out, whole: an exchange is a user message with everything after it
+    /// up to the next user message (replies, tool calls with their results, instructions), so
+    /// the context never starts with an answer to a question it lacks and a tool call never
+    /// loses its result. The system prompt and the newest exchange (the newest user turn and
+    /// the reply being built) always stay, even when they alone exceed the budget. Nothing is
+    /// marked here: the caller records the left-out messages with [`History::mark_truncated`]
+    /// when they leave the context for good.
+    pub(crate) fn context(&self, system_prompt: &str, max_chars: usize, reserve: usize) -> Context {
+        /// Messages of one exchange, their context and its size.
+        struct Exchange {
+            indices: Vec<usize>,
+            context: Vec<ContextMessage>,
+            chars: usize,
         }
-        for m in self.messages.iter().filter(|m| !m.ephemeral) {
-            match m.role {
-                Role::User => {
-                    let text = m.text();
-                    if !text.is_empty() {
-                        out.push(ContextMessage::new(ChatRole::User, text));
-                    }
+        let mut exchanges: Vec<Exchange> = Vec::new();
+        for (i, m) in self.messages.iter().enumerate() {
+            if m.ephemeral || m.truncated_at_response_turn.is_some() {
+                continue;
+            }
+            let context = message_context(m);
+            let chars = context.iter().map(context_chars).sum::<usize>();
+            match exchanges.last_mut() {
+                Some(e) if m.role != Role::User => {
+                    e.indices.push(i);
+                    e.context.extend(context);
+                    e.chars += chars;
                 }
-                Role::System => {
-                    for c in &m.content {
-                        if let Content::Instructions(t) | Content::Text { text: t, .. } = c {
-                            out.push(ContextMessage::new(ChatRole::System, t.clone()));
-                        }
-                    }
-                }
-                Role::Assistant => {
-                    let mut msg = ContextMessage::new(ChatRole::Assistant, m.text());
-                    let mut results = Vec::new();
-                    for c in &m.content {
-                        match c {
-                            Content::ToolCall {
-                                id,
-                                llm_name,
-                                arguments,
-                                ..
-                            } => msg.tool_calls.push(ContextToolCall {
-                                id: id.clone(),
-                                name: llm_name.clone(),
-                                arguments: arguments.clone(),
-                            }),
-                            Content::ToolResult { id, result } => {
-                                let mut r = ContextMessage::new(ChatRole::Tool, result.clone());
-                                r.tool_call_id = Some(id.clone());
-                                results.push(r);
-                            }
-                            _ => {}
-                        }
-                    }
-                    if !msg.content.is_empty() || !msg.tool_calls.is_empty() {
-                        out.push(msg);
-                    }
-                    out.extend(results);
+                _ => exchanges.push(Exchange {
+                    indices: vec![i],
+                    context,
+                    chars,
+                }),
+            }
+        }
+        let mut total = system_prompt.chars().count()
+            + reserve
+            + exchanges.iter().map(|e| e.chars).sum::<usize>();
+        let mut first = 0;
+        while max_chars > 0 && total > max_chars && first + 1 < exchanges.len() {
+            total -= exchanges[first].chars;
+            first += 1;
+        }
+        let mut messages = Vec::with_capacity(self.messages.len() + 1);
+        if !system_prompt.is_empty() {
+            messages.push(ContextMessage::new(ChatRole::System, system_prompt));
+        }
+        let mut dropped = Vec::new();
+        for (n, e) in exchanges.into_iter().enumerate() {
+            if n < first {
+                dropped.extend(e.indices);
+            } else {
+                messages.extend(e.context);
+            }
+        }
+        Context { messages, dropped }
+    }
+
+    /// Records that the messages at `dropped` (from [`History::context`]) left the context
+    /// for good when response `response` was generated without them: later contexts leave
+    /// them out too. Returns their turns, each once, oldest first.
+    pub(crate) fn mark_truncated(&mut self, dropped: &[usize], response: TurnId) -> Vec<TurnId> {
+        let mut turns = Vec::new();
+        for &i in dropped {
+            let Some(m) = self.messages.get_mut(i) else {
+                continue;
+            };
+            m.truncated_at_response_turn = Some(response);
+            if let Some(t) = m.turn
+                && !turns.contains(&t)
+            {
+                turns.push(t);
+            }
+        }
+        turns
+    }
+}
+
+/// An LLM context built from history ([`History::context`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Context {
+    /// The messages for the model.
+    pub(crate) messages: Vec<ContextMessage>,
+    /// History indices of the messages left out to fit the budget (not yet marked).
+    pub(crate) dropped: Vec<usize>,
+}
+
+/// The context messages of one history message.
+fn message_context(m: &ChatMessage) -> Vec<ContextMessage> {
+    let mut out = Vec::new();
+    match m.role {
+        Role::User => {
+            let text = m.text();
+            if !text.is_empty() {
+                out.push(ContextMessage::new(ChatRole::User, text));
+            }
+        }
+        Role::System => {
+            for c in &m.content {
+                if let Content::Instructions(t) | Content::Text { text: t, .. } = c {
+                    out.push(ContextMessage::new(ChatRole::System, t.clone()));
                 }
             }
         }
-        out
+        Role::Assistant => {
+            let mut msg = ContextMessage::new(ChatRole::Assistant, m.text());
+            let mut results = Vec::new();
+            for c in &m.content {
+                match c {
+                    Content::ToolCall {
+                        id,
+                        llm_name,
+                        arguments,
+                        ..
+                    } => msg.tool_calls.push(ContextToolCall {
+                        id: id.clone(),
+                        name: llm_name.clone(),
+                        arguments: arguments.clone(),
+                    }),
+                    Content::ToolResult { id, result } => {
+                        let mut r = ContextMessage::new(ChatRole::Tool, result.clone());
+                        r.tool_call_id = Some(id.clone());
+                        results.push(r);
+                    }
+                    _ => {}
+                }
+            }
+            if !msg.content.is_empty() || !msg.tool_calls.is_empty() {
+                out.push(msg);
+            }
+            out.extend(results);
+        }
     }
+    out
+}
+
+/// The size of a context message as the budget counts it: the characters of its text, plus
+/// each tool call's name and JSON arguments (a rough stand-in for tokens: about four
+/// characters per token in English, one per CJK character).
+pub(crate) fn context_chars(m: &ContextMessage) -> usize {
+    m.content.chars().count()
+        + m.tool_calls
+            .iter()
+            .map(|c| c.name.chars().count() + c.arguments.to_string().chars().count())
+            .sum::<usize>()
 }
 
 #[cfg(test)]
@@ -391,7 +490,7 @@ mod tests {
         h.set_assistant_text(t0, TurnId(3), "Done.".into());
         h.assistant(t0, TurnId(4)).ephemeral = true;
         h.set_assistant_text(t0, TurnId(4), "Hold on.".into());
-        let ctx = h.context("Be brief.");
+        let ctx = h.context("Be brief.", 0, 0).messages;
         let roles: Vec<ChatRole> = ctx.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,
@@ -406,6 +505,47 @@ mod tests {
         assert_eq!(ctx[2].tool_calls[0].name, "self_audio_speaker_set_volume");
         assert_eq!(ctx[3].tool_call_id.as_deref(), Some("c1"));
         assert_eq!(ctx[4].content, "Done.");
+    }
+
+    #[test]
+    fn budget_groups_exchanges_from_each_user_turn_and_skips_ephemeral_messages() {
+        let t0 = Instant::now();
+        let mut h = History::default();
+        // A greeting before the user spoke is an exchange of its own.
+        h.push_instructions(t0, TurnId(1), "Greet.".into());
+        h.set_assistant_text(t0, TurnId(1), "Hello!".into());
+        h.push_user_text(t0, TurnId(2), "0123456789".into());
+        h.assistant(t0, TurnId(3)).ephemeral = true;
+        h.set_assistant_text(t0, TurnId(3), "One moment.".into());
+        h.set_assistant_text(t0, TurnId(4), "abcdefghij".into());
+        // A result whose call is unknown is filed on its own, in the exchange it came in.
+        h.push_tool_result(t0, "lost", "r".into());
+        h.push_user_text(t0, TurnId(5), "klmnopqrst".into());
+
+        let all = h.context("S", 0, 0);
+        assert!(all.dropped.is_empty());
+        assert_eq!(all.messages.len(), 7);
+        // 1 + 12 + 21 + 10 = 44: the greeting goes first, then the first question with its
+        // reply and the stray result; the newest question stays even alone over budget.
+        assert_eq!(h.context("S", 40, 0).dropped, [0, 1]);
+        assert_eq!(h.context("S", 20, 0).dropped, [0, 1, 2, 4, 5]);
+        let tight = h.context("S", 1, 100);
+        assert_eq!(tight.dropped, [0, 1, 2, 4, 5]);
+        let texts: Vec<&str> = tight.messages.iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(texts, ["S", "klmnopqrst"]);
+
+        // Marked messages stay out; their turns are reported once each, the ephemeral one's
+        // never.
+        let dropped = h.context("S", 20, 0).dropped;
+        assert_eq!(
+            h.mark_truncated(&dropped, TurnId(6)),
+            [TurnId(1), TurnId(2), TurnId(4)]
+        );
+        assert_eq!(h.messages()[3].truncated_at_response_turn, None);
+        assert_eq!(h.messages()[5].truncated_at_response_turn, Some(TurnId(6)));
+        let after = h.context("S", 0, 0);
+        assert!(after.dropped.is_empty());
+        assert_eq!(after.messages.len(), 2);
     }
 
     #[test]

@@ -32,7 +32,8 @@
 //! goes out as [`ProviderRequest::Transcribe`]. The transcript commits the user turn
 //! ([`ClientEvent::UserTranscription`]) and the turn machine asks for a reply:
 //! [`ProviderRequest::Generate`] with the context built from history and the tools of every
-//! source. Text deltas pass the emotion channel (the leading emoji becomes
+//! source. The context stays within [`EngineConfig::max_context_chars`]: the oldest exchanges
+//! leave it for good, reported with [`ClientEvent::ContextTruncated`]. Text deltas pass the emotion channel (the leading emoji becomes
 //! [`ClientEvent::Emotion`]), then either become [`ClientEvent::TextFragment`]s (no TTS) or are
 //! split into sentences, each synthesized by its own [`ProviderRequest::Synthesize`] and
 //! delivered in order as [`ClientEvent::SentenceStart`] + [`ClientEvent::AudioChunk`]s. Tool
@@ -86,7 +87,7 @@ pub mod provider;
 pub mod sentence;
 mod types;
 
-pub use config::{EngineConfig, OutputAudio};
+pub use config::{DEFAULT_MAX_CONTEXT_CHARS, EngineConfig, OutputAudio};
 pub use engine::Engine;
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};

@@ -275,6 +275,16 @@ pub enum ClientEvent {
         /// What happened.
         message: String,
     },
+    /// Older turns left the model's context to keep it within
+    /// [`crate::EngineConfig::max_context_chars`] (realtime `ContextTruncated`). Sent once per
+    /// cycle, before the response's [`ClientEvent::ResponseBegin`], with only the turns newly
+    /// dropped; they stay out of every later context.
+    ContextTruncated {
+        /// The turns dropped in this cycle (user turns and response turns), oldest first.
+        truncated: Vec<TurnId>,
+        /// The response generated without them.
+        response: TurnId,
+    },
 }
 
 /// Identifies one provider request the engine issued. Events carry it back, so events of

@@ -12,6 +12,7 @@
 //! [realtime]
 //! api_keys = ["secret"]          # empty: no authentication
 //! elevenlabs_base_url = "http://127.0.0.1:9000"  # optional: where ElevenLabs TTS goes
+//! max_context_chars = 32000      # LLM context budget (about 4 chars a token); 0: unlimited
 //!
 //! [llm]                          # absent: the demo agent
 //! base_url = "http://localhost:11434/v1"
@@ -46,6 +47,7 @@
 //! | `VOXGATE_MAX_FRAME_BYTES` | `max_frame_bytes` |
 //! | `VOXGATE_API_KEYS` | `realtime.api_keys`, comma-separated (empty: none) |
 //! | `VOXGATE_ELEVENLABS_BASE_URL` | `realtime.elevenlabs_base_url` (empty: unset) |
+//! | `VOXGATE_MAX_CONTEXT_CHARS` | `realtime.max_context_chars` (0: unlimited) |
 //! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
 //! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
 //! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
@@ -107,7 +109,7 @@ pub struct Config {
 }
 
 /// Settings of the realtime door.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RealtimeConfig {
     /// Bearer keys accepted in `Authorization`; empty means no authentication.
@@ -117,6 +119,21 @@ pub struct RealtimeConfig {
     /// own regional hosts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elevenlabs_base_url: Option<String>,
+    /// Largest LLM context of a session, in characters (about four per token in English):
+    /// beyond it the oldest exchanges leave the model's context and the client gets
+    /// `ContextTruncated`. 0: unlimited. Default
+    /// [`voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS`] (32 000).
+    pub max_context_chars: usize,
+}
+
+impl Default for RealtimeConfig {
+    fn default() -> Self {
+        Self {
+            api_keys: Vec::new(),
+            elevenlabs_base_url: None,
+            max_context_chars: voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS,
+        }
+    }
 }
 
 /// An OpenAI-compatible chat completions endpoint.
@@ -377,6 +394,10 @@ impl Config {
             let v = v.trim();
             self.realtime.elevenlabs_base_url = (!v.is_empty()).then(|| v.to_owned());
         }
+        vars.parsed(
+            "VOXGATE_MAX_CONTEXT_CHARS",
+            &mut self.realtime.max_context_chars,
+        )?;
         self.xiaozhi.apply_env(&var)?;
         self.retell.apply_env(&var)?;
         self.gemini.apply_env(&var)?;
@@ -521,6 +542,31 @@ mod tests {
         c.apply_env(|k| (k == "VOXGATE_ELEVENLABS_BASE_URL").then(String::new))
             .unwrap();
         assert_eq!(c.realtime.elevenlabs_base_url, None);
+    }
+
+    #[test]
+    fn max_context_chars_from_file_env_and_print() {
+        let c = Config::default();
+        assert_eq!(
+            c.realtime.max_context_chars,
+            voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS
+        );
+        assert!(c.to_toml().contains("max_context_chars = 32000"));
+        let mut c = Config::from_toml("[realtime]\nmax_context_chars = 4000\n").unwrap();
+        assert_eq!(c.realtime.max_context_chars, 4000);
+        assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
+        c.apply_env(|k| (k == "VOXGATE_MAX_CONTEXT_CHARS").then(|| " 0 ".into()))
+            .unwrap();
+        assert_eq!(c.realtime.max_context_chars, 0);
+        let bad = Config::default()
+            .apply_env(|k| (k == "VOXGATE_MAX_CONTEXT_CHARS").then(|| "lots".into()));
+        assert!(matches!(
+            bad,
+            Err(ConfigError::Env {
+                name: "VOXGATE_MAX_CONTEXT_CHARS",
+                ..
+            })
+        ));
     }
 
     #[test]

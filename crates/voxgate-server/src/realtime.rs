@@ -14,8 +14,10 @@
 //! ([`Progress`]); `InferenceComplete` precedes each `ResponseEnd`; a final `TurnSnapshot`
 //! follows each finished reply. The engine's `Emotion` events have no counterpart in this
 //! protocol and are dropped, so replies reach realtime clients without emoji (the engine never
-//! shows or speaks them). `ContextTruncated` is never sent: no turn is ever dropped from the
-//! model's context. The user guide is `docs/doors/realtime.md`.
+//! shows or speaks them). `ContextTruncated` reports the turns the engine drops from the model's
+//! context to keep it within `[realtime] max_context_chars`; exported messages carry the
+//! response turn that dropped them in `truncated_at_response_turn_id`. The user guide is
+//! `docs/doors/realtime.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -56,6 +58,8 @@ pub(crate) struct DoorContext {
     /// Replaces ElevenLabs' regional hosts for client-configured ElevenLabs TTS
     /// (`[realtime] elevenlabs_base_url`).
     pub(crate) elevenlabs_base_url: Option<String>,
+    /// The sessions' LLM context budget (`[realtime] max_context_chars`; 0: unlimited).
+    pub(crate) max_context_chars: usize,
 }
 
 /// A decoded frame, or the error to report for it.
@@ -147,6 +151,7 @@ pub(crate) async fn serve(socket: WebSocket, ctx: DoorContext) {
         session: None,
         runner,
         elevenlabs_base_url: ctx.elevenlabs_base_url.clone(),
+        max_context_chars: ctx.max_context_chars,
     };
     conn.run(in_rx, provider_rx, ctx.shutdown).await;
     // Dropping the connection aborts provider work and closes the writer's queue.
@@ -168,6 +173,7 @@ struct Connection {
     session: Option<Session>,
     runner: Runner,
     elevenlabs_base_url: Option<String>,
+    max_context_chars: usize,
 }
 
 /// An initialized session.
@@ -326,7 +332,7 @@ impl Connection {
                         .await
                 }
                 Ok(config) => match session_tts(&config, self.elevenlabs_base_url.as_deref())
-                    .and_then(|tts| Ok((tts, Session::new(config, now)?)))
+                    .and_then(|tts| Ok((tts, Session::new(config, self.max_context_chars, now)?)))
                 {
                     Ok((tts, s)) => {
                         if let Some(tts) = tts {
@@ -515,7 +521,7 @@ impl Connection {
 }
 
 impl Session {
-    fn new(config: SessionConfig, now: Instant) -> Result<Self, String> {
+    fn new(config: SessionConfig, max_context_chars: usize, now: Instant) -> Result<Self, String> {
         let engine_config = EngineConfig {
             turn: voxgate_turn_config(config.supports_playback_reporting),
             vad: VadConfig {
@@ -534,6 +540,7 @@ impl Session {
             system_prompt: config.inference.system_prompt().to_owned(),
             temperature: Some(config.inference.temperature()),
             vad_frame_telemetry: config.enable_vad_frame_telemetry,
+            max_context_chars,
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
@@ -691,6 +698,13 @@ impl Session {
             ClientEvent::QueryResult { text } => {
                 vec![ClientBoundMessage::conversation_query_result(text)]
             }
+            ClientEvent::ContextTruncated {
+                truncated,
+                response,
+            } => vec![ClientBoundMessage::context_truncated(
+                truncated.iter().map(|t| t.0).collect(),
+                response.0,
+            )],
             ClientEvent::Error {
                 category: c,
                 message,

@@ -310,6 +310,7 @@ async fn realtime_upgrade(
         max_frame_bytes: app.config.max_frame_bytes,
         shutdown: app.shutdown.clone(),
         elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
+        max_context_chars: app.config.realtime.max_context_chars,
     };
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)

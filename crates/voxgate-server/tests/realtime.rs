@@ -335,6 +335,71 @@ async fn history_export_and_conversation_query() {
 }
 
 #[tokio::test]
+async fn a_small_context_budget_truncates_old_turns_and_reports_them() {
+    let mut config = Config::default();
+    // Each exchange is 20 + 30 characters ("You said: " + the 20): three fit with a new
+    // 20-character question, four do not.
+    config.realtime.max_context_chars = 120;
+    let server = Running::start(config).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    let mut truncations = Vec::new();
+    let mut responses = Vec::new();
+    for i in 1..=5u64 {
+        let question = format!("{:-<20}", format!("question {i}"));
+        send(
+            &mut ws,
+            &ServiceBoundMessage::user_text(i, InferenceTriggerMode::Queue, &question),
+        )
+        .await;
+        if i >= 4 {
+            match recv_payload(&mut ws).await {
+                Down::ContextTruncated(t) => truncations.push(t),
+                other => panic!("expected ContextTruncated before reply {i}, got {other:?}"),
+            }
+        }
+        let (turn, text) = response_text(&mut ws).await;
+        assert_eq!(text, format!("You said: {question}"));
+        responses.push(turn);
+    }
+    send(
+        &mut ws,
+        &ServiceBoundMessage::export_chat_history(true, true),
+    )
+    .await;
+    let history = match recv_payload(&mut ws).await {
+        Down::ChatHistory(h) => h,
+        other => panic!("expected ChatHistory, got {other:?}"),
+    };
+    // Every message is still exported; the dropped ones name the response that dropped them.
+    assert_eq!(history.messages.len(), 10);
+    let turns: Vec<u32> = history
+        .messages
+        .iter()
+        .map(|m| m.turn_id.unwrap())
+        .collect();
+    assert_eq!(
+        truncations[0].truncated_turn_ids,
+        [turns[0], turns[1]],
+        "the first exchange, when the fourth question came"
+    );
+    assert_eq!(truncations[0].response_turn_id, responses[3]);
+    assert_eq!(
+        truncations[1].truncated_turn_ids,
+        [turns[2], turns[3]],
+        "only the newly dropped second exchange"
+    );
+    assert_eq!(truncations[1].response_turn_id, responses[4]);
+    let marks: Vec<Option<u32>> = history
+        .messages
+        .iter()
+        .map(|m| m.truncated_at_response_turn_id)
+        .collect();
+    let (r4, r5) = (Some(responses[3]), Some(responses[4]));
+    assert_eq!(marks, [r4, r4, r5, r5, None, None, None, None, None, None]);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn greeting_trigger_and_no_trigger_mode() {
     let server = Running::start(Config::default()).await;
     let mut ws = initialized(server.addr, "/realtime").await;

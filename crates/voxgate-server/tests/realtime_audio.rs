@@ -641,7 +641,8 @@ async fn user_speech_during_a_reply_clears_playback_and_truncates_the_reply() {
         cut.delivery_status,
         ChatDeliveryStatus::DeliveryInterrupted as i32
     );
-    assert_eq!(cut.truncated_at_response_turn_id, Some(turn));
+    // Interruption is not context truncation: the cut reply stays in the model's context.
+    assert_eq!(cut.truncated_at_response_turn_id, None);
     let full = format!("You said: {said}");
     let heard = text_of(&cut);
     assert!(
@@ -732,7 +733,8 @@ async fn playback_reports_decide_what_an_interrupted_reply_kept() {
         cut.delivery_status,
         ChatDeliveryStatus::DeliveryInterrupted as i32
     );
-    assert_eq!(cut.truncated_at_response_turn_id, Some(turn));
+    // Interruption is not context truncation: the cut reply stays in the model's context.
+    assert_eq!(cut.truncated_at_response_turn_id, None);
     // The interruption's own reply.
     let (next, msgs) = spoken_response(&mut c).await;
     assert_ne!(next, turn);
