@@ -1503,3 +1503,57 @@ async fn queued_speech_during_a_reply_keeps_it_playing_and_is_answered_after_it(
     assert_eq!(h[3].turn_id, Some(second));
     server.stop_within(WAIT).await;
 }
+
+#[tokio::test]
+async fn no_trigger_speech_during_a_reply_neither_cuts_it_nor_gets_a_reply() {
+    let (server, _) = start_with_fake_asr().await;
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_16K,
+        hosted_tts(),
+    );
+    let mut c = Client::initialized(server.addr, &config).await;
+    c.send(&ServiceBoundMessage::user_text(
+        100,
+        InferenceTriggerMode::Queue,
+        long_text(14),
+    ));
+    let (first, _) = spoken_response(&mut c).await;
+    let from = (SPEECH_START * 16_000.0) as usize - 3_200;
+    let sender = c.stream_audio_as(
+        &encode(&speech()[from..], AudioFormat::SPEECH_16K),
+        3_200,
+        Duration::from_millis(20),
+        InferenceTriggerMode::NoTrigger,
+    );
+    let msgs = c
+        .until(|m| matches!(m, Down::UserTranscriptionResult(_)))
+        .await;
+    sender.await.unwrap();
+    let done = snapshot_of(&msgs, first).expect("the reply finished before the commit");
+    assert_eq!(
+        done.delivery_status,
+        ChatDeliveryStatus::DeliveryComplete as i32
+    );
+    let quiet = c.during(Duration::from_millis(1500)).await;
+    assert!(
+        !msgs
+            .iter()
+            .chain(&quiet)
+            .any(|m| matches!(m, Down::PlaybackClearBuffer(_) | Down::ResponseBegin(_))),
+        "{msgs:?} {quiet:?}"
+    );
+    let h = c.history(true).await;
+    let roles: Vec<i32> = h.iter().map(|m| m.role).collect();
+    use ChatMessageRole as R;
+    assert_eq!(roles, [R::User as i32, R::Assistant as i32, R::User as i32]);
+    // A QUEUE text answers with the spoken turn in context.
+    c.send(&ServiceBoundMessage::user_text(
+        101,
+        InferenceTriggerMode::Queue,
+        "so?",
+    ));
+    let (next, _) = spoken_response(&mut c).await;
+    assert!(next > first);
+    server.stop_within(WAIT).await;
+}
