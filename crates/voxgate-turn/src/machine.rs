@@ -849,11 +849,29 @@ impl TurnMachine {
             }
             (TriggerMode::Immediate, _) if self.interruptible() => {
                 self.interrupt(now, Interruption::Text);
-                self.candidate = None;
+                self.commit_held_speech();
                 let user = self.record_text(text);
                 self.request_response(now, ResponseCause::User(user), None, now, None);
             }
             _ => self.queue.push_back(Pending::Text(text)),
+        }
+    }
+
+    /// Drops the pending candidate; speech held by its trigger mode (`QUEUE`/`NO_TRIGGER`)
+    /// that has words is committed first, so what the user said before the system turn was
+    /// cut by other means stays in history (without asking for a reply of its own).
+    fn commit_held_speech(&mut self) {
+        let Some(c) = self.candidate.take() else {
+            return;
+        };
+        let text = c.utterance.text();
+        if c.held() && !text.is_empty() {
+            let turn = self.alloc_turn();
+            self.outputs.push_back(Output::UserTurn(UserTurn {
+                turn,
+                text,
+                source: UserSource::Speech,
+            }));
         }
     }
 
@@ -895,7 +913,7 @@ impl TurnMachine {
                     return;
                 }
                 self.interrupt(now, Interruption::ClientAbort);
-                self.candidate = None;
+                self.commit_held_speech();
                 self.suspended = None;
                 // Queued typed text stays in history; it just no longer asks for a reply.
                 for pending in mem::take(&mut self.queue) {
@@ -927,7 +945,7 @@ impl TurnMachine {
             }
             self.interrupt(now, Interruption::DirectSpeech);
         }
-        self.candidate = None;
+        self.commit_held_speech();
         self.suspended = None;
         if let Some(u) = self.user.take() {
             // The user's words so far stay in history without asking for a reply.

@@ -353,3 +353,33 @@ fn held_speech_that_resumes_in_immediate_mode_barges_in() {
     assert_eq!(outs[0], Output::ClearPlayback { turn: reply }, "{outs:?}");
     assert_eq!(h.state(), State::Listening);
 }
+
+#[test]
+fn held_speech_is_committed_when_immediate_text_cuts_the_reply() {
+    let mut h = harness();
+    let reply = playing_reply(&mut h, 4000);
+    h.input(Input::SpeechTrigger(TriggerMode::Queue)).unwrap();
+    speak(&mut h, "by the way", ms(600));
+    let outs = h
+        .input(Input::Text {
+            text: "stop please".into(),
+            mode: TriggerMode::Immediate,
+        })
+        .unwrap();
+    assert_eq!(outs[0], Output::ClearPlayback { turn: reply });
+    let u = user_turns(&outs);
+    assert_eq!(u.len(), 2, "{outs:?}");
+    assert_eq!(
+        (u[0].text.as_str(), u[0].source),
+        ("by the way", UserSource::Speech)
+    );
+    assert_eq!(
+        (u[1].text.as_str(), u[1].source),
+        ("stop please", UserSource::Text)
+    );
+    // One reply, to the text; the held speech is in history before it.
+    assert_eq!(
+        starts(&outs),
+        [(TurnId(u[1].turn.0 + 1), ResponseCause::User(u[1].turn))]
+    );
+}
