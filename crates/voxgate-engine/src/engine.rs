@@ -11,7 +11,8 @@ use voxgate_mcp::jsonrpc::ErrorObject;
 use voxgate_mcp::model::Tool;
 use voxgate_mcp::registry::{ToolRegistry, ToolSource};
 use voxgate_turn::{
-    AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TurnMachine, UserSource,
+    AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine,
+    UserSource,
 };
 use voxgate_xiaozhi::emotion::{self, EmojiPolicy};
 
@@ -305,6 +306,23 @@ impl Engine {
         self.capture_events(now);
     }
 
+    /// Sets the trigger mode of the audio fed from now on (realtime `UserInput.mode`), before
+    /// the audio itself. Default [`TriggerMode::Immediate`]: speech may barge in and every
+    /// spoken turn is answered. With [`TriggerMode::Queue`] speech during a reply never cuts
+    /// it (no [`ClientEvent::ClearPlayback`]) and is answered once the reply is over; with
+    /// [`TriggerMode::NoTrigger`] the spoken turn is transcribed and committed to history
+    /// (its [`ClientEvent::UserTranscription`] is sent) without a reply, which a later
+    /// `TriggerInference` or triggering input asks for. The mode when the VAD reports the end
+    /// of an utterance decides whether it is answered; the mode when speech starts (or
+    /// resumes) during a reply decides whether it may interrupt. Cheap when unchanged.
+    pub fn set_audio_trigger(&mut self, now: Instant, mode: TriggerMode) {
+        if self.closed || self.turn.speech_trigger() == mode {
+            return;
+        }
+        self.feed_internal(now, TurnInput::SpeechTrigger(mode));
+        self.pump(now);
+    }
+
     /// Feeds one input at time `now`.
     ///
     /// Provider events for requests no longer awaited are dropped and counted
@@ -329,6 +347,7 @@ impl Engine {
             Input::Audio(samples) => self.handle_audio(now, &samples),
             Input::AudioI16(samples) => self.handle_audio_i16(now, &samples),
             Input::Text { text, mode } => self.feed(now, TurnInput::Text { text, mode })?,
+            Input::AudioTrigger(mode) => self.set_audio_trigger(now, mode),
             Input::TriggerInference {
                 instructions,
                 flush_vad,

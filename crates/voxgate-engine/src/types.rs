@@ -40,6 +40,9 @@ pub enum Input {
         /// Whether and when it starts a reply.
         mode: TriggerMode,
     },
+    /// The trigger mode of the audio being sent (realtime `UserInput.mode` on audio); see
+    /// [`crate::Engine::set_audio_trigger`], which doors call per packet instead.
+    AudioTrigger(TriggerMode),
     /// `TriggerInference`: reply now (a greeting), or once the user's turn ends. With
     /// `flush_vad` the utterance being captured is cut at once and transcribed, and the turn
     /// ends as soon as its transcript is in (no endpointing delay). Instructions are recorded

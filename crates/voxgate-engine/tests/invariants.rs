@@ -25,6 +25,7 @@ fn fixture() -> &'static [i16] {
 #[derive(Debug, Clone)]
 enum Op {
     Text(usize, bool),
+    AudioTrigger(u8),
     Trigger(bool),
     Abort,
     Direct(bool),
@@ -75,6 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
     ];
     prop_oneof![
         2 => (0..TEXTS.len(), any::<bool>()).prop_map(|(t, i)| Op::Text(t, i)),
+        1 => (0u8..3).prop_map(Op::AudioTrigger),
         1 => any::<bool>().prop_map(Op::Trigger),
         1 => Just(Op::Abort),
         1 => any::<bool>().prop_map(Op::Direct),
@@ -147,6 +149,17 @@ fn apply(
                     TriggerMode::Queue
                 },
             },
+        ),
+        Op::AudioTrigger(m) => feed(
+            d,
+            &mut out,
+            Input::AudioTrigger(
+                [
+                    TriggerMode::NoTrigger,
+                    TriggerMode::Queue,
+                    TriggerMode::Immediate,
+                ][usize::from(*m)],
+            ),
         ),
         Op::Trigger(flush) => feed(
             d,

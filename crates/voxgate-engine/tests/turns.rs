@@ -331,3 +331,86 @@ fn false_interruption_resumes_the_unheard_rest() {
     assert_eq!(h.last().unwrap().delivery, DeliveryStatus::Complete);
     assert_eq!(d.engine.state(), State::Idle);
 }
+
+#[test]
+fn no_trigger_audio_is_transcribed_and_committed_without_a_reply() {
+    let mut d = Driver::new(EngineConfig::default());
+    d.input(Input::AudioTrigger(TriggerMode::NoTrigger));
+    let mut out = d.speak(&speech());
+    out.extend(d.silence(1000));
+    let asr = transcribes(&out);
+    assert!(!asr.is_empty());
+    let mut out = Vec::new();
+    for id in &asr {
+        out.extend(d.provider(transcript(*id, "my room is 12")));
+    }
+    out.extend(d.advance(5000 * MS));
+    assert_eq!(generates(&out), 0);
+    assert!(
+        client(&out)
+            .iter()
+            .any(|e| matches!(e, ClientEvent::UserTranscription { text, .. } if text.contains("my room is 12")))
+    );
+    assert_eq!(d.engine.state(), State::Idle);
+    let h = d.engine.history();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].role, Role::User);
+    // A trigger answers it.
+    let out = d.input(Input::TriggerInference {
+        instructions: None,
+        flush_vad: false,
+    });
+    let (_, req) = generate(&out);
+    assert_eq!(context(&req)[0].0, ChatRole::User);
+    assert!(context(&req)[0].1.contains("my room is 12"));
+}
+
+#[test]
+fn queued_audio_during_a_reply_waits_for_it_without_clearing_playback() {
+    let mut d = Driver::new(EngineConfig::default());
+    let out = d.input(Input::Text {
+        text: "tell me a story".into(),
+        mode: TriggerMode::Queue,
+    });
+    let (id, _) = generate(&out);
+    let mut out = d.provider(delta(id, "Once upon a time."));
+    out.extend(d.provider(done(id)));
+    let s = synth(&out);
+    d.provider(tts_audio(s[0].0, 8000));
+    d.provider(done(s[0].0));
+    assert_eq!(d.engine.state(), State::Speaking);
+    // The user talks over the 8 s reply with QUEUE audio (about 5 s of it).
+    d.engine.set_audio_trigger(d.now, TriggerMode::Queue);
+    let mut out = d.speak(&speech());
+    for id in transcribes(&out) {
+        out.extend(d.provider(transcript(id, "and then")));
+    }
+    assert!(!client(&out).contains(&ClientEvent::ClearPlayback));
+    assert_eq!(generates(&out), 0);
+    assert_eq!(d.engine.state(), State::Speaking);
+    // The reply plays out, then the speech is committed and answered.
+    let out = d.advance(4000 * MS);
+    let events = client(&out);
+    let finished = events
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                ClientEvent::ResponseFinished {
+                    interrupted: false,
+                    ..
+                }
+            )
+        })
+        .expect("the reply finished");
+    let heard = events
+        .iter()
+        .position(|e| matches!(e, ClientEvent::UserTranscription { .. }))
+        .expect("the speech is committed");
+    assert!(finished < heard);
+    let (_, req) = generate(&out);
+    let ctx = context(&req);
+    assert_eq!(ctx.last().unwrap().0, ChatRole::User);
+    assert!(ctx.last().unwrap().1.contains("and then"));
+    assert_eq!(d.engine.turn_stats().interruptions, 0);
+}

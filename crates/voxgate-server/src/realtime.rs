@@ -365,16 +365,22 @@ impl Connection {
                 return Flow::Continue;
             }
             Payload::UserInput(u) => {
-                let mode = trigger_mode(u.mode_open());
+                let mode = u.mode_open();
                 match u.input {
                     Some(user_input::Input::AudioData(a)) => {
+                        session
+                            .engine
+                            .set_audio_trigger(now, audio_trigger_mode(mode));
                         session.last_packet = u.packet_id;
                         session.scratch.clear();
                         session.decoder.decode_f32(&a.data, &mut session.scratch);
                         session.engine.handle_audio(now, &session.scratch);
                         return Flow::Continue;
                     }
-                    Some(user_input::Input::TextData(t)) => Input::Text { text: t.data, mode },
+                    Some(user_input::Input::TextData(t)) => Input::Text {
+                        text: t.data,
+                        mode: trigger_mode(mode),
+                    },
                     // `validate` refused a missing input.
                     None => return Flow::Continue,
                 }
@@ -1033,6 +1039,16 @@ fn trigger_mode(mode: Open<InferenceTriggerMode>) -> TriggerMode {
         Some(InferenceTriggerMode::Immediate) => TriggerMode::Immediate,
         // Unknown values act like the default of a newer client: queue the reply.
         _ => TriggerMode::Queue,
+    }
+}
+
+/// Audio's trigger mode: unknown values keep the default behaviour of spoken turns (barge-in,
+/// reply at the end of the turn), which is what `IMMEDIATE` clients get.
+fn audio_trigger_mode(mode: Open<InferenceTriggerMode>) -> TriggerMode {
+    match mode.known() {
+        Some(InferenceTriggerMode::NoTrigger) => TriggerMode::NoTrigger,
+        Some(InferenceTriggerMode::Queue) => TriggerMode::Queue,
+        _ => TriggerMode::Immediate,
     }
 }
 

@@ -126,6 +126,17 @@ impl Client {
         packet_bytes: usize,
         pace: Duration,
     ) -> tokio::task::JoinHandle<()> {
+        self.stream_audio_as(audio, packet_bytes, pace, InferenceTriggerMode::Immediate)
+    }
+
+    /// [`Client::stream_audio`] with every packet's trigger `mode`.
+    fn stream_audio_as(
+        &mut self,
+        audio: &[u8],
+        packet_bytes: usize,
+        pace: Duration,
+        mode: InferenceTriggerMode,
+    ) -> tokio::task::JoinHandle<()> {
         let packets: Vec<(u64, Vec<u8>)> = audio
             .chunks(packet_bytes)
             .map(|p| {
@@ -141,8 +152,7 @@ impl Client {
                 if !pace.is_zero() {
                     tick.tick().await;
                 }
-                let m =
-                    ServiceBoundMessage::user_audio(id, InferenceTriggerMode::Immediate, p.into());
+                let m = ServiceBoundMessage::user_audio(id, mode, p.into());
                 if tx.send(Message::Binary(m.to_frame())).is_err() {
                     return;
                 }
@@ -178,6 +188,27 @@ impl Client {
                 return out;
             }
         }
+    }
+
+    /// Every message that arrives within `span`.
+    async fn during(&mut self, span: Duration) -> Vec<Down> {
+        let deadline = tokio::time::Instant::now() + span;
+        let mut out = Vec::new();
+        while let Ok(m) = tokio::time::timeout_at(deadline, self.rx.next()).await {
+            match m {
+                Some(Ok(Message::Binary(b))) => {
+                    out.push(
+                        ClientBoundMessage::decode_frame(b)
+                            .unwrap()
+                            .payload
+                            .unwrap(),
+                    );
+                }
+                Some(Ok(_)) => {}
+                _ => panic!("the server closed"),
+            }
+        }
+        out
     }
 
     async fn history(&mut self, exclude_audio: bool) -> Vec<proto::ChatMessage> {
@@ -1312,5 +1343,219 @@ async fn an_unusable_elevenlabs_voice_is_a_fatal_configuration_error() {
         c.recv().await.is_none(),
         "the server closes after a fatal error"
     );
+    server.stop_within(WAIT).await;
+}
+
+// ---- trigger modes of audio input -----------------------------------------------------------
+
+fn transcription(msgs: &[Down]) -> Option<String> {
+    msgs.iter().find_map(|m| match m {
+        Down::UserTranscriptionResult(t) => Some(t.text.clone()),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn no_trigger_speech_is_transcribed_and_answered_only_after_trigger_inference() {
+    let (server, uploads) = start_with_fake_asr().await;
+    let mut c = Client::initialized(
+        server.addr,
+        &SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K),
+    )
+    .await;
+    // 100 ms packets at five times real time, every one NO_TRIGGER.
+    c.stream_audio_as(
+        &encode(&speech(), AudioFormat::SPEECH_16K),
+        3_200,
+        Duration::from_millis(20),
+        InferenceTriggerMode::NoTrigger,
+    );
+    let msgs = c
+        .until(|m| matches!(m, Down::UserTranscriptionResult(_)))
+        .await;
+    let said = transcription(&msgs).unwrap();
+    heard_ms(&said);
+    assert_eq!(uploads.lock().unwrap().len(), 1);
+    // Committed, but nothing answers it by itself.
+    let quiet = c.during(Duration::from_millis(1500)).await;
+    assert!(
+        !msgs.iter().chain(&quiet).any(|m| matches!(
+            m,
+            Down::ResponseBegin(_) | Down::ModelTextFragment(_) | Down::PlaybackClearBuffer(_)
+        )),
+        "{msgs:?} {quiet:?}"
+    );
+    let h = c.history(true).await;
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].role, ChatMessageRole::User as i32);
+    let user_turn = h[0].turn_id.unwrap();
+    // TriggerInference answers the spoken turn.
+    c.send(&ServiceBoundMessage::trigger_inference(None, false));
+    let msgs = c.until(|m| matches!(m, Down::TurnSnapshot(_))).await;
+    let turn = response_begin(&msgs).expect("a reply after TriggerInference");
+    assert!(turn > user_turn);
+    assert_eq!(fragments(&msgs, turn), format!("You said: {said}"));
+    assert!(transcription(&msgs).is_none(), "transcribed once: {msgs:?}");
+    let h = c.history(true).await;
+    let roles: Vec<i32> = h.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [
+            ChatMessageRole::User as i32,
+            ChatMessageRole::Assistant as i32
+        ]
+    );
+    server.stop_within(WAIT).await;
+}
+
+#[tokio::test]
+async fn queued_speech_during_a_reply_keeps_it_playing_and_is_answered_after_it() {
+    let (server, _) = start_with_fake_asr().await;
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_16K,
+        hosted_tts(),
+    );
+    let mut c = Client::initialized(server.addr, &config).await;
+    let said = long_text(14);
+    c.send(&ServiceBoundMessage::user_text(
+        100,
+        InferenceTriggerMode::Queue,
+        said.clone(),
+    ));
+    // About 3.5 s of reply audio arrives at once; the server estimates playback from time.
+    let (first, _) = spoken_response(&mut c).await;
+    let sent_at = tokio::time::Instant::now();
+    // The user talks over it with QUEUE audio, at five times real time (about a second).
+    let from = (SPEECH_START * 16_000.0) as usize - 3_200;
+    let sender = c.stream_audio_as(
+        &encode(&speech()[from..], AudioFormat::SPEECH_16K),
+        3_200,
+        Duration::from_millis(20),
+        InferenceTriggerMode::Queue,
+    );
+    let msgs = c
+        .until(|m| matches!(m, Down::ResponseBegin(b) if b.turn_id != first))
+        .await;
+    sender.await.unwrap();
+    assert!(
+        msgs.iter()
+            .any(|m| matches!(m, Down::VadStateEvent(e) if e.to_state == VadState::Speech as i32)),
+        "the speech was heard: {msgs:?}"
+    );
+    assert!(
+        !msgs
+            .iter()
+            .any(|m| matches!(m, Down::PlaybackClearBuffer(_))),
+        "QUEUE speech never clears playback: {msgs:?}"
+    );
+    // The first reply played to its end, then the speech was committed and answered.
+    let done = msgs
+        .iter()
+        .position(|m| matches!(m, Down::TurnSnapshot(s) if s.message.as_ref().unwrap().turn_id == Some(first)))
+        .expect("the first reply's final snapshot");
+    let Down::TurnSnapshot(s) = &msgs[done] else {
+        unreachable!()
+    };
+    let s = s.message.as_ref().unwrap();
+    assert_eq!(
+        s.delivery_status,
+        ChatDeliveryStatus::DeliveryComplete as i32
+    );
+    assert_eq!(text_of(s), format!("You said: {said}"));
+    let heard = msgs
+        .iter()
+        .position(|m| matches!(m, Down::UserTranscriptionResult(_)))
+        .expect("the queued speech is transcribed");
+    assert!(done < heard, "committed after the reply finished");
+    assert!(
+        sent_at.elapsed() >= Duration::from_secs(3),
+        "answered only after the reply's ~3.5 s of playback ({:?})",
+        sent_at.elapsed()
+    );
+    let Some(Down::ResponseBegin(b)) = msgs.last() else {
+        unreachable!()
+    };
+    let second = b.turn_id;
+    let rest = c.until(|m| matches!(m, Down::ResponseEnd(_))).await;
+    assert!(rest.iter().any(|m| matches!(m, Down::ModelAudioChunk(_))));
+    assert!(
+        !rest
+            .iter()
+            .any(|m| matches!(m, Down::PlaybackClearBuffer(_)))
+    );
+    let h = c.history(true).await;
+    let roles: Vec<i32> = h.iter().map(|m| m.role).collect();
+    use ChatMessageRole as R;
+    assert_eq!(
+        roles,
+        [
+            R::User as i32,
+            R::Assistant as i32,
+            R::User as i32,
+            R::Assistant as i32
+        ]
+    );
+    assert_eq!(
+        h[1].delivery_status,
+        ChatDeliveryStatus::DeliveryComplete as i32
+    );
+    let said = transcription(&msgs).unwrap();
+    heard_ms(&said);
+    assert_eq!(h[3].turn_id, Some(second));
+    server.stop_within(WAIT).await;
+}
+
+#[tokio::test]
+async fn no_trigger_speech_during_a_reply_neither_cuts_it_nor_gets_a_reply() {
+    let (server, _) = start_with_fake_asr().await;
+    let config = speaking(
+        AudioFormat::SPEECH_16K,
+        AudioFormat::SPEECH_16K,
+        hosted_tts(),
+    );
+    let mut c = Client::initialized(server.addr, &config).await;
+    c.send(&ServiceBoundMessage::user_text(
+        100,
+        InferenceTriggerMode::Queue,
+        long_text(14),
+    ));
+    let (first, _) = spoken_response(&mut c).await;
+    let from = (SPEECH_START * 16_000.0) as usize - 3_200;
+    let sender = c.stream_audio_as(
+        &encode(&speech()[from..], AudioFormat::SPEECH_16K),
+        3_200,
+        Duration::from_millis(20),
+        InferenceTriggerMode::NoTrigger,
+    );
+    let msgs = c
+        .until(|m| matches!(m, Down::UserTranscriptionResult(_)))
+        .await;
+    sender.await.unwrap();
+    let done = snapshot_of(&msgs, first).expect("the reply finished before the commit");
+    assert_eq!(
+        done.delivery_status,
+        ChatDeliveryStatus::DeliveryComplete as i32
+    );
+    let quiet = c.during(Duration::from_millis(1500)).await;
+    assert!(
+        !msgs
+            .iter()
+            .chain(&quiet)
+            .any(|m| matches!(m, Down::PlaybackClearBuffer(_) | Down::ResponseBegin(_))),
+        "{msgs:?} {quiet:?}"
+    );
+    let h = c.history(true).await;
+    let roles: Vec<i32> = h.iter().map(|m| m.role).collect();
+    use ChatMessageRole as R;
+    assert_eq!(roles, [R::User as i32, R::Assistant as i32, R::User as i32]);
+    // A QUEUE text answers with the spoken turn in context.
+    c.send(&ServiceBoundMessage::user_text(
+        101,
+        InferenceTriggerMode::Queue,
+        "so?",
+    ));
+    let (next, _) = spoken_response(&mut c).await;
+    assert!(next > first);
     server.stop_within(WAIT).await;
 }

@@ -67,6 +67,11 @@
 //! interruption produces no words, the unheard rest is re-sent ([`Output::ResumeResponse`]).
 //! Client aborts, push-to-talk, `IMMEDIATE` text and direct speech interrupt at once; direct
 //! speech may itself be uninterruptible.
+//!
+//! Speech follows the trigger mode of the user's audio ([`Input::SpeechTrigger`], default
+//! `IMMEDIATE`): with `QUEUE` or `NO_TRIGGER` it never barges in but is held until the system
+//! turn ends and then becomes the user's turn; a spoken turn ending in `NO_TRIGGER` is
+//! committed without a reply.
 
 mod config;
 mod machine;

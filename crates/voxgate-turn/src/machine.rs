@@ -84,6 +84,9 @@ struct UserTurnState {
     trigger: Option<Option<String>>,
     /// Deadline for a follow-up wait with no speech.
     listen_deadline: Option<Instant>,
+    /// Trigger mode of the turn's speech, taken at its latest speech event (`None`: the
+    /// machine's current [`Input::SpeechTrigger`] when the turn ends).
+    mode: Option<TriggerMode>,
 }
 
 /// User speech while the system holds the floor that may become a barge-in.
@@ -97,6 +100,16 @@ struct Candidate {
     /// When the VAD speech (or the last words) ended; the candidate expires later.
     ended_at: Option<Instant>,
     utterance: Utterance,
+    /// Trigger mode of the speech at its latest event: anything but `Immediate` never barges
+    /// in and is held (without expiring) until the system turn ends.
+    mode: TriggerMode,
+}
+
+impl Candidate {
+    /// Speech that waits for the system turn instead of interrupting it.
+    fn held(&self) -> bool {
+        self.mode != TriggerMode::Immediate
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +177,8 @@ pub struct TurnMachine {
     detached_tools: BTreeMap<String, TurnId>,
     queue: VecDeque<Pending>,
     suspended: Option<Suspended>,
+    /// Trigger mode of the user's audio ([`Input::SpeechTrigger`]).
+    speech_trigger: TriggerMode,
     stats: Stats,
 }
 
@@ -185,6 +200,7 @@ impl TurnMachine {
             detached_tools: BTreeMap::new(),
             queue: VecDeque::new(),
             suspended: None,
+            speech_trigger: TriggerMode::Immediate,
             stats: Stats::default(),
         }
     }
@@ -205,6 +221,12 @@ impl TurnMachine {
     #[must_use]
     pub fn stats(&self) -> Stats {
         self.stats
+    }
+
+    /// The trigger mode of the user's audio, as last set by [`Input::SpeechTrigger`].
+    #[must_use]
+    pub fn speech_trigger(&self) -> TriggerMode {
+        self.speech_trigger
     }
 
     /// The response currently holding the system turn, if any.
@@ -272,9 +294,9 @@ impl TurnMachine {
                 if now >= c.started_at + self.config.min_interruption_speech {
                     c.speech_ok = true;
                 }
-            } else if c
-                .ended_at
-                .is_some_and(|e| now >= e + self.config.false_interruption_timeout)
+            } else if !c.held()
+                && c.ended_at
+                    .is_some_and(|e| now >= e + self.config.false_interruption_timeout)
             {
                 self.candidate = None;
                 self.stats.rejected_interruptions += 1;
@@ -319,6 +341,7 @@ impl TurnMachine {
             }
             consider(
                 c.ended_at
+                    .filter(|_| !c.held())
                     .map(|e| e + self.config.false_interruption_timeout),
             );
         }
@@ -395,6 +418,7 @@ impl TurnMachine {
                 }
             }
             Input::Text { text, mode } => self.text(now, text, mode),
+            Input::SpeechTrigger(mode) => self.speech_trigger = mode,
             Input::TriggerInference {
                 instructions,
                 flush_vad,
@@ -540,6 +564,7 @@ impl TurnMachine {
         match self.state {
             State::Idle | State::Listening => {
                 self.outputs.push_back(Output::InputDetected);
+                let mode = self.speech_trigger;
                 let u = self.open_user_turn();
                 u.active = true;
                 u.vad = true;
@@ -547,12 +572,14 @@ impl TurnMachine {
                 u.explicit_stop = false;
                 u.prediction = None;
                 u.listen_deadline = None;
+                u.mode = Some(mode);
             }
             _ => match &mut self.candidate {
                 Some(c) => {
                     // Speech resumed within a pending candidate: it keeps its start.
                     c.vad = true;
                     c.ended_at = None;
+                    c.mode = self.speech_trigger;
                 }
                 None => {
                     self.candidate = Some(Candidate {
@@ -561,6 +588,7 @@ impl TurnMachine {
                         speech_ok: false,
                         ended_at: None,
                         utterance: Utterance::default(),
+                        mode: self.speech_trigger,
                     });
                 }
             },
@@ -574,8 +602,10 @@ impl TurnMachine {
             && u.active
         {
             u.speech_ended_at = Some(now);
+            u.mode = Some(self.speech_trigger);
         }
         if let Some(c) = &mut self.candidate {
+            c.mode = self.speech_trigger;
             if c.vad && !c.speech_ok && now >= c.started_at + self.config.min_interruption_speech {
                 c.speech_ok = true;
             }
@@ -612,12 +642,14 @@ impl TurnMachine {
             }
             _ => {
                 let speaking = self.user_speaking;
+                let mode = self.speech_trigger;
                 let c = self.candidate.get_or_insert_with(|| Candidate {
                     vad: false,
                     started_at: now,
                     speech_ok: true,
                     ended_at: None,
                     utterance: Utterance::default(),
+                    mode,
                 });
                 c.utterance.push(text, is_final);
                 if !c.vad && !speaking {
@@ -631,7 +663,7 @@ impl TurnMachine {
     /// Applies the interruption policy to the pending candidate.
     fn check_candidate(&mut self, now: Instant) {
         let Some(c) = &self.candidate else { return };
-        if self.response.is_none() || !self.interruptible() || !c.speech_ok {
+        if self.response.is_none() || !self.interruptible() || !c.speech_ok || c.held() {
             return;
         }
         let words = c.utterance.words();
@@ -659,6 +691,7 @@ impl TurnMachine {
         u.active = true;
         u.vad = c.vad;
         u.utterance = c.utterance;
+        u.mode = Some(c.mode);
         u.speech_ended_at = if speaking {
             None
         } else {
@@ -737,6 +770,11 @@ impl TurnMachine {
         let spoken = u.active && (!text.is_empty() || !self.transcripts_seen);
         let trigger = flush.or(u.trigger);
         let origin = u.speech_ended_at.unwrap_or(now);
+        // NO_TRIGGER speech is committed without a reply, unless typed text or a trigger in
+        // the same turn asks for one.
+        let replies = trigger.is_some()
+            || !u.texts.is_empty()
+            || u.mode.unwrap_or(self.speech_trigger) != TriggerMode::NoTrigger;
         let mut last_user = None;
         if spoken {
             let turn = self.alloc_turn();
@@ -757,6 +795,12 @@ impl TurnMachine {
             last_user = Some(turn);
         }
         match (last_user, trigger) {
+            (Some(_), _) if !replies => {
+                self.suspended = None;
+                if !self.run_queue(now) {
+                    self.set_state(State::Idle);
+                }
+            }
             (Some(user_turn), trigger) => {
                 self.suspended = None;
                 let endpointing = spoken.then(|| now.saturating_duration_since(origin));
@@ -805,11 +849,29 @@ impl TurnMachine {
             }
             (TriggerMode::Immediate, _) if self.interruptible() => {
                 self.interrupt(now, Interruption::Text);
-                self.candidate = None;
+                self.commit_held_speech();
                 let user = self.record_text(text);
                 self.request_response(now, ResponseCause::User(user), None, now, None);
             }
             _ => self.queue.push_back(Pending::Text(text)),
+        }
+    }
+
+    /// Drops the pending candidate; speech held by its trigger mode (`QUEUE`/`NO_TRIGGER`)
+    /// that has words is committed first, so what the user said before the system turn was
+    /// cut by other means stays in history (without asking for a reply of its own).
+    fn commit_held_speech(&mut self) {
+        let Some(c) = self.candidate.take() else {
+            return;
+        };
+        let text = c.utterance.text();
+        if c.held() && !text.is_empty() {
+            let turn = self.alloc_turn();
+            self.outputs.push_back(Output::UserTurn(UserTurn {
+                turn,
+                text,
+                source: UserSource::Speech,
+            }));
         }
     }
 
@@ -851,7 +913,7 @@ impl TurnMachine {
                     return;
                 }
                 self.interrupt(now, Interruption::ClientAbort);
-                self.candidate = None;
+                self.commit_held_speech();
                 self.suspended = None;
                 // Queued typed text stays in history; it just no longer asks for a reply.
                 for pending in mem::take(&mut self.queue) {
@@ -883,7 +945,7 @@ impl TurnMachine {
             }
             self.interrupt(now, Interruption::DirectSpeech);
         }
-        self.candidate = None;
+        self.commit_held_speech();
         self.suspended = None;
         if let Some(u) = self.user.take() {
             // The user's words so far stay in history without asking for a reply.
@@ -1116,6 +1178,7 @@ impl TurnMachine {
         if let Some(c) = c {
             u.vad |= c.vad;
             u.utterance = c.utterance;
+            u.mode = Some(c.mode);
             if !speaking {
                 u.speech_ended_at = Some(c.ended_at.unwrap_or(now));
             }
@@ -1167,6 +1230,7 @@ impl TurnMachine {
         self.suspended = None;
         self.queue.clear();
         self.user_speaking = false;
+        self.speech_trigger = TriggerMode::Immediate;
         self.set_state(State::NotConnected);
     }
 }

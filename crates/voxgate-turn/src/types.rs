@@ -62,7 +62,11 @@ impl fmt::Display for TurnId {
     }
 }
 
-/// How a text input asks for inference (the realtime protocol's `InferenceTriggerMode`).
+/// How a text input, or the user's speech, asks for inference (the realtime protocol's
+/// `InferenceTriggerMode`).
+///
+/// For speech ([`Input::SpeechTrigger`]): `NoTrigger` commits the spoken turn without a reply,
+/// `Queue` answers it after the current system turn, `Immediate` may barge in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TriggerMode {
@@ -125,6 +129,13 @@ pub enum Input {
         /// Whether and when it starts a reply.
         mode: TriggerMode,
     },
+    /// The trigger mode of the audio the client is sending now (realtime `UserInput.mode` on
+    /// audio). Default [`TriggerMode::Immediate`]. The machine reads it at speech events:
+    /// speech that starts while the system holds the floor can barge in only when the mode is
+    /// `Immediate` (otherwise it is held, never clears playback, and becomes a user turn when
+    /// the system turn ends); when a spoken user turn ends, `NoTrigger` commits it without a
+    /// reply, `Queue` and `Immediate` reply. Setting it changes nothing by itself.
+    SpeechTrigger(TriggerMode),
     /// `TriggerInference`: start a reply now (greetings, app-driven turns).
     TriggerInference {
         /// Extra instructions for this reply.

@@ -46,6 +46,7 @@ enum Op {
     StartCapture,
     StopCapture,
     Text(usize, u8),
+    SpeechTrigger(u8),
     Trigger(bool),
     Abort,
     Direct(bool, bool),
@@ -72,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::StartCapture),
         1 => Just(Op::StopCapture),
         2 => (0..WORDS.len(), 0u8..3).prop_map(|(w, m)| Op::Text(w, m)),
+        1 => (0u8..3).prop_map(Op::SpeechTrigger),
         1 => any::<bool>().prop_map(Op::Trigger),
         1 => Just(Op::Abort),
         1 => (any::<bool>(), any::<bool>()).prop_map(|(a, b)| Op::Direct(a, b)),
@@ -372,6 +374,13 @@ fn run(config: &Config, ops: &[Op], origin: Instant) -> Vec<(Duration, Output)> 
                     TriggerMode::Immediate,
                 ][usize::from(*m)],
             },
+            Op::SpeechTrigger(m) => Input::SpeechTrigger(
+                [
+                    TriggerMode::NoTrigger,
+                    TriggerMode::Queue,
+                    TriggerMode::Immediate,
+                ][usize::from(*m)],
+            ),
             Op::Trigger(flush) => Input::TriggerInference {
                 instructions: None,
                 flush_vad: *flush,
