@@ -22,6 +22,10 @@ Session D with the client's own hosted URL layout (`base_url` + model) and hoste
   reply text); then barge-in: the user speaks during a long reply, PlaybackClearBuffer arrives,
   and the exported history has the reply cut to what was played, DELIVERY_INTERRUPTED, followed
   by the user's speech.
+Session E: long text turns under the server's default context budget (32,000 characters): once
+  the conversation outgrows it, ContextTruncated names the oldest turns and the response
+  generated without them, and the exported history marks exactly those messages with
+  truncated_at_response_turn_id.
 """
 
 import argparse
@@ -103,6 +107,9 @@ class Recorder(DeepslateSessionListener):
 
     async def on_fatal_error(self, e):
         self.events.add("fatal", e)
+
+    async def on_context_truncated(self, truncated_turn_ids, response_turn_id):
+        self.events.add("truncated", (list(truncated_turn_ids), response_turn_id))
 
 
 def options(ws_url: str, api_key: str) -> DeepslateOptions:
@@ -340,6 +347,7 @@ async def main() -> None:
     await session_b(args)
     await session_c(args)
     await session_d(args)
+    await session_e(args)
 
 
 async def session_d(args) -> None:
@@ -399,6 +407,36 @@ async def session_d(args) -> None:
         check(stt_text in spoken, f"the barge-in speech is not in history: {spoken}")
         no_errors(events)
         log(f"D: barge-in: PlaybackClearBuffer, reply cut to {heard!r} (DELIVERY_INTERRUPTED), then {stt_text!r}")
+    finally:
+        await s.close()
+
+
+# Under the server's default budget of 32,000 characters, each exchange (the question and the
+# demo agent's "You said: ..." echo) costs about 12,000: the fourth response has to drop the first.
+LONG_TURN_CHARS = 6000
+
+
+async def session_e(args) -> None:
+    events = Events()
+    s = DeepslateSession.create(options(f"{args.ws_base}/realtime", args.api_key), listener=Recorder(events))
+    try:
+        await connect(s, events)
+        responses = []
+        for i in range(1, 5):
+            mark = events.mark()
+            await s.send_text(f"question {i} " + "lorem ipsum " * (LONG_TURN_CHARS // 12))
+            turn_id, _ = await turn(events, mark, f"long text turn {i}")
+            responses.append(turn_id)
+        truncs = events.since(0, "truncated")
+        check(truncs, f"no ContextTruncated after {len(responses)} long turns")
+        dropped, response = truncs[0]
+        check(response in responses[2:], f"ContextTruncated response turn {response}, responses {responses}")
+        check(dropped and min(dropped) < responses[0] < response, f"ContextTruncated dropped {dropped}")
+        history = await asyncio.wait_for(s.export_chat_history(await_pending=True, exclude_audio=True), 10)
+        marked = {m["turn_id"] for m in history if m["truncated_at_response_turn_id"] == response}
+        check(marked == set(dropped), f"history marks {marked} for response {response}, ContextTruncated said {dropped}")
+        no_errors(events)
+        log(f"E: context budget: ContextTruncated({dropped}, response {response}); history marks match")
     finally:
         await s.close()
 
