@@ -34,6 +34,7 @@
 
 mod bridge;
 pub mod config;
+mod door;
 mod gemini;
 mod mcp_endpoint;
 pub mod metrics;

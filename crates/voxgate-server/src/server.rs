@@ -48,6 +48,24 @@ pub(crate) struct App {
     /// State doors share across sessions: the perception event bus, the MCP tool hub and the
     /// Bridge HTTP API's conversations ([`crate::bridge::Shared`]).
     pub(crate) shared: crate::bridge::Shared,
+    /// Open WebSocket sessions of every door; shutdown waits for them.
+    pub(crate) sessions: Arc<crate::door::Sessions>,
+}
+
+impl App {
+    /// What the door driver needs for one session of `door`, with the server's lifecycle
+    /// limits (a door adjusts them for its own overrides).
+    pub(crate) fn driver(&self, door: Door) -> crate::door::DriverContext {
+        crate::door::DriverContext {
+            door,
+            metrics: Arc::clone(&self.metrics),
+            providers: self.providers.clone(),
+            limits: crate::door::SessionLimits::default(),
+            max_frame_bytes: self.config.max_frame_bytes,
+            shutdown: self.shutdown.clone(),
+            sessions: Arc::clone(&self.sessions),
+        }
+    }
 }
 
 /// An extra listener a door asks for (for example the Xiaozhi door's own port that accepts any
@@ -123,6 +141,7 @@ impl Server {
                 providers,
                 metrics: Arc::new(Metrics::new()),
                 shutdown,
+                sessions: Arc::default(),
             }),
             stop,
         })
@@ -157,6 +176,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let router = router(Arc::clone(&self.app));
+        let app = Arc::clone(&self.app);
         let stop = self.stop;
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {
@@ -188,6 +208,22 @@ impl Server {
             let _ = stop.send(true);
         });
         let result = main.await;
+        // Sessions drain (a reply may finish) for the grace period, then close with 1001;
+        // give their close handshakes a moment on top.
+        let limits = app.driver(Door::Realtime).limits;
+        let wait = limits.shutdown_grace
+            + limits
+                .write_timeout
+                .unwrap_or(std::time::Duration::from_secs(10));
+        if tokio::time::timeout(wait, app.sessions.wait_closed())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = app.sessions.open(),
+                "sessions still open after the grace period"
+            );
+        }
         // By now `stop` was sent, or dropped when the main listener failed: either ends the
         // door listeners' graceful shutdown.
         while let Some(r) = extra.join_next().await {

@@ -1,0 +1,829 @@
+//! The door driver: one session lifecycle shared by every WebSocket door.
+//!
+//! A door is a translator between its wire protocol and the engine ([`Translator`]): it turns
+//! a decoded client message, a provider event or a deadline into frames for the client and
+//! requests for the providers, and does no I/O itself, so its decisions are unit-tested on a
+//! virtual clock. This module owns everything else a session needs, once for every door:
+//!
+//! - a **reader task** that decodes frames into a bounded queue: messages the translator marks
+//!   droppable (audio) are dropped and counted when the queue is full, others wait (which
+//!   pushes back on the peer through TCP);
+//! - a **writer task** that sends from a bounded queue, each write bounded by the write
+//!   timeout: a peer that stops reading is closed within it;
+//! - the **session loop**, which waits for client input, provider events, the translator's own
+//!   events, its deadline and the lifecycle timers, and never waits on the writer: reply audio
+//!   that does not fit the writer's queue is dropped and counted; control frames that do not
+//!   fit wait in a bounded overflow, and a peer that lets that fill up is closed;
+//! - the **provider runner** ([`Runner`]): requests the translator asks for run as tasks whose
+//!   events come back into the loop, and all of them are aborted when the session ends;
+//! - **timeouts**: initialization, idle, WebSocket ping/pong keepalive (a peer that answers
+//!   nothing for two intervals is dead), write;
+//! - **close**: a client's close frame is answered with one (tungstenite echoes its code); the
+//!   server closes with a meaningful code ([`close_code`]); at shutdown a session stops reading,
+//!   lets its reply finish for up to the grace period, and closes with 1001.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use tokio::sync::{Notify, mpsc, watch};
+use voxgate_engine::{ProviderEvent, ProviderRequest};
+use voxgate_providers::Tts;
+
+use crate::metrics::{Direction, Door, Metrics};
+use crate::providers::{Providers, Runner};
+
+/// WebSocket close codes the doors use (RFC 6455 section 7.4.1).
+pub(crate) mod close_code {
+    /// The session ended normally (the peer left, an idle timeout, the protocol's goodbye).
+    pub(crate) const NORMAL: u16 = 1000;
+    /// The server is shutting down.
+    pub(crate) const GOING_AWAY: u16 = 1001;
+    /// The peer broke the protocol's rules (no initialization in time, a fatal bad message).
+    pub(crate) const POLICY: u16 = 1008;
+    /// A message over the hard size limit.
+    pub(crate) const TOO_BIG: u16 = 1009;
+    /// The server failed.
+    pub(crate) const INTERNAL: u16 = 1011;
+}
+
+/// Client messages waiting for the session loop. Small: a session that falls behind drops
+/// audio rather than buffering seconds of it.
+const IN_QUEUE: usize = 64;
+/// Frames waiting for the writer (about 15 s of 60 ms audio frames).
+const OUT_QUEUE: usize = 256;
+/// Control frames held while the writer's queue is full; a peer that lets this many pile up
+/// is not reading and is closed.
+const MAX_OVERFLOW: usize = 1024;
+/// Keepalive: a peer silent (no frame, no pong) for this many ping intervals is dead.
+const MISSED_PONGS: u32 = 2;
+
+/// A WebSocket data frame from the client, before the door decodes it.
+#[derive(Debug)]
+pub(crate) enum ClientFrame {
+    /// A text frame.
+    Text(Utf8Bytes),
+    /// A binary frame.
+    Binary(Bytes),
+}
+
+impl ClientFrame {
+    /// Its payload length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Text(t) => t.len(),
+            Self::Binary(b) => b.len(),
+        }
+    }
+}
+
+/// What the reader does with a decoded client frame.
+#[derive(Debug)]
+pub(crate) enum Inbound<M> {
+    /// Must reach the session: the reader waits for room in the queue.
+    Keep(M),
+    /// Audio: dropped (and counted) when the session is behind.
+    Droppable(M),
+    /// Nothing for the session.
+    Skip,
+}
+
+/// A frame for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ServerFrame {
+    /// A text frame.
+    Text(String),
+    /// A binary frame.
+    Binary(Bytes),
+}
+
+/// How the driver ends a session it was asked to close.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CloseRequest {
+    /// The WebSocket close code ([`close_code`]).
+    pub(crate) code: u16,
+    /// A short reason for the peer (at most 123 bytes on the wire).
+    pub(crate) reason: Cow<'static, str>,
+}
+
+/// What one translator step asks of the driver, in order.
+#[derive(Default)]
+pub(crate) struct Out {
+    frames: Vec<(ServerFrame, bool)>,
+    requests: Vec<ProviderRequest>,
+    tts: Option<Arc<dyn Tts>>,
+    close: Option<CloseRequest>,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Out")
+            .field("frames", &self.frames)
+            .field("requests", &self.requests.len())
+            .field("tts", &self.tts.is_some())
+            .field("close", &self.close)
+            .finish()
+    }
+}
+
+impl Out {
+    /// An empty step.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// A frame that must reach the client (control, text, events).
+    pub(crate) fn send(&mut self, frame: ServerFrame) {
+        if self.close.is_none() {
+            self.frames.push((frame, false));
+        }
+    }
+
+    /// Reply audio: dropped and counted when the client does not keep up.
+    pub(crate) fn send_droppable(&mut self, frame: ServerFrame) {
+        if self.close.is_none() {
+            self.frames.push((frame, true));
+        }
+    }
+
+    /// Work for the providers (or the cancellation of some).
+    pub(crate) fn provider(&mut self, request: ProviderRequest) {
+        self.requests.push(request);
+    }
+
+    /// Replaces this session's synthesizer (a client that brings its own voice).
+    pub(crate) fn set_tts(&mut self, tts: Arc<dyn Tts>) {
+        self.tts = Some(tts);
+    }
+
+    /// Ends the session after the frames already queued; later frames are not sent.
+    pub(crate) fn close(&mut self, code: u16, reason: impl Into<Cow<'static, str>>) {
+        if self.close.is_none() {
+            self.close = Some(CloseRequest {
+                code,
+                reason: reason.into(),
+            });
+        }
+    }
+
+    /// Whether a close was asked for.
+    pub(crate) fn closing(&self) -> Option<&CloseRequest> {
+        self.close.as_ref()
+    }
+
+    /// The frames queued so far, and whether each is droppable (tests).
+    #[cfg(test)]
+    pub(crate) fn frames(&self) -> &[(ServerFrame, bool)] {
+        &self.frames
+    }
+
+    /// Takes the frames queued so far (tests).
+    #[cfg(test)]
+    pub(crate) fn take_frames(&mut self) -> Vec<ServerFrame> {
+        self.frames.drain(..).map(|(f, _)| f).collect()
+    }
+
+    /// Takes the provider requests queued so far (tests).
+    #[cfg(test)]
+    pub(crate) fn take_requests(&mut self) -> Vec<ProviderRequest> {
+        std::mem::take(&mut self.requests)
+    }
+}
+
+/// One door's protocol logic, without I/O: the driver feeds it and carries out what it asks.
+///
+/// Every method takes the time as a value, so a translator is tested by calling it with a
+/// virtual clock and reading its [`Out`].
+pub(crate) trait Translator: Send + 'static {
+    /// A decoded client message (or the error to answer a bad one with).
+    type In: Send + 'static;
+    /// Events from a source the translator owns (a pass-through upstream, a control API).
+    type Event: Send + 'static;
+
+    /// Decodes one client frame in the reader task; `max_frame_bytes` is the configured size
+    /// limit, beyond which the door answers with its protocol's error.
+    fn decode(frame: ClientFrame, max_frame_bytes: usize) -> Inbound<Self::In>;
+
+    /// A client message.
+    fn on_client(&mut self, now: Instant, msg: Self::In, out: &mut Out);
+
+    /// A provider event for a request this session made.
+    fn on_provider(&mut self, now: Instant, event: ProviderEvent, out: &mut Out);
+
+    /// The deadline from [`poll_timeout`](Self::poll_timeout) has come.
+    fn on_timeout(&mut self, now: Instant, out: &mut Out);
+
+    /// When [`on_timeout`](Self::on_timeout) is next due.
+    fn poll_timeout(&self) -> Option<Instant>;
+
+    /// Whether the client has initialized the session (the initialization timeout stops).
+    fn initialized(&self) -> bool;
+
+    /// The initialization timeout ran out; the driver then closes with 1008.
+    fn on_init_timeout(&mut self, _now: Instant, _out: &mut Out) {}
+
+    /// The server is shutting down: tell the client if the protocol can.
+    fn on_shutdown(&mut self, _now: Instant, _out: &mut Out) {}
+
+    /// Nothing is in flight that a shutdown should let finish (a reply being spoken).
+    fn is_idle(&self) -> bool {
+        true
+    }
+
+    /// The session ends, for any reason: cancel provider work. Frames are not sent any more.
+    fn on_close(&mut self, _now: Instant, _out: &mut Out) {}
+
+    /// The translator's own event source, if it has one now.
+    fn events(&mut self) -> Option<&mut mpsc::Receiver<Self::Event>> {
+        None
+    }
+
+    /// An event from [`events`](Self::events); `None` when that source closed (the
+    /// translator must then stop returning it).
+    fn on_event(&mut self, _now: Instant, _event: Option<Self::Event>, _out: &mut Out) {}
+}
+
+/// Lifecycle limits of one session. `None` turns a timer off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionLimits {
+    /// Close (1008) a session not initialized within this.
+    pub(crate) init_timeout: Option<Duration>,
+    /// Close (1000) a session whose client sent nothing for this long.
+    pub(crate) idle_timeout: Option<Duration>,
+    /// Send a WebSocket ping this often; a peer silent for two intervals is dead.
+    pub(crate) ping_interval: Option<Duration>,
+    /// Close a peer that does not take a frame within this.
+    pub(crate) write_timeout: Option<Duration>,
+    /// At shutdown, how long a session may finish its reply before it is closed with 1001.
+    pub(crate) shutdown_grace: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            init_timeout: Some(Duration::from_secs(10)),
+            idle_timeout: Some(Duration::from_secs(300)),
+            ping_interval: Some(Duration::from_secs(20)),
+            write_timeout: Some(Duration::from_secs(10)),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Sessions open across every door, so a shutdown can wait for them to close.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    open: AtomicUsize,
+    closed: Notify,
+}
+
+impl Sessions {
+    /// Sessions open now.
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Waits until no session is open.
+    pub(crate) async fn wait_closed(&self) {
+        loop {
+            let notified = self.closed.notified();
+            if self.open() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn enter(self: &Arc<Self>) -> SessionTicket {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        SessionTicket(Arc::clone(self))
+    }
+}
+
+struct SessionTicket(Arc<Sessions>);
+
+impl Drop for SessionTicket {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.closed.notify_waiters();
+        }
+    }
+}
+
+/// What the driver needs from the server for one session.
+#[derive(Debug, Clone)]
+pub(crate) struct DriverContext {
+    pub(crate) door: Door,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) providers: Providers,
+    pub(crate) limits: SessionLimits,
+    pub(crate) max_frame_bytes: usize,
+    pub(crate) shutdown: watch::Receiver<bool>,
+    pub(crate) sessions: Arc<Sessions>,
+}
+
+/// What the reader passes to the session loop.
+enum FromReader<M> {
+    Message(M),
+    /// The peer sent a close frame (tungstenite has queued the answer).
+    Closed,
+    /// A message over the hard limit: the connection cannot go on.
+    TooBig,
+}
+
+/// What the writer sends.
+enum ToWriter {
+    Frame(Message),
+    Close(CloseRequest),
+}
+
+/// Why a session ended, for logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    PeerClosed,
+    PeerGone,
+    Requested,
+    DeadPeer,
+    SlowReader,
+    Shutdown,
+}
+
+/// What woke the session loop.
+enum Wake<M, E> {
+    Client(Option<FromReader<M>>),
+    Provider(ProviderEvent),
+    Event(Option<E>),
+    Room(mpsc::OwnedPermit<ToWriter>),
+    Timer,
+    Shutdown,
+    WriterGone,
+}
+
+async fn recv_opt<T>(rx: Option<&mut mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn to_message(frame: ServerFrame) -> Message {
+    match frame {
+        ServerFrame::Text(t) => Message::Text(t.into()),
+        ServerFrame::Binary(b) => Message::Binary(b),
+    }
+}
+
+/// Whether a read error is tungstenite refusing a message over the hard limit.
+fn is_capacity_error(e: axum::Error) -> bool {
+    e.into_inner()
+        .downcast_ref::<tokio_tungstenite::tungstenite::Error>()
+        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+}
+
+/// Runs one session over an upgraded socket until it ends, then closes the socket.
+pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: DriverContext) {
+    let _ticket = cx.sessions.enter();
+    let _active = cx.metrics.session(cx.door);
+    let door = cx.door;
+    let start = Instant::now();
+    let (sink, stream) = socket.split();
+    let (in_tx, in_rx) = mpsc::channel::<FromReader<T::In>>(IN_QUEUE);
+    let (out_tx, out_rx) = mpsc::channel::<ToWriter>(OUT_QUEUE);
+    // Milliseconds after `start` of the last frame of any kind (pongs too): keepalive.
+    let last_seen = Arc::new(AtomicU64::new(0));
+
+    let reader = tokio::spawn(read::<T>(
+        stream,
+        in_tx,
+        Arc::clone(&last_seen),
+        start,
+        cx.max_frame_bytes,
+        Arc::clone(&cx.metrics),
+        door,
+    ));
+    let writer = tokio::spawn(write(sink, out_rx, cx.limits.write_timeout));
+
+    let (runner, provider_rx) = Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics));
+    let mut session = Loop {
+        t: translator,
+        runner,
+        out: out_tx,
+        overflow: VecDeque::new(),
+        metrics: Arc::clone(&cx.metrics),
+        door,
+        limits: cx.limits.clone(),
+        start,
+        last_seen,
+        last_message: start,
+        next_ping: cx.limits.ping_interval.map(|i| start + i),
+        draining: None,
+    };
+    let end = session.run(in_rx, provider_rx, cx.shutdown.clone()).await;
+    tracing::debug!(door = door.label(), ?end, "session ended");
+    session.finish(end).await;
+    drop(session);
+    reader.abort();
+    // The writer ends by itself: its queue is closed and every write is bounded.
+    let _ = writer.await;
+}
+
+async fn read<T: Translator>(
+    mut stream: futures::stream::SplitStream<WebSocket>,
+    tx: mpsc::Sender<FromReader<T::In>>,
+    last_seen: Arc<AtomicU64>,
+    start: Instant,
+    max: usize,
+    metrics: Arc<Metrics>,
+    door: Door,
+) {
+    loop {
+        let msg = match stream.next().await {
+            None => break,
+            Some(Err(e)) => {
+                if is_capacity_error(e) {
+                    let _ = tx.send(FromReader::TooBig).await;
+                }
+                break;
+            }
+            Some(Ok(m)) => m,
+        };
+        let millis = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        last_seen.store(millis, Ordering::Relaxed);
+        let frame = match msg {
+            Message::Text(t) => ClientFrame::Text(t),
+            Message::Binary(b) => ClientFrame::Binary(b),
+            Message::Close(_) => {
+                let _ = tx.send(FromReader::Closed).await;
+                break;
+            }
+            Message::Ping(_) | Message::Pong(_) => continue,
+        };
+        match T::decode(frame, max) {
+            Inbound::Skip => {}
+            Inbound::Keep(m) => {
+                if tx.send(FromReader::Message(m)).await.is_err() {
+                    break;
+                }
+            }
+            Inbound::Droppable(m) => match tx.try_send(FromReader::Message(m)) {
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    metrics.dropped(door, Direction::Uplink, 1);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => break,
+                Ok(()) => {}
+            },
+        }
+    }
+}
+
+/// Sends frames until the queue closes or a write fails or times out; then closes the socket
+/// (a close frame of our own, or the answer to the peer's, which tungstenite queued).
+async fn write(
+    mut sink: futures::stream::SplitSink<WebSocket, Message>,
+    mut rx: mpsc::Receiver<ToWriter>,
+    timeout: Option<Duration>,
+) {
+    let bounded = |d: Option<Duration>| d.unwrap_or(Duration::from_secs(3600));
+    while let Some(item) = rx.recv().await {
+        let msg = match item {
+            ToWriter::Frame(m) => m,
+            ToWriter::Close(c) => {
+                let frame = CloseFrame {
+                    code: c.code,
+                    reason: truncate_reason(&c.reason).into(),
+                };
+                let _ =
+                    tokio::time::timeout(bounded(timeout), sink.send(Message::Close(Some(frame))))
+                        .await;
+                return;
+            }
+        };
+        match tokio::time::timeout(bounded(timeout), sink.send(msg)).await {
+            Ok(Ok(())) => {}
+            // The peer is gone or does not read: nothing more can be sent.
+            Ok(Err(_)) | Err(_) => return,
+        }
+    }
+    let _ = tokio::time::timeout(bounded(timeout), sink.close()).await;
+}
+
+/// A close reason fits a control frame: 123 bytes, cut at a character boundary.
+fn truncate_reason(reason: &str) -> String {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_owned()
+}
+
+struct Loop<T: Translator> {
+    t: T,
+    runner: Runner,
+    out: mpsc::Sender<ToWriter>,
+    /// Control frames waiting for room in the writer's queue.
+    overflow: VecDeque<ToWriter>,
+    metrics: Arc<Metrics>,
+    door: Door,
+    limits: SessionLimits,
+    start: Instant,
+    last_seen: Arc<AtomicU64>,
+    /// When the client last sent a data message (idle timeout).
+    last_message: Instant,
+    next_ping: Option<Instant>,
+    /// Shutting down: the deadline by which the session closes with 1001.
+    draining: Option<Instant>,
+}
+
+impl<T: Translator> Loop<T> {
+    async fn run(
+        &mut self,
+        mut in_rx: mpsc::Receiver<FromReader<T::In>>,
+        mut provider_rx: mpsc::Receiver<ProviderEvent>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> End {
+        if *shutdown.borrow() {
+            return End::Shutdown;
+        }
+        loop {
+            let deadline = self.deadline();
+            let wake = {
+                let room = !self.overflow.is_empty();
+                let out = self.out.clone();
+                let events = self.t.events();
+                let reading = self.draining.is_none();
+                tokio::select! {
+                    m = in_rx.recv(), if reading => Wake::Client(m),
+                    Some(p) = provider_rx.recv() => Wake::Provider(p),
+                    e = recv_opt(events) => Wake::Event(e),
+                    p = out.clone().reserve_owned(), if room => match p {
+                        Ok(p) => Wake::Room(p),
+                        Err(_) => Wake::WriterGone,
+                    },
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => Wake::Timer,
+                    _ = shutdown.changed(), if reading => Wake::Shutdown,
+                    () = out.closed() => Wake::WriterGone,
+                }
+            };
+            let now = Instant::now();
+            let mut out = Out::new();
+            match wake {
+                Wake::Client(None) => return End::PeerGone,
+                Wake::Client(Some(FromReader::Closed)) => return End::PeerClosed,
+                Wake::Client(Some(FromReader::TooBig)) => {
+                    self.metrics.error(self.door);
+                    out.close(close_code::TOO_BIG, "message too big");
+                }
+                Wake::Client(Some(FromReader::Message(m))) => {
+                    self.last_message = now;
+                    self.t.on_client(now, m, &mut out);
+                }
+                Wake::Provider(event) => {
+                    self.runner.finished(&event);
+                    self.t.on_provider(now, event, &mut out);
+                }
+                Wake::Event(e) => self.t.on_event(now, e, &mut out),
+                Wake::Room(permit) => {
+                    if let Some(item) = self.overflow.pop_front() {
+                        permit.send(item);
+                    }
+                    self.pump_overflow();
+                }
+                Wake::Timer => {
+                    if let Some(end) = self.timers(now, &mut out) {
+                        return end;
+                    }
+                }
+                Wake::Shutdown => {
+                    self.t.on_shutdown(now, &mut out);
+                    self.draining = Some(now + self.limits.shutdown_grace);
+                }
+                Wake::WriterGone => return End::SlowReader,
+            }
+            if let Some(end) = self.apply(out) {
+                return end;
+            }
+            if self.draining.is_some() && self.t.is_idle() && self.overflow.is_empty() {
+                return End::Shutdown;
+            }
+        }
+    }
+
+    /// The earliest instant something is due: the translator, a lifecycle timer or the drain.
+    fn deadline(&self) -> Instant {
+        let mut d = self.t.poll_timeout();
+        let mut at = |t: Option<Instant>| {
+            if let Some(t) = t {
+                d = Some(d.map_or(t, |d| d.min(t)));
+            }
+        };
+        if !self.t.initialized() {
+            at(self.limits.init_timeout.map(|i| self.start + i));
+        }
+        at(self.limits.idle_timeout.map(|i| self.last_message + i));
+        at(self.next_ping);
+        at(self.draining);
+        // Nothing due: wake up now and then anyway, which costs nothing measurable.
+        d.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+    }
+
+    fn timers(&mut self, now: Instant, out: &mut Out) -> Option<End> {
+        if self.draining.is_some_and(|d| now >= d) {
+            return Some(End::Shutdown);
+        }
+        if !self.t.initialized()
+            && let Some(init) = self.limits.init_timeout
+            && now >= self.start + init
+        {
+            self.metrics.error(self.door);
+            self.t.on_init_timeout(now, out);
+            out.close(
+                close_code::POLICY,
+                format!(
+                    "session not initialized within {} s",
+                    init.as_secs_f64().ceil()
+                ),
+            );
+            return None;
+        }
+        if let Some(idle) = self.limits.idle_timeout
+            && now >= self.last_message + idle
+        {
+            out.close(close_code::NORMAL, "idle timeout");
+            return None;
+        }
+        if let (Some(interval), Some(due)) = (self.limits.ping_interval, self.next_ping)
+            && now >= due
+        {
+            let seen = self.start + Duration::from_millis(self.last_seen.load(Ordering::Relaxed));
+            if now.saturating_duration_since(seen) > interval * MISSED_PONGS {
+                return Some(End::DeadPeer);
+            }
+            self.queue(ToWriter::Frame(Message::Ping(Bytes::new())), false);
+            self.next_ping = Some(now + interval);
+        }
+        if self.t.poll_timeout().is_some_and(|t| t <= now) {
+            self.t.on_timeout(now, out);
+        }
+        None
+    }
+
+    /// Carries out one step's output; `Some` when the session must end.
+    fn apply(&mut self, out: Out) -> Option<End> {
+        let Out {
+            frames,
+            requests,
+            tts,
+            close,
+        } = out;
+        if let Some(tts) = tts {
+            self.runner.set_tts(tts);
+        }
+        for r in requests {
+            self.runner.start(r);
+        }
+        for (frame, droppable) in frames {
+            self.queue(ToWriter::Frame(to_message(frame)), droppable);
+        }
+        if self.overflow.len() > MAX_OVERFLOW {
+            return Some(End::SlowReader);
+        }
+        if let Some(c) = close {
+            self.overflow.push_back(ToWriter::Close(c));
+            return Some(End::Requested);
+        }
+        None
+    }
+
+    /// Moves held control frames to the writer while it has room.
+    fn pump_overflow(&mut self) {
+        while let Some(item) = self.overflow.pop_front() {
+            match self.out.try_send(item) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(item)) => {
+                    self.overflow.push_front(item);
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    self.overflow.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn queue(&mut self, item: ToWriter, droppable: bool) {
+        if !self.overflow.is_empty() {
+            if droppable {
+                self.metrics.dropped(self.door, Direction::Downlink, 1);
+            } else {
+                self.overflow.push_back(item);
+            }
+            return;
+        }
+        match self.out.try_send(item) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(item)) => {
+                if droppable {
+                    self.metrics.dropped(self.door, Direction::Downlink, 1);
+                } else {
+                    self.overflow.push_back(item);
+                }
+            }
+            // The writer is gone; the loop notices on its next turn.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Ends the session: provider work is cancelled, and what is still owed to a live peer
+    /// (queued control frames, the close frame) is handed to the writer within the write
+    /// timeout.
+    async fn finish(&mut self, end: End) {
+        let now = Instant::now();
+        let mut out = Out::new();
+        self.t.on_close(now, &mut out);
+        for r in out.requests.drain(..) {
+            self.runner.start(r);
+        }
+        match end {
+            End::Shutdown => self.overflow.push_back(ToWriter::Close(CloseRequest {
+                code: close_code::GOING_AWAY,
+                reason: "server shutting down".into(),
+            })),
+            // A dead or non-reading peer is not waited for.
+            End::DeadPeer | End::SlowReader | End::PeerGone => {
+                self.overflow.clear();
+                return;
+            }
+            End::PeerClosed | End::Requested => {}
+        }
+        let limit = self.limits.write_timeout.unwrap_or(Duration::from_secs(10));
+        let out = self.out.clone();
+        let overflow = std::mem::take(&mut self.overflow);
+        let _ = tokio::time::timeout(limit, async move {
+            for item in overflow {
+                if out.send(item).await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_drops_frames_after_close() {
+        let mut out = Out::new();
+        out.send(ServerFrame::Text("a".into()));
+        out.send_droppable(ServerFrame::Binary(Bytes::from_static(b"x")));
+        out.close(close_code::POLICY, "bad");
+        out.send(ServerFrame::Text("b".into()));
+        out.close(close_code::NORMAL, "ignored");
+        assert_eq!(
+            out.frames(),
+            &[
+                (ServerFrame::Text("a".into()), false),
+                (ServerFrame::Binary(Bytes::from_static(b"x")), true)
+            ]
+        );
+        assert_eq!(out.closing().map(|c| c.code), Some(close_code::POLICY));
+    }
+
+    #[test]
+    fn close_reasons_fit_a_control_frame() {
+        let long = "é".repeat(100);
+        let r = truncate_reason(&long);
+        assert!(r.len() <= 123);
+        assert!(long.starts_with(&r));
+        assert_eq!(truncate_reason("short"), "short");
+    }
+
+    #[tokio::test]
+    async fn sessions_wait_for_the_last_close() {
+        let s = Arc::new(Sessions::default());
+        let a = s.enter();
+        let b = s.enter();
+        assert_eq!(s.open(), 2);
+        let waiter = tokio::spawn({
+            let s = Arc::clone(&s);
+            async move { s.wait_closed().await }
+        });
+        drop(a);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.open(), 0);
+    }
+}
