@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat};
 use voxgate_audio::opus::{OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig};
 use voxgate_audio::pacer::{Pacer, PacerConfig};
-use voxgate_audio::resample::Resampler;
+use voxgate_audio::resample::{RateConverter, Resampler};
 use voxgate_audio::vad::{Vad, VadConfig};
 use voxgate_audio::wav::read_wav;
 use voxgate_test_support::CountingAllocator;
@@ -145,6 +145,49 @@ fn xiaozhi_downlink_resample_encode_pace() {
             assert!(bytes_out > 0);
         }
     }
+}
+
+/// A door's reply path: TTS audio as i16 at whatever rate the voice has, through one
+/// `RateConverter` into a reused buffer. After warm-up (and the rebuild a rate change costs),
+/// frames allocate nothing, including the end-of-sentence flushes.
+#[test]
+fn rate_converter_steady_state() {
+    let speech = speech();
+    let tts: Vec<i16> = speech
+        .iter()
+        .map(|&s| voxgate_audio::format::f32_to_i16(s))
+        .collect();
+    for (rate, out_rate) in [(22_050, 24_000), (24_000, 16_000), (16_000, 16_000)] {
+        let mut conv = RateConverter::new(out_rate).unwrap();
+        let mut out: Vec<f32> = Vec::with_capacity(8192);
+        let mut ints: Vec<i16> = Vec::with_capacity(8192);
+        let chunk = rate as usize * 60 / 1000;
+        assert_steady_state(&format!("rate converter {rate}->{out_rate}"), |k| {
+            let at = (k * chunk) % (tts.len() - chunk);
+            out.clear();
+            conv.process_i16(&tts[at..at + chunk], rate, &mut out)
+                .unwrap();
+            ints.clear();
+            conv.process_i16_to_i16(&tts[at..at + chunk], rate, &mut ints)
+                .unwrap();
+            if k % 7 == 6 {
+                out.clear();
+                conv.flush(&mut out);
+                ints.clear();
+                conv.flush_i16(&mut ints);
+            }
+        });
+    }
+    // And f32 input (the Gemini uplink) after a rate change mid-stream.
+    let mut conv = RateConverter::new(16_000).unwrap();
+    let mut out: Vec<f32> = Vec::with_capacity(8192);
+    conv.process(&speech[..4800], 48_000, &mut out).unwrap();
+    assert_steady_state("rate converter f32 44.1k->16k", |k| {
+        let at = (k * 441) % (speech.len() - 441);
+        out.clear();
+        conv.process(&speech[at..at + 441], 44_100, &mut out)
+            .unwrap();
+    });
 }
 
 /// The counter itself works (otherwise the tests above would pass vacuously).
