@@ -228,4 +228,23 @@ fn vad_heap_per_session() {
         );
         drop(vad);
     }
+    // The largest configuration a client can ask for, at the highest rate: the history is
+    // bounded (a 60 s backbuffer and start window at 192 kHz used to cost 46 MB).
+    let largest = VadConfig {
+        start_duration: voxgate_audio::vad::MAX_START_DURATION,
+        stop_duration: voxgate_audio::vad::MAX_STOP_DURATION,
+        backbuffer_duration: voxgate_audio::vad::MAX_BACKBUFFER_DURATION,
+        ..VadConfig::default()
+    };
+    let rate = voxgate_audio::vad::MAX_INPUT_RATE;
+    let (vad, stats) = voxgate_test_support::measure(|| Vad::new(largest, rate).unwrap());
+    // History plus the model, the 192 kHz -> 16 kHz resampler (about 90 KiB) and the queues.
+    let bound = voxgate_audio::vad::MAX_HISTORY_SAMPLES * 2 + 160 * 1024;
+    assert!(
+        stats.bytes <= bound as u64,
+        "largest VAD: {} bytes, want at most {bound}",
+        stats.bytes
+    );
+    assert!(stats.bytes > 1_500_000, "the 5 s history is counted");
+    drop(vad);
 }
