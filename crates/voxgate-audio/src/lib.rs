@@ -10,7 +10,7 @@
 //! | [`format`](mod@format) | the realtime protocol's raw PCM formats (u8, s16, s32, f32, f64; any channels) to and from mono `f32`/`i16`, carrying partial frames |
 //! | [`resample`] | streaming resampler on `rubato` (FFT, fixed ratio) for any pair of rates up to [`resample::MAX_SAMPLE_RATE`], with its delay; copy-only when rates match; [`resample::RateConverter`] follows a source rate that changes mid-stream |
 //! | [`opus`] | mono Opus encoder/decoder, backend `opus-rs` (pure Rust, default) or libopus (`libopus` feature) |
-//! | [`vad`] | voice activity detection on `earshot` with `VadConfiguration` semantics and the four `VadState`s |
+//! | [`vad`] | voice activity detection on `earshot` with `VadConfiguration` semantics and the four `VadState`s; every window and the input rate have a documented maximum ([`vad::MAX_BACKBUFFER_DURATION`] and friends), so a detector holds at most [`vad::MAX_HISTORY_SAMPLES`] of history |
 //! | [`wav`] | WAV read/write via `hound` |
 //! | [`pacer`] | releases frames at playback rate with a lead (sans-IO, `now` passed in) |
 //!
