@@ -8,9 +8,9 @@
 //! | module | what |
 //! |---|---|
 //! | [`format`](mod@format) | the realtime protocol's raw PCM formats (u8, s16, s32, f32, f64; any channels) to and from mono `f32`/`i16`, carrying partial frames |
-//! | [`resample`] | streaming resampler on `rubato` (FFT, fixed ratio) for any pair of rates, with its delay; copy-only when rates match |
+//! | [`resample`] | streaming resampler on `rubato` (FFT, fixed ratio) for any pair of rates up to [`resample::MAX_SAMPLE_RATE`], with its delay; copy-only when rates match; [`resample::RateConverter`] follows a source rate that changes mid-stream |
 //! | [`opus`] | mono Opus encoder/decoder, backend `opus-rs` (pure Rust, default) or libopus (`libopus` feature) |
-//! | [`vad`] | voice activity detection on `earshot` with `VadConfiguration` semantics and the four `VadState`s |
+//! | [`vad`] | voice activity detection on `earshot` with `VadConfiguration` semantics and the four `VadState`s; every window and the input rate have a documented maximum ([`vad::MAX_BACKBUFFER_DURATION`] and friends), so a detector holds at most [`vad::MAX_HISTORY_SAMPLES`] of history |
 //! | [`wav`] | WAV read/write via `hound` |
 //! | [`pacer`] | releases frames at playback rate with a lead (sans-IO, `now` passed in) |
 //!
@@ -50,6 +50,9 @@
 //!   Positions in its outputs are input-rate sample counts from the start of the stream.
 //! - [`pacer::Pacer`]: `handle_input(now, frame)` to queue, `handle_timeout(now)` when the
 //!   deadline from `poll_timeout()` passes, and `poll_output()` until `None` after either.
+//! - [`resample::RateConverter`]: `process(samples, source_rate, &mut out)` (or `process_i16`,
+//!   `process_i16_to_i16`) per chunk, `flush(&mut out)` at the end of a stream, `reset()` on a
+//!   barge-in. A changed source rate flushes the old resampler into `out` and builds a new one.
 //! - [`resample::Resampler`], [`PcmDecoder`](format::PcmDecoder): push chunks, get whatever output is ready
 //!   appended to a caller-owned `Vec` (reuse it and nothing is allocated in steady state).
 //!

@@ -20,6 +20,12 @@
 //! input (as 16-bit PCM) so the audio from just before speech was declared can be handed to a
 //! recogniser.
 //!
+//! Every size a caller chooses is bounded ([`MAX_START_DURATION`], [`MAX_STOP_DURATION`],
+//! [`MAX_BACKBUFFER_DURATION`], [`MAX_INPUT_RATE`]), so a detector never holds more than
+//! [`MAX_HISTORY_SAMPLES`] of history (under 2 MB) whatever a peer configured: these settings
+//! usually come from a client (the realtime protocol's `VadConfiguration`), and the history is
+//! the largest buffer of a session.
+//!
 //! The drive loop: feed samples with [`Vad::process`] (any chunk size), then drain
 //! [`Vad::poll_output`] until it returns `None`. Time is the sample count, so the detector needs
 //! no clock.
@@ -39,7 +45,26 @@ const FRAME_MICROS: u64 = 16_000;
 /// `volume` = dBFS of the frame's RMS mapped linearly from this floor (0.0) to 0 dBFS (1.0).
 pub const VOLUME_FLOOR_DBFS: f32 = -60.0;
 
+/// Longest `start_duration` accepted: it sizes the history, and a start window of seconds would
+/// miss every short answer anyway.
+pub const MAX_START_DURATION: Duration = Duration::from_secs(2);
+/// Longest `stop_duration` accepted. It sizes no buffer, so it is generous (pauses while
+/// dictating), but an end of speech minutes after the last word is a mistake.
+pub const MAX_STOP_DURATION: Duration = Duration::from_secs(10);
+/// Longest `backbuffer_duration` accepted: it sizes the history, the largest buffer a detector
+/// holds. Published clients ask for 0.3-1 s.
+pub const MAX_BACKBUFFER_DURATION: Duration = Duration::from_secs(3);
+/// Highest input rate accepted, in Hz (the realtime protocol's highest rate): the history is
+/// kept at the input rate.
+pub const MAX_INPUT_RATE: u32 = 192_000;
+/// Most samples of history one detector keeps (as 16-bit PCM, so twice this in bytes): the
+/// longest backbuffer and start window plus the resampler's latency at [`MAX_INPUT_RATE`], with
+/// room to spare. [`Vad::new`] refuses anything that would need more.
+pub const MAX_HISTORY_SAMPLES: usize = 1_000_000;
+
 /// Detector settings, with the realtime protocol's `VadConfiguration` meaning.
+///
+/// [`validate`](Self::validate) (also run by [`Vad::new`]) checks the ranges and maxima.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VadConfig {
     /// Model score (0..=1) a frame needs to count as speech.
@@ -77,12 +102,46 @@ pub enum VadError {
     /// A threshold outside 0..=1 or not a number.
     #[error("{0} must be within 0..=1")]
     OutOfRange(&'static str),
-    /// A duration longer than 60 s (the buffers are sized from them).
-    #[error("{0} must be at most 60 s")]
+    /// A duration longer than its maximum ([`MAX_START_DURATION`], [`MAX_STOP_DURATION`],
+    /// [`MAX_BACKBUFFER_DURATION`]): the buffers are sized from them.
+    #[error("{} must be at most {:?}", .0, max_duration(.0))]
     TooLong(&'static str),
+    /// An input rate above [`MAX_INPUT_RATE`].
+    #[error("input rate {0} Hz is above the detector's maximum of {MAX_INPUT_RATE} Hz")]
+    InputRate(u32),
     /// The input rate cannot be resampled to 16 kHz.
     #[error(transparent)]
     Rate(#[from] ResampleError),
+}
+
+/// The maximum of the duration called `field` (for error messages).
+fn max_duration(field: &str) -> Duration {
+    match field {
+        "start_duration" => MAX_START_DURATION,
+        "stop_duration" => MAX_STOP_DURATION,
+        _ => MAX_BACKBUFFER_DURATION,
+    }
+}
+
+impl VadConfig {
+    /// Checks the thresholds (0..=1) and the durations (each within its maximum).
+    ///
+    /// # Errors
+    /// [`VadError::OutOfRange`] or [`VadError::TooLong`] naming the field.
+    pub fn validate(&self) -> Result<(), VadError> {
+        check_unit(self.confidence_threshold, "confidence_threshold")?;
+        check_unit(self.min_volume, "min_volume")?;
+        for (d, name) in [
+            (self.start_duration, "start_duration"),
+            (self.stop_duration, "stop_duration"),
+            (self.backbuffer_duration, "backbuffer_duration"),
+        ] {
+            if d > max_duration(name) {
+                return Err(VadError::TooLong(name));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The detector's state, as the realtime protocol's `VadState`.
@@ -389,18 +448,12 @@ impl Vad {
     /// A detector for mono audio at `input_rate` Hz.
     ///
     /// # Errors
-    /// [`VadError`] for thresholds outside 0..=1, durations over 60 s or an unusable rate.
+    /// [`VadError`] for a configuration [`VadConfig::validate`] refuses, an input rate of zero
+    /// or above [`MAX_INPUT_RATE`].
     pub fn new(config: VadConfig, input_rate: u32) -> Result<Self, VadError> {
-        check_unit(config.confidence_threshold, "confidence_threshold")?;
-        check_unit(config.min_volume, "min_volume")?;
-        for (d, name) in [
-            (config.start_duration, "start_duration"),
-            (config.stop_duration, "stop_duration"),
-            (config.backbuffer_duration, "backbuffer_duration"),
-        ] {
-            if d > Duration::from_secs(60) {
-                return Err(VadError::TooLong(name));
-            }
+        config.validate()?;
+        if input_rate > MAX_INPUT_RATE {
+            return Err(VadError::InputRate(input_rate));
         }
         let resampler = Resampler::new(input_rate, MODEL_RATE)?;
         let to_input = |d: Duration| -> u64 {
@@ -414,7 +467,11 @@ impl Vad {
         ));
         let delay_in = resampler.delay() as u64 * u64::from(input_rate) / u64::from(MODEL_RATE)
             + resampler.block_input_samples() as u64;
-        let mut history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(0);
+        let mut history_len = usize::try_from(backbuffer + start + delay_in).unwrap_or(usize::MAX);
+        // The maxima above keep this within bounds; the check keeps it so if they ever change.
+        if history_len > MAX_HISTORY_SAMPLES {
+            return Err(VadError::TooLong("backbuffer_duration"));
+        }
         let quiet_frames = if resampler.is_passthrough() {
             // The gate replays quiet frames from the history: keep them and a 60 ms packet.
             history_len = history_len.max((REPLAY_FRAMES + 1) * FRAME_SAMPLES + 960);
@@ -718,6 +775,76 @@ mod tests {
             VadError::TooLong("stop_duration")
         );
         assert!(Vad::new(VadConfig::default(), 0).is_err());
+    }
+
+    /// Each window is accepted at its maximum and refused just above it, with a message naming
+    /// the field and the maximum; so is the input rate.
+    #[test]
+    fn windows_and_rate_are_bounded() {
+        type Set = fn(&mut VadConfig, Duration);
+        let fields: [(&str, Set, Duration); 3] = [
+            (
+                "start_duration",
+                |c, d| c.start_duration = d,
+                MAX_START_DURATION,
+            ),
+            (
+                "stop_duration",
+                |c, d| c.stop_duration = d,
+                MAX_STOP_DURATION,
+            ),
+            (
+                "backbuffer_duration",
+                |c, d| c.backbuffer_duration = d,
+                MAX_BACKBUFFER_DURATION,
+            ),
+        ];
+        for (name, set, max) in fields {
+            let mut c = VadConfig::default();
+            set(&mut c, max);
+            assert_eq!(c.validate(), Ok(()));
+            set(&mut c, max + Duration::from_nanos(1));
+            assert_eq!(c.validate(), Err(VadError::TooLong(name)));
+            let err = Vad::new(c, 16_000).unwrap_err();
+            assert_eq!(err, VadError::TooLong(name));
+            assert_eq!(err.to_string(), format!("{name} must be at most {max:?}"));
+        }
+        assert!(Vad::new(VadConfig::default(), MAX_INPUT_RATE).is_ok());
+        let err = Vad::new(VadConfig::default(), MAX_INPUT_RATE + 1).unwrap_err();
+        assert_eq!(err, VadError::InputRate(MAX_INPUT_RATE + 1));
+        assert_eq!(
+            err.to_string(),
+            "input rate 192001 Hz is above the detector's maximum of 192000 Hz"
+        );
+    }
+
+    /// The largest configuration at the highest rate fits the documented history bound.
+    #[test]
+    fn largest_history_fits_the_bound() {
+        let c = VadConfig {
+            start_duration: MAX_START_DURATION,
+            stop_duration: MAX_STOP_DURATION,
+            backbuffer_duration: MAX_BACKBUFFER_DURATION,
+            ..VadConfig::default()
+        };
+        for rate in [
+            8_000,
+            16_000,
+            44_100,
+            48_000,
+            96_000,
+            176_400,
+            MAX_INPUT_RATE,
+        ] {
+            let vad = Vad::new(c, rate).unwrap();
+            let held = vad.history.buf.len();
+            assert!(held <= MAX_HISTORY_SAMPLES, "{rate} Hz: {held}");
+            // And it really holds the whole backbuffer plus start window.
+            let needed = usize::try_from((MAX_BACKBUFFER_DURATION + MAX_START_DURATION).as_secs())
+                .unwrap()
+                * rate as usize;
+            assert!(held >= needed, "{rate} Hz: {held} < {needed}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat};
 use voxgate_audio::opus::{OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig};
 use voxgate_audio::pacer::{Pacer, PacerConfig};
-use voxgate_audio::resample::Resampler;
+use voxgate_audio::resample::{RateConverter, Resampler};
 use voxgate_audio::vad::{Vad, VadConfig};
 use voxgate_audio::wav::read_wav;
 use voxgate_test_support::CountingAllocator;
@@ -147,6 +147,49 @@ fn xiaozhi_downlink_resample_encode_pace() {
     }
 }
 
+/// A door's reply path: TTS audio as i16 at whatever rate the voice has, through one
+/// `RateConverter` into a reused buffer. After warm-up (and the rebuild a rate change costs),
+/// frames allocate nothing, including the end-of-sentence flushes.
+#[test]
+fn rate_converter_steady_state() {
+    let speech = speech();
+    let tts: Vec<i16> = speech
+        .iter()
+        .map(|&s| voxgate_audio::format::f32_to_i16(s))
+        .collect();
+    for (rate, out_rate) in [(22_050, 24_000), (24_000, 16_000), (16_000, 16_000)] {
+        let mut conv = RateConverter::new(out_rate).unwrap();
+        let mut out: Vec<f32> = Vec::with_capacity(8192);
+        let mut ints: Vec<i16> = Vec::with_capacity(8192);
+        let chunk = rate as usize * 60 / 1000;
+        assert_steady_state(&format!("rate converter {rate}->{out_rate}"), |k| {
+            let at = (k * chunk) % (tts.len() - chunk);
+            out.clear();
+            conv.process_i16(&tts[at..at + chunk], rate, &mut out)
+                .unwrap();
+            ints.clear();
+            conv.process_i16_to_i16(&tts[at..at + chunk], rate, &mut ints)
+                .unwrap();
+            if k % 7 == 6 {
+                out.clear();
+                conv.flush(&mut out);
+                ints.clear();
+                conv.flush_i16(&mut ints);
+            }
+        });
+    }
+    // And f32 input (the Gemini uplink) after a rate change mid-stream.
+    let mut conv = RateConverter::new(16_000).unwrap();
+    let mut out: Vec<f32> = Vec::with_capacity(8192);
+    conv.process(&speech[..4800], 48_000, &mut out).unwrap();
+    assert_steady_state("rate converter f32 44.1k->16k", |k| {
+        let at = (k * 441) % (speech.len() - 441);
+        out.clear();
+        conv.process(&speech[at..at + 441], 44_100, &mut out)
+            .unwrap();
+    });
+}
+
 /// The counter itself works (otherwise the tests above would pass vacuously).
 #[test]
 fn counter_sees_allocations() {
@@ -185,4 +228,23 @@ fn vad_heap_per_session() {
         );
         drop(vad);
     }
+    // The largest configuration a client can ask for, at the highest rate: the history is
+    // bounded (a 60 s backbuffer and start window at 192 kHz used to cost 46 MB).
+    let largest = VadConfig {
+        start_duration: voxgate_audio::vad::MAX_START_DURATION,
+        stop_duration: voxgate_audio::vad::MAX_STOP_DURATION,
+        backbuffer_duration: voxgate_audio::vad::MAX_BACKBUFFER_DURATION,
+        ..VadConfig::default()
+    };
+    let rate = voxgate_audio::vad::MAX_INPUT_RATE;
+    let (vad, stats) = voxgate_test_support::measure(|| Vad::new(largest, rate).unwrap());
+    // History plus the model, the 192 kHz -> 16 kHz resampler (about 90 KiB) and the queues.
+    let bound = voxgate_audio::vad::MAX_HISTORY_SAMPLES * 2 + 160 * 1024;
+    assert!(
+        stats.bytes <= bound as u64,
+        "largest VAD: {} bytes, want at most {bound}",
+        stats.bytes
+    );
+    assert!(stats.bytes > 1_500_000, "the 5 s history is counted");
+    drop(vad);
 }

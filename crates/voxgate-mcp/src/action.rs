@@ -209,7 +209,7 @@ impl ActionRegistry {
                         }
                         Err(error) => rejected.push(RejectedTool {
                             name: action.id,
-                            error,
+                            error: error.into(),
                         }),
                     }
                 }

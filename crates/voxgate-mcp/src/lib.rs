@@ -11,6 +11,12 @@
 //! - [`server::McpServer`]: exposes voxgate's tools to MCP clients.
 //! - [`registry::ToolRegistry`]: merges tools from every source, maps dotted names to names LLM
 //!   APIs accept, hides user-only tools and validates arguments before a call runs.
+//!   Registration is linear in the number of tools and bounded: at most
+//!   [`registry::MAX_TOOLS`] (128) tools per registry, and per tool
+//!   [`registry::MAX_TOOL_NAME_BYTES`] (128) of name, [`registry::MAX_TOOL_DESCRIPTION_BYTES`]
+//!   (16 KiB) of description and [`registry::MAX_TOOL_SCHEMA_BYTES`] (64 KiB) of schema JSON;
+//!   beyond them a tool, or a whole over-long list, is refused as a
+//!   [`registry::RejectedTool`].
 //! - [`action::ActionRegistry`]: client-declared actions (VIP §5.3) with `action.invoke` /
 //!   `action.result` and a deterministic fallback.
 //!

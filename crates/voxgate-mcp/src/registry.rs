@@ -5,8 +5,16 @@
 //! gives each an LLM-safe name (`^[a-zA-Z0-9_-]{1,64}$`, what the OpenAI, Anthropic and Gemini
 //! APIs all accept), maps it back on a call, hides user-only tools from the model and validates
 //! every call's arguments against the tool's compiled schema before it runs.
+//!
+//! Tool lists come from peers (a client's session, a device's `tools/list`, an external MCP
+//! server), so registration is bounded and linear in the number of tools: at most
+//! [`MAX_TOOLS`] tools in one registry, and per tool at most [`MAX_TOOL_NAME_BYTES`] of name,
+//! [`MAX_TOOL_DESCRIPTION_BYTES`] of description and [`MAX_TOOL_SCHEMA_BYTES`] of schema. A list
+//! that would take the registry over [`MAX_TOOLS`] is refused whole, before any per-tool work,
+//! and leaves the registry as it was; a tool over a per-tool maximum is left out (like one whose
+//! schema does not compile) and reported as a [`RejectedTool`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 
@@ -15,6 +23,21 @@ use crate::schema::{CompiledSchema, ErrorCode, ErrorPayload, SchemaError, Violat
 
 /// The longest tool name the LLM APIs accept.
 pub const MAX_LLM_NAME_LEN: usize = 64;
+
+/// Most tools one registry holds, over all sources: what the OpenAI API accepts in one request,
+/// and more than a model chooses from well.
+pub const MAX_TOOLS: usize = 128;
+
+/// Longest tool name accepted, in UTF-8 bytes (before it is mapped to an LLM name).
+pub const MAX_TOOL_NAME_BYTES: usize = 128;
+
+/// Longest tool description accepted, in UTF-8 bytes.
+pub const MAX_TOOL_DESCRIPTION_BYTES: usize = 16 * 1024;
+
+/// Largest schema accepted, in bytes of compact JSON: the `inputSchema` plus the tool's other
+/// members (`outputSchema`, `title`, annotations). Compiling and keeping a schema costs memory
+/// in proportion to its size, for the whole session.
+pub const MAX_TOOL_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// Where a tool comes from. The order of the variants is the naming precedence: when two tools
 /// map to the same LLM name, the earlier source keeps the plain name.
@@ -67,15 +90,104 @@ impl RegisteredTool {
     }
 }
 
-/// A tool left out of the registry because its schema does not compile. Calls to it could not
-/// be validated, so it is never offered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tool {name:?} rejected: {error}")]
+/// A tool left out of the registry (or, for [`RejectReason::TooManyTools`], a whole list
+/// refused). A tool whose schema does not compile could not have its calls validated, so it is
+/// never offered.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejectedTool {
-    /// The tool's name.
+    /// The tool's name; empty when the whole list was refused.
     pub name: String,
     /// Why.
-    pub error: SchemaError,
+    pub error: RejectReason,
+}
+
+impl std::fmt::Display for RejectedTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.name.is_empty() {
+            write!(f, "tools rejected: {}", self.error)
+        } else {
+            // Names can be long and arbitrary: quote a bounded prefix.
+            let name: String = self.name.chars().take(MAX_TOOL_NAME_BYTES).collect();
+            write!(f, "tool {name:?} rejected: {}", self.error)
+        }
+    }
+}
+
+impl std::error::Error for RejectedTool {}
+
+/// Why a tool (or a tool list) was not registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The schema does not compile.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// The list would take the registry over [`MAX_TOOLS`]; nothing of it was registered.
+    #[error("{count} tools would be registered, more than the maximum of {max}")]
+    TooManyTools {
+        /// Tools the registry would hold with this list.
+        count: usize,
+        /// [`MAX_TOOLS`].
+        max: usize,
+    },
+    /// A name, description or schema over its maximum.
+    #[error("its {what} is {len} bytes, more than the maximum of {max} bytes")]
+    TooLarge {
+        /// `name`, `description` or `schema`.
+        what: &'static str,
+        /// Its size in bytes.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+}
+
+/// Counts the bytes a serializer writes, so a schema's size is known without keeping its text.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Compact JSON size of the tool's schemas: `inputSchema` plus annotations and other members.
+fn schema_bytes(tool: &Tool) -> usize {
+    let mut n = ByteCount(0);
+    // Writing JSON values into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut n, &tool.input_schema);
+    if let Some(a) = &tool.annotations {
+        let _ = serde_json::to_writer(&mut n, a);
+    }
+    if !tool.extra.is_empty() {
+        let _ = serde_json::to_writer(&mut n, &tool.extra);
+    }
+    n.0
+}
+
+/// The per-tool maxima, cheapest first.
+fn check_sizes(tool: &Tool) -> Result<(), RejectReason> {
+    let too_large = |what, len, max| RejectReason::TooLarge { what, len, max };
+    if tool.name.len() > MAX_TOOL_NAME_BYTES {
+        return Err(too_large("name", tool.name.len(), MAX_TOOL_NAME_BYTES));
+    }
+    if tool.description.len() > MAX_TOOL_DESCRIPTION_BYTES {
+        return Err(too_large(
+            "description",
+            tool.description.len(),
+            MAX_TOOL_DESCRIPTION_BYTES,
+        ));
+    }
+    let schema = schema_bytes(tool);
+    if schema > MAX_TOOL_SCHEMA_BYTES {
+        return Err(too_large("schema", schema, MAX_TOOL_SCHEMA_BYTES));
+    }
+    Ok(())
 }
 
 /// A call that passed every check, ready to be routed to its source.
@@ -143,6 +255,9 @@ impl ToolCallError {
 pub struct ToolRegistry {
     sources: BTreeMap<ToolSource, Vec<RegisteredTool>>,
     by_llm_name: HashMap<String, (ToolSource, usize)>,
+    /// Name lookups the last renaming made (the tests prove it linear).
+    #[cfg(test)]
+    rename_probes: usize,
 }
 
 impl ToolRegistry {
@@ -152,14 +267,42 @@ impl ToolRegistry {
     }
 
     /// Replaces every tool of `source` (a fresh `tools/list`, a new session declaration).
-    /// Tools whose schema does not compile are left out and returned; a duplicate name within
-    /// one source keeps the first. LLM names are recomputed deterministically, so an unchanged
-    /// set of tools keeps its names across reconnects.
+    /// Tools whose schema does not compile or that exceed a per-tool maximum are left out and
+    /// returned; a duplicate name within one source keeps the first. LLM names are recomputed
+    /// deterministically, so an unchanged set of tools keeps its names across reconnects.
+    ///
+    /// A list that would take the registry over [`MAX_TOOLS`] is refused whole before any tool
+    /// is looked at: the registry is left unchanged and one [`RejectedTool`] with an empty name
+    /// and [`RejectReason::TooManyTools`] is returned. Work is linear in the number of tools.
     pub fn set_source_tools(&mut self, source: ToolSource, tools: Vec<Tool>) -> Vec<RejectedTool> {
+        let others: usize = self
+            .sources
+            .iter()
+            .filter(|(s, _)| **s != source)
+            .map(|(_, t)| t.len())
+            .sum();
+        let count = others.saturating_add(tools.len());
+        if count > MAX_TOOLS {
+            return vec![RejectedTool {
+                name: String::new(),
+                error: RejectReason::TooManyTools {
+                    count,
+                    max: MAX_TOOLS,
+                },
+            }];
+        }
         let mut rejected = Vec::new();
         let mut kept: Vec<RegisteredTool> = Vec::with_capacity(tools.len());
+        let mut seen: HashSet<String> = HashSet::with_capacity(tools.len());
         for tool in tools {
-            if kept.iter().any(|k| k.tool.name == tool.name) {
+            if let Err(error) = check_sizes(&tool) {
+                rejected.push(RejectedTool {
+                    name: tool.name,
+                    error,
+                });
+                continue;
+            }
+            if !seen.insert(tool.name.clone()) {
                 continue;
             }
             match CompiledSchema::compile(&tool.input_schema) {
@@ -171,7 +314,7 @@ impl ToolRegistry {
                 }),
                 Err(error) => rejected.push(RejectedTool {
                     name: tool.name,
-                    error,
+                    error: error.into(),
                 }),
             }
         }
@@ -187,24 +330,43 @@ impl ToolRegistry {
         }
     }
 
+    /// Gives every tool its LLM name, in source order. Each base name remembers the next
+    /// suffix to try, so many tools mapping to one base cost one lookup each rather than one
+    /// per earlier namesake; a lookup fails only on a name already taken, at most once per
+    /// taken name and base, so the whole pass is linear.
     fn rename(&mut self) {
         self.by_llm_name.clear();
+        let mut next_suffix: HashMap<String, u32> = HashMap::new();
+        #[cfg(test)]
+        let mut probes = 0usize;
         for (source, tools) in &mut self.sources {
             for (i, t) in tools.iter_mut().enumerate() {
                 let base = sanitize(&t.tool.name);
-                let mut name = base.clone();
-                let mut n = 2u32;
-                while self.by_llm_name.contains_key(&name) {
-                    let suffix = format!("_{n}");
-                    name = format!(
-                        "{}{suffix}",
-                        truncate(&base, MAX_LLM_NAME_LEN - suffix.len())
-                    );
-                    n += 1;
+                let n = next_suffix.entry(base.clone()).or_insert(1);
+                let mut name = if *n == 1 {
+                    base.clone()
+                } else {
+                    suffixed(&base, *n)
+                };
+                loop {
+                    #[cfg(test)]
+                    {
+                        probes += 1;
+                    }
+                    if !self.by_llm_name.contains_key(&name) {
+                        break;
+                    }
+                    *n += 1;
+                    name = suffixed(&base, *n);
                 }
+                *n += 1;
                 self.by_llm_name.insert(name.clone(), (source.clone(), i));
                 t.llm_name = name;
             }
+        }
+        #[cfg(test)]
+        {
+            self.rename_probes = probes;
         }
     }
 
@@ -323,6 +485,15 @@ pub fn sanitize(name: &str) -> String {
     out
 }
 
+/// `base` with the collision suffix `_n`, cut to fit [`MAX_LLM_NAME_LEN`].
+fn suffixed(base: &str, n: u32) -> String {
+    let suffix = format!("_{n}");
+    format!(
+        "{}{suffix}",
+        truncate(base, MAX_LLM_NAME_LEN.saturating_sub(suffix.len()))
+    )
+}
+
 /// `s` cut to at most `max` bytes (ASCII here, so bytes are characters).
 fn truncate(s: &str, max: usize) -> &str {
     s.get(..max.min(s.len())).unwrap_or(s)
@@ -433,6 +604,187 @@ mod tests {
         assert_eq!(r.len(), 1);
     }
 
+    fn numbered(prefix: &str, n: usize) -> Vec<Tool> {
+        (0..n)
+            .map(|i| Tool::new(format!("{prefix}{i}"), "", json!({"type": "object"})))
+            .collect()
+    }
+
+    /// 10,000 tools whose schemas would all fail to compile: the count is refused before any
+    /// of them is looked at (one rejection, not 10,000), and the registry keeps what it had.
+    #[test]
+    fn too_many_tools_are_refused_before_any_per_tool_work() {
+        let mut r = ToolRegistry::new();
+        assert!(
+            r.set_source_tools(ToolSource::Client, numbered("ok", 3))
+                .is_empty()
+        );
+        let bad: Vec<Tool> = (0..10_000)
+            .map(|i| Tool::new(format!("t{i}"), "", json!({"type": 5})))
+            .collect();
+        let rejected = r.set_source_tools(ToolSource::Client, bad);
+        assert_eq!(
+            rejected,
+            vec![RejectedTool {
+                name: String::new(),
+                error: RejectReason::TooManyTools {
+                    count: 10_000,
+                    max: MAX_TOOLS
+                },
+            }]
+        );
+        assert_eq!(
+            rejected[0].to_string(),
+            "tools rejected: 10000 tools would be registered, more than the maximum of 128"
+        );
+        assert_eq!(r.len(), 3);
+        assert!(r.by_llm_name("ok0").is_some());
+    }
+
+    /// The maximum counts every source; replacing a source's own tools does not count them twice.
+    #[test]
+    fn the_count_spans_sources() {
+        let mut r = ToolRegistry::new();
+        assert!(
+            r.set_source_tools(ToolSource::Server, numbered("s", 100))
+                .is_empty()
+        );
+        assert!(
+            r.set_source_tools(ToolSource::Client, numbered("c", 28))
+                .is_empty()
+        );
+        assert!(
+            r.set_source_tools(ToolSource::Client, numbered("d", 28))
+                .is_empty()
+        );
+        assert_eq!(r.len(), MAX_TOOLS);
+        let rejected = r.set_source_tools(ToolSource::Device, numbered("x", 1));
+        assert!(matches!(
+            rejected[0].error,
+            RejectReason::TooManyTools { count: 129, .. }
+        ));
+        assert!(r.get(&ToolSource::Device, "x0").is_none());
+        r.remove_source(&ToolSource::Client);
+        assert!(
+            r.set_source_tools(ToolSource::Device, numbered("x", 28))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn oversized_tools_are_left_out() {
+        let mut r = ToolRegistry::new();
+        let name_at_max = "n".repeat(MAX_TOOL_NAME_BYTES);
+        let long_name = "n".repeat(MAX_TOOL_NAME_BYTES + 1);
+        let big_text = |n: usize| "d".repeat(n);
+        let schema = |n: usize| json!({"type": "object", "description": big_text(n)});
+        // The bytes of JSON syntax around the description.
+        let overhead = serde_json::to_vec(&schema(0)).unwrap().len();
+        let rejected = r.set_source_tools(
+            ToolSource::Client,
+            vec![
+                Tool::new(
+                    name_at_max.clone(),
+                    big_text(MAX_TOOL_DESCRIPTION_BYTES),
+                    json!({}),
+                ),
+                Tool::new(long_name.clone(), "", json!({})),
+                Tool::new(
+                    "long_description",
+                    big_text(MAX_TOOL_DESCRIPTION_BYTES + 1),
+                    json!({}),
+                ),
+                Tool::new(
+                    "schema_at_max",
+                    "",
+                    schema(MAX_TOOL_SCHEMA_BYTES - overhead),
+                ),
+                Tool::new(
+                    "big_schema",
+                    "",
+                    schema(MAX_TOOL_SCHEMA_BYTES - overhead + 1),
+                ),
+            ],
+        );
+        let reasons: Vec<(&str, &RejectReason)> = rejected
+            .iter()
+            .map(|t| (t.name.as_str(), &t.error))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                (
+                    long_name.as_str(),
+                    &RejectReason::TooLarge {
+                        what: "name",
+                        len: MAX_TOOL_NAME_BYTES + 1,
+                        max: MAX_TOOL_NAME_BYTES
+                    }
+                ),
+                (
+                    "long_description",
+                    &RejectReason::TooLarge {
+                        what: "description",
+                        len: MAX_TOOL_DESCRIPTION_BYTES + 1,
+                        max: MAX_TOOL_DESCRIPTION_BYTES
+                    }
+                ),
+                (
+                    "big_schema",
+                    &RejectReason::TooLarge {
+                        what: "schema",
+                        len: MAX_TOOL_SCHEMA_BYTES + 1,
+                        max: MAX_TOOL_SCHEMA_BYTES
+                    }
+                ),
+            ]
+        );
+        assert_eq!(
+            rejected[2].to_string(),
+            "tool \"big_schema\" rejected: its schema is 65537 bytes, more than the maximum of 65536 bytes"
+        );
+        assert_eq!(r.len(), 2);
+        assert!(r.get(&ToolSource::Client, &name_at_max).is_some());
+        assert!(r.get(&ToolSource::Client, "schema_at_max").is_some());
+    }
+
+    /// Many tools sharing one LLM base name (every non-ASCII letter maps to `_`) get distinct
+    /// suffixes with one lookup each: the naming pass is linear, where trying `_2`, `_3`...
+    /// from the start for each tool made it quadratic.
+    #[test]
+    fn colliding_names_are_named_in_linear_work() {
+        let mut r = ToolRegistry::new();
+        let tools: Vec<Tool> = (0..u32::try_from(MAX_TOOLS).unwrap())
+            .map(|i| {
+                let c = char::from_u32(0x100 + i).unwrap();
+                Tool::new(format!("t{c}"), "", json!({}))
+            })
+            .collect();
+        assert!(r.set_source_tools(ToolSource::Client, tools).is_empty());
+        assert_eq!(r.rename_probes, MAX_TOOLS);
+        assert!(r.by_llm_name("t_").is_some());
+        assert!(r.by_llm_name(&format!("t__{MAX_TOOLS}")).is_some());
+        // A literal name taken by another source costs one extra lookup, not one per tool.
+        let mut r2 = ToolRegistry::new();
+        r2.set_source_tools(ToolSource::Server, vec![Tool::new("t__2", "", json!({}))]);
+        let tools: Vec<Tool> = (0..100u32)
+            .map(|i| {
+                Tool::new(
+                    format!("t{}", char::from_u32(0x100 + i).unwrap()),
+                    "",
+                    json!({}),
+                )
+            })
+            .collect();
+        r2.set_source_tools(ToolSource::Client, tools);
+        assert_eq!(r2.rename_probes, 1 + 100 + 1);
+        assert_eq!(
+            r2.by_llm_name("t__2").unwrap().source(),
+            &ToolSource::Server
+        );
+        assert_eq!(r2.by_llm_name("t__3").unwrap().tool().name, "t\u{101}");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -445,7 +797,7 @@ mod tests {
             let half = names.len() / 2;
             r.set_source_tools(ToolSource::Device, names[..half].iter().map(|n| Tool::new(n.clone(), "", json!({}))).collect());
             r.set_source_tools(ToolSource::Server, names[half..].iter().map(|n| Tool::new(n.clone(), "", json!({}))).collect());
-            let mut seen = std::collections::HashSet::new();
+            let mut seen = HashSet::new();
             for t in r.all_tools() {
                 let n = t.llm_name();
                 prop_assert!(!n.is_empty() && n.len() <= MAX_LLM_NAME_LEN, "{n}");

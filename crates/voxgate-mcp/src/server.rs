@@ -130,8 +130,10 @@ impl McpServer {
     pub fn set_tools(&mut self, tools: Vec<Tool>) -> Vec<RejectedTool> {
         let mut rejected = Vec::new();
         self.tools.clear();
+        let mut seen = std::collections::HashSet::with_capacity(tools.len());
         for tool in tools {
-            if self.tools.iter().any(|t| t.tool.name == tool.name) {
+            // A set, not a scan of the tools kept so far: linear in the number of tools.
+            if !seen.insert(tool.name.clone()) {
                 continue;
             }
             match CompiledSchema::compile(&tool.input_schema) {
@@ -145,7 +147,7 @@ impl McpServer {
                 }
                 Err(error) => rejected.push(RejectedTool {
                     name: tool.name,
-                    error,
+                    error: error.into(),
                 }),
             }
         }

@@ -12,13 +12,19 @@
 //! | `sample_format` | a known `SampleFormat` | `UNSIGNED_8_BIT` (proto3 zero) |
 //! | VAD `confidence_threshold` | finite, 0.0 < t <= 1.0 | 0.4 |
 //! | VAD `min_volume` | finite, 0.0..=1.0 | 0.0 (no volume gate) |
-//! | VAD durations | nanos < 1e9, at most 1 hour | 150 ms / 390 ms / 1 s |
+//! | VAD `start_duration` | nanos < 1e9, at most 2 s | 150 ms |
+//! | VAD `stop_duration` | nanos < 1e9, at most 10 s | 390 ms |
+//! | VAD `backbuffer_duration` | nanos < 1e9, at most 3 s | 1 s |
+//! | `system_prompt` | at most 128 KiB of UTF-8 | empty |
 //! | `temperature` | finite, 0.0..=2.0 | 0.0 if the message is present, 0.3 if absent |
+//! | `experiments` | at most 64 entries, each with a JSON form | none |
 //! | ElevenLabs `stability`, `similarity_boost`, `style` | finite, 0.0..=1.0 | 0.0 |
 //! | ElevenLabs `speed` | finite, 0.25..=4.0 | 1.0 |
 //!
 //! The VAD and temperature defaults are those of the reference Python client, so a client that
-//! omits a field gets the behaviour its authors expect.
+//! omits a field gets the behaviour its authors expect. The maxima (all in [`limits`]) bound what
+//! a session costs the server: the VAD windows size its audio history, so a client cannot make
+//! it hold more than about 5 s of input.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,6 +33,7 @@ use bytes::Bytes;
 
 use crate::error::{ConfigError, ConfigProblem, StructError, UsageError};
 use crate::json;
+use crate::limits;
 use crate::proto::{
     self, AudioLineConfiguration, ElevenLabsLocation, ElevenLabsTtsConfiguration,
     ElevenLabsVoiceSettings, HostedTtsConfiguration, HostedTtsMode, HostedVoiceCloneV1,
@@ -57,6 +64,22 @@ fn known_enum<E: TryFrom<i32>>(field: &'static str, raw: i32) -> Result<E, Confi
 fn non_empty(field: &'static str, s: &str) -> Result<(), ConfigError> {
     if s.is_empty() {
         return Err(ConfigError::new(field, ConfigProblem::Empty));
+    }
+    Ok(())
+}
+
+/// Refuses a string or list larger than its documented maximum.
+fn check_size(
+    field: &'static str,
+    len: usize,
+    max: usize,
+    unit: &'static str,
+) -> Result<(), ConfigError> {
+    if len > max {
+        return Err(ConfigError::new(
+            field,
+            ConfigProblem::TooLarge { len, max, unit },
+        ));
     }
     Ok(())
 }
@@ -141,8 +164,9 @@ pub struct AudioFormat {
 impl AudioFormat {
     /// Lowest accepted sample rate, in Hz (telephony).
     pub const MIN_SAMPLE_RATE: u32 = 8_000;
-    /// Highest accepted sample rate, in Hz.
-    pub const MAX_SAMPLE_RATE: u32 = 192_000;
+    /// Highest accepted sample rate, in Hz ([`limits::MAX_SAMPLE_RATE`]): it sizes the
+    /// per-session audio buffers, with the VAD windows.
+    pub const MAX_SAMPLE_RATE: u32 = limits::MAX_SAMPLE_RATE;
     /// Most channels accepted (7.1 surround).
     pub const MAX_CHANNELS: u16 = 8;
 
@@ -320,9 +344,17 @@ impl VadSettings {
     pub const DEFAULT_STOP_DURATION: Duration = Duration::from_millis(390);
     /// Default audio kept from before the start of speech.
     pub const DEFAULT_BACKBUFFER_DURATION: Duration = Duration::from_secs(1);
-    /// Longest accepted window; anything longer is a mistake (or an attempt to make the server
-    /// buffer without bound).
+    /// The old ceiling on every window, before each got its own (smaller) maximum.
+    #[deprecated(
+        note = "each window has its own maximum: MAX_START_DURATION, MAX_STOP_DURATION, MAX_BACKBUFFER_DURATION"
+    )]
     pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+    /// Longest accepted `start_duration` ([`limits::MAX_VAD_START_DURATION`]).
+    pub const MAX_START_DURATION: Duration = limits::MAX_VAD_START_DURATION;
+    /// Longest accepted `stop_duration` ([`limits::MAX_VAD_STOP_DURATION`]).
+    pub const MAX_STOP_DURATION: Duration = limits::MAX_VAD_STOP_DURATION;
+    /// Longest accepted `backbuffer_duration` ([`limits::MAX_VAD_BACKBUFFER_DURATION`]).
+    pub const MAX_BACKBUFFER_DURATION: Duration = limits::MAX_VAD_BACKBUFFER_DURATION;
 
     /// Checks and builds settings; no defaults are substituted here.
     ///
@@ -330,7 +362,8 @@ impl VadSettings {
     ///
     /// [`ConfigProblem::NotFinite`] or [`ConfigProblem::OutOfRange`] for a threshold outside
     /// (0, 1] or a volume outside [0, 1]; [`ConfigProblem::OutOfRange`] for a duration that is
-    /// zero or longer than an hour.
+    /// zero or longer than its maximum (2 s start, 10 s stop, 3 s backbuffer: the windows size
+    /// the detector's audio history).
     pub fn new(
         confidence_threshold: f32,
         min_volume: f32,
@@ -346,13 +379,28 @@ impl VadSettings {
         ranged("min_volume", f64::from(min_volume), 0.0, 1.0, "[0.0, 1.0]")?;
         // Zero is rejected because on the wire it means "unset": every value of this type must
         // survive `to_wire` and `from_wire` unchanged.
-        for (field, d) in [
-            ("start_duration", start_duration),
-            ("stop_duration", stop_duration),
-            ("backbuffer_duration", backbuffer_duration),
+        for (field, d, max, accepted) in [
+            (
+                "start_duration",
+                start_duration,
+                Self::MAX_START_DURATION,
+                "(0s, 2s]",
+            ),
+            (
+                "stop_duration",
+                stop_duration,
+                Self::MAX_STOP_DURATION,
+                "(0s, 10s]",
+            ),
+            (
+                "backbuffer_duration",
+                backbuffer_duration,
+                Self::MAX_BACKBUFFER_DURATION,
+                "(0s, 3s]",
+            ),
         ] {
-            if d.is_zero() || d > Self::MAX_DURATION {
-                return Err(out_of_range(field, format!("{d:?}"), "(0s, 3600s]"));
+            if d.is_zero() || d > max {
+                return Err(out_of_range(field, format!("{d:?}"), accepted));
             }
         }
         Ok(Self {
@@ -481,14 +529,24 @@ impl InferenceSettings {
     pub const DEFAULT_TEMPERATURE: f64 = 0.3;
     /// Highest accepted temperature.
     pub const MAX_TEMPERATURE: f64 = 2.0;
+    /// Longest accepted system prompt in UTF-8 bytes ([`limits::MAX_SYSTEM_PROMPT_BYTES`]).
+    pub const MAX_SYSTEM_PROMPT_BYTES: usize = limits::MAX_SYSTEM_PROMPT_BYTES;
 
     /// Checks and builds settings.
     ///
     /// # Errors
     ///
     /// [`ConfigProblem::NotFinite`] or [`ConfigProblem::OutOfRange`] for a temperature outside
-    /// 0.0..=2.0.
+    /// 0.0..=2.0; [`ConfigProblem::TooLarge`] for a system prompt over
+    /// [`MAX_SYSTEM_PROMPT_BYTES`](Self::MAX_SYSTEM_PROMPT_BYTES).
     pub fn new(system_prompt: impl Into<String>, temperature: f64) -> Result<Self, ConfigError> {
+        let system_prompt = system_prompt.into();
+        check_size(
+            "system_prompt",
+            system_prompt.len(),
+            Self::MAX_SYSTEM_PROMPT_BYTES,
+            "bytes",
+        )?;
         ranged(
             "temperature",
             temperature,
@@ -497,7 +555,7 @@ impl InferenceSettings {
             "0.0..=2.0",
         )?;
         Ok(Self {
-            system_prompt: system_prompt.into(),
+            system_prompt,
             temperature,
         })
     }
@@ -510,7 +568,16 @@ impl InferenceSettings {
     pub fn from_wire(wire: Option<&InferenceConfiguration>) -> Result<Self, ConfigError> {
         match wire {
             None => Ok(Self::default()),
-            Some(w) => Self::new(w.system_prompt.clone(), w.temperature),
+            Some(w) => {
+                // Checked before the copy, so an oversized prompt is never duplicated.
+                check_size(
+                    "system_prompt",
+                    w.system_prompt.len(),
+                    Self::MAX_SYSTEM_PROMPT_BYTES,
+                    "bytes",
+                )?;
+                Self::new(w.system_prompt.clone(), w.temperature)
+            }
         }
     }
 
@@ -1018,7 +1085,8 @@ impl SessionConfig {
     /// # Errors
     ///
     /// A [`ConfigError`] whose field is the dotted path from the request, such as
-    /// `input_audio_line.sample_rate` or `experiments.flag`.
+    /// `input_audio_line.sample_rate` or `experiments.flag`; any size over its maximum in
+    /// [`limits`] is [`ConfigProblem::TooLarge`] or [`ConfigProblem::OutOfRange`].
     pub fn from_wire(wire: &InitializeSessionRequest) -> Result<Self, ConfigError> {
         let input = required_audio("input_audio_line", wire.input_audio_line.as_ref())?;
         let output = required_audio("output_audio_line", wire.output_audio_line.as_ref())?;
@@ -1032,6 +1100,12 @@ impl SessionConfig {
             .map(TtsSettings::from_wire)
             .transpose()
             .map_err(|e| e.within("tts_configuration"))?;
+        check_size(
+            "experiments",
+            wire.experiments.len(),
+            limits::MAX_EXPERIMENTS,
+            "entries",
+        )?;
         let mut experiments = BTreeMap::new();
         for (name, value) in &wire.experiments {
             let json = json::value_to_json(value).map_err(|e| {

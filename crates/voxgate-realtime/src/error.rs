@@ -168,6 +168,18 @@ pub enum ProtocolError {
         /// The `nanos` part.
         nanos: u32,
     },
+    /// A string or list larger than its documented maximum (see [`limits`](crate::limits)).
+    #[error("{field}: {len} {unit} is more than the maximum of {max} {unit}")]
+    TooLarge {
+        /// Dotted path of the field, such as `user_input.text_data.data`.
+        field: Cow<'static, str>,
+        /// Its size.
+        len: usize,
+        /// The maximum.
+        max: usize,
+        /// What `len` and `max` count, such as `bytes` or `tools`.
+        unit: &'static str,
+    },
     /// A message other than `InitializeSessionRequest` arrived before the session was
     /// initialized. For servers that track session state.
     #[error("{message} sent before initialize_session_request")]
@@ -262,6 +274,15 @@ pub enum ConfigProblem {
     NanosOutOfRange(u32),
     /// A `google.protobuf.Value` with no JSON equivalent.
     Json(StructError),
+    /// A string or list larger than its documented maximum (see [`limits`](crate::limits)).
+    TooLarge {
+        /// Its size.
+        len: usize,
+        /// The maximum.
+        max: usize,
+        /// What `len` and `max` count, such as `bytes` or `entries`.
+        unit: &'static str,
+    },
     /// The audio does not fit its declared format.
     AudioLength {
         /// Length of the audio in bytes.
@@ -285,6 +306,9 @@ impl fmt::Display for ConfigProblem {
                 write!(f, "nanos must be below 1000000000, got {n}")
             }
             Self::Json(e) => write!(f, "{e}"),
+            Self::TooLarge { len, max, unit } => {
+                write!(f, "{len} {unit} is more than the maximum of {max} {unit}")
+            }
             Self::AudioLength { len, frame } => write!(
                 f,
                 "{len} bytes of audio is not a non-zero multiple of the {frame}-byte frame"

@@ -17,7 +17,8 @@
 //!   [`SessionErrorCategory`](proto::SessionErrorCategory) and to the `SessionErrorNotification`
 //!   a server sends before closing;
 //! - checked configuration ([`SessionConfig`], [`AudioFormat`], [`VadSettings`], ...) parsed once
-//!   from the wire types, with documented defaults for unset fields;
+//!   from the wire types, with documented defaults for unset fields and documented maxima
+//!   ([`limits`]) for every size a client chooses;
 //! - [`Open`] accessors for enum fields, which keep unknown values instead of coercing them;
 //! - conversion of `google.protobuf.Struct` to and from JSON ([`json`]);
 //! - constructors for every message either side sends.
@@ -89,6 +90,7 @@ pub mod error;
 mod frame;
 mod hosted_tts;
 pub mod json;
+pub mod limits;
 mod messages;
 mod open;
 mod validate;

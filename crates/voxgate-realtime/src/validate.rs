@@ -2,7 +2,8 @@
 //!
 //! Decoding accepts anything protobuf accepts. `validate` adds the protocol's rules: a payload
 //! is present, required sub-messages and identifiers are there, configurations parse, Structs
-//! have a JSON form. It deliberately accepts unknown enum values outside configurations (they
+//! have a JSON form, and every client-chosen size is within its maximum in
+//! [`limits`](crate::limits). It deliberately accepts unknown enum values outside configurations (they
 //! are data, see [`Open`](crate::Open)), so newer peers keep working.
 
 use std::borrow::Cow;
@@ -11,10 +12,90 @@ use std::collections::BTreeSet;
 use crate::config::{SessionConfig, SessionUpdate};
 use crate::error::{Error, ProtocolError};
 use crate::json;
+use crate::limits;
 use crate::proto::{
     ChatAudioData, ChatMessage, ClientBoundMessage, ServiceBoundMessage, ToolCallRequest,
-    chat_message_content, client_bound_message, service_bound_message,
+    chat_message_content, client_bound_message, service_bound_message, user_input,
 };
+
+/// Refuses a string or list larger than its documented maximum.
+fn check_size(
+    field: impl Into<Cow<'static, str>>,
+    len: usize,
+    max: usize,
+    unit: &'static str,
+) -> Result<(), ProtocolError> {
+    if len > max {
+        return Err(ProtocolError::TooLarge {
+            field: field.into(),
+            len,
+            max,
+            unit,
+        });
+    }
+    Ok(())
+}
+
+/// Counts the bytes a serializer writes, so a schema's size is known without keeping its text.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Checks a tool list: the count before any per-tool work, then each tool's name, description
+/// and parameter schema (which must have a JSON form within [`limits::MAX_TOOL_SCHEMA_BYTES`]).
+fn check_tool_definitions(tools: &[crate::proto::ToolDefinition]) -> Result<(), ProtocolError> {
+    const PATH: &str = "update_tool_definitions_request.tool_definitions";
+    check_size(PATH, tools.len(), limits::MAX_TOOLS, "tools")?;
+    let mut names = BTreeSet::new();
+    for (i, tool) in tools.iter().enumerate() {
+        if tool.name.is_empty() {
+            return Err(ProtocolError::EmptyField {
+                field: format!("{PATH}[{i}].name").into(),
+            });
+        }
+        check_size(
+            format!("{PATH}[{i}].name"),
+            tool.name.len(),
+            limits::MAX_TOOL_NAME_BYTES,
+            "bytes",
+        )?;
+        if let Some(description) = &tool.description {
+            check_size(
+                format!("{PATH}[{i}].description"),
+                description.len(),
+                limits::MAX_TOOL_DESCRIPTION_BYTES,
+                "bytes",
+            )?;
+        }
+        if !names.insert(tool.name.as_str()) {
+            return Err(ProtocolError::DuplicateTool {
+                name: tool.name.clone(),
+            });
+        }
+        if let Some(parameters) = &tool.parameters {
+            let field = || format!("{PATH}[{i}].parameters");
+            let schema =
+                json::struct_to_json(parameters).map_err(|error| ProtocolError::InvalidStruct {
+                    field: field().into(),
+                    error,
+                })?;
+            let mut size = ByteCount(0);
+            // Writing to `ByteCount` cannot fail, nor can serializing a JSON map.
+            let _ = serde_json::to_writer(&mut size, &schema);
+            check_size(field(), size.0, limits::MAX_TOOL_SCHEMA_BYTES, "bytes")?;
+        }
+    }
+    Ok(())
+}
 
 fn missing(field: impl Into<Cow<'static, str>>) -> ProtocolError {
     ProtocolError::MissingField {
@@ -69,46 +150,45 @@ impl ServiceBoundMessage {
             P::ReconfigureSessionRequest(r) => {
                 SessionUpdate::from_wire(r).map_err(|e| e.within("reconfigure_session_request"))?;
             }
-            P::UserInput(input) => {
-                if input.input.is_none() {
-                    return Err(missing("user_input.input").into());
-                }
-            }
+            P::UserInput(input) => match &input.input {
+                None => return Err(missing("user_input.input").into()),
+                Some(user_input::Input::TextData(text)) => check_size(
+                    "user_input.text_data.data",
+                    text.data.len(),
+                    limits::MAX_TEXT_BYTES,
+                    "bytes",
+                )?,
+                Some(user_input::Input::AudioData(_)) => {}
+            },
             P::UpdateToolDefinitionsRequest(update) => {
-                let mut names = BTreeSet::new();
-                for (i, tool) in update.tool_definitions.iter().enumerate() {
-                    if tool.name.is_empty() {
-                        return Err(ProtocolError::EmptyField {
-                            field: format!(
-                                "update_tool_definitions_request.tool_definitions[{i}].name"
-                            )
-                            .into(),
-                        }
-                        .into());
-                    }
-                    if !names.insert(tool.name.as_str()) {
-                        return Err(ProtocolError::DuplicateTool {
-                            name: tool.name.clone(),
-                        }
-                        .into());
-                    }
-                    struct_has_json(
-                        format!("update_tool_definitions_request.tool_definitions[{i}].parameters"),
-                        tool.parameters.as_ref(),
-                    )?;
-                }
+                check_tool_definitions(&update.tool_definitions)?;
             }
             P::ToolCallResponse(r) => non_empty("tool_call_response.id", &r.id)?,
             P::ConversationQuery(q) => {
                 if q.prompt.is_none() && q.instructions.is_none() {
                     return Err(ProtocolError::EmptyConversationQuery.into());
                 }
+                for (field, text) in [
+                    ("conversation_query.prompt", &q.prompt),
+                    ("conversation_query.instructions", &q.instructions),
+                ] {
+                    let len = text.as_ref().map_or(0, String::len);
+                    check_size(field, len, limits::MAX_INSTRUCTIONS_BYTES, "bytes")?;
+                }
             }
-            P::TriggerInference(_)
-            | P::ExportChatHistoryRequest(_)
-            | P::PlaybackPositionReport(_)
-            | P::DirectSpeech(_)
-            | P::Ping(_) => {}
+            P::TriggerInference(t) => check_size(
+                "trigger_inference.extra_instructions",
+                t.extra_instructions.as_ref().map_or(0, String::len),
+                limits::MAX_INSTRUCTIONS_BYTES,
+                "bytes",
+            )?,
+            P::DirectSpeech(d) => check_size(
+                "direct_speech.text",
+                d.text.len(),
+                limits::MAX_TEXT_BYTES,
+                "bytes",
+            )?,
+            P::ExportChatHistoryRequest(_) | P::PlaybackPositionReport(_) | P::Ping(_) => {}
         }
         Ok(())
     }
@@ -343,6 +423,146 @@ mod tests {
             ProtocolError::InvalidStruct { field, .. }
                 if field == "update_tool_definitions_request.tool_definitions[0].parameters"
         ));
+    }
+
+    /// The count is refused before any tool is looked at, so a huge list costs nothing: the
+    /// first tool here is invalid, yet the error is about the count.
+    #[test]
+    fn tool_lists_are_bounded() {
+        let tool = |i: usize| ToolDefinition {
+            name: format!("t{i}"),
+            description: Some("does things".into()),
+            parameters: None,
+        };
+        let ok: Vec<_> = (0..limits::MAX_TOOLS).map(tool).collect();
+        ServiceBoundMessage::update_tools(ok).validate().unwrap();
+        let mut many: Vec<_> = (0..10_000).map(tool).collect();
+        many[0].name.clear();
+        let err = ServiceBoundMessage::update_tools(many)
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err.category(),
+            crate::proto::SessionErrorCategory::ErrorProtocol
+        );
+        assert_eq!(
+            err.to_string(),
+            "update_tool_definitions_request.tool_definitions: 10000 tools is more than the \
+             maximum of 128 tools"
+        );
+    }
+
+    #[test]
+    fn tool_sizes_are_bounded() {
+        let update = |t: ToolDefinition| ServiceBoundMessage::update_tools(vec![t]).validate();
+        let base = ToolDefinition {
+            name: "a".into(),
+            description: None,
+            parameters: None,
+        };
+        let name = |n: usize| ToolDefinition {
+            name: "n".repeat(n),
+            ..base.clone()
+        };
+        update(name(limits::MAX_TOOL_NAME_BYTES)).unwrap();
+        assert!(matches!(
+            protocol(update(name(limits::MAX_TOOL_NAME_BYTES + 1))),
+            ProtocolError::TooLarge { field, len: 129, max: 128, unit: "bytes" }
+                if field == "update_tool_definitions_request.tool_definitions[0].name"
+        ));
+        let description = |n: usize| ToolDefinition {
+            description: Some("d".repeat(n)),
+            ..base.clone()
+        };
+        update(description(limits::MAX_TOOL_DESCRIPTION_BYTES)).unwrap();
+        assert!(matches!(
+            protocol(update(description(limits::MAX_TOOL_DESCRIPTION_BYTES + 1))),
+            ProtocolError::TooLarge { field, .. }
+                if field == "update_tool_definitions_request.tool_definitions[0].description"
+        ));
+        // A schema whose compact JSON is `{"d":"xxx..."}`: 8 bytes of syntax plus the string.
+        let schema = |n: usize| {
+            let mut s = Struct::default();
+            s.fields.insert(
+                "d".into(),
+                Value {
+                    kind: Some(Kind::StringValue("x".repeat(n))),
+                },
+            );
+            ToolDefinition {
+                parameters: Some(s),
+                ..base.clone()
+            }
+        };
+        update(schema(limits::MAX_TOOL_SCHEMA_BYTES - 8)).unwrap();
+        assert!(matches!(
+            protocol(update(schema(limits::MAX_TOOL_SCHEMA_BYTES - 7))),
+            ProtocolError::TooLarge { field, len, max, unit: "bytes" }
+                if field == "update_tool_definitions_request.tool_definitions[0].parameters"
+                    && len == max + 1
+        ));
+    }
+
+    #[test]
+    fn texts_are_bounded() {
+        use crate::proto::InferenceTriggerMode as M;
+        let big = |n: usize| "y".repeat(n);
+        let cases: [(ServiceBoundMessage, ServiceBoundMessage, &str); 5] = [
+            (
+                ServiceBoundMessage::user_text(1, M::Immediate, big(limits::MAX_TEXT_BYTES)),
+                ServiceBoundMessage::user_text(1, M::Immediate, big(limits::MAX_TEXT_BYTES + 1)),
+                "user_input.text_data.data",
+            ),
+            (
+                ServiceBoundMessage::direct_speech(big(limits::MAX_TEXT_BYTES), true, false),
+                ServiceBoundMessage::direct_speech(big(limits::MAX_TEXT_BYTES + 1), true, false),
+                "direct_speech.text",
+            ),
+            (
+                ServiceBoundMessage::trigger_inference(
+                    Some(big(limits::MAX_INSTRUCTIONS_BYTES)),
+                    false,
+                ),
+                ServiceBoundMessage::trigger_inference(
+                    Some(big(limits::MAX_INSTRUCTIONS_BYTES + 1)),
+                    false,
+                ),
+                "trigger_inference.extra_instructions",
+            ),
+            (
+                ServiceBoundMessage::conversation_query(
+                    Some(big(limits::MAX_INSTRUCTIONS_BYTES)),
+                    None,
+                )
+                .unwrap(),
+                ServiceBoundMessage::conversation_query(
+                    Some(big(limits::MAX_INSTRUCTIONS_BYTES + 1)),
+                    None,
+                )
+                .unwrap(),
+                "conversation_query.prompt",
+            ),
+            (
+                ServiceBoundMessage::conversation_query(
+                    None,
+                    Some(big(limits::MAX_INSTRUCTIONS_BYTES)),
+                )
+                .unwrap(),
+                ServiceBoundMessage::conversation_query(
+                    Some(String::new()),
+                    Some(big(limits::MAX_INSTRUCTIONS_BYTES + 1)),
+                )
+                .unwrap(),
+                "conversation_query.instructions",
+            ),
+        ];
+        for (ok, over, path) in cases {
+            ok.validate().unwrap();
+            assert!(
+                matches!(protocol(over.validate()), ProtocolError::TooLarge { field, .. } if field == path),
+                "{path}"
+            );
+        }
     }
 
     #[test]

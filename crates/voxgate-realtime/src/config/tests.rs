@@ -240,16 +240,167 @@ fn bad_vad_durations() {
             )
         );
     }
-    // Exactly one hour is accepted.
+}
+
+/// Each window has its own maximum: exactly the maximum is accepted, one nanosecond more is an
+/// `ERROR_CONFIGURATION` naming the field and the accepted range (and no detector is built).
+#[test]
+fn vad_windows_are_bounded() {
+    type Setter = fn(&mut VadConfiguration, Option<WireDuration>);
+    let fields: [(&str, Setter, Duration, &str); 3] = [
+        (
+            "start_duration",
+            |v, d| v.start_duration = d,
+            VadSettings::MAX_START_DURATION,
+            "(0s, 2s]",
+        ),
+        (
+            "stop_duration",
+            |v, d| v.stop_duration = d,
+            VadSettings::MAX_STOP_DURATION,
+            "(0s, 10s]",
+        ),
+        (
+            "backbuffer_duration",
+            |v, d| v.backbuffer_duration = d,
+            VadSettings::MAX_BACKBUFFER_DURATION,
+            "(0s, 3s]",
+        ),
+    ];
+    for (name, set, max, accepted) in fields {
+        let mut r = request();
+        let mut v = VadConfiguration::default();
+        set(&mut v, Some(max.into()));
+        r.vad_configuration = Some(v);
+        let config = SessionConfig::from_wire(&r).unwrap();
+        assert_eq!(
+            VadSettings::from_wire(Some(&config.vad.to_wire())),
+            Ok(config.vad),
+            "{name} at its maximum survives the wire"
+        );
+
+        let over = max + Duration::from_nanos(1);
+        let (field, problem) = vad(|v| set(v, Some(over.into())));
+        assert_eq!(field, format!("vad_configuration.{name}"));
+        assert_eq!(
+            problem,
+            ConfigProblem::OutOfRange {
+                value: format!("{over:?}"),
+                accepted
+            }
+        );
+    }
+    // The published client's defaults fit.
+    let d = VadSettings::default();
+    assert!(d.start_duration() <= VadSettings::MAX_START_DURATION);
+    assert!(d.backbuffer_duration() <= VadSettings::MAX_BACKBUFFER_DURATION);
+    // The message a client reads.
     let mut r = request();
     r.vad_configuration = Some(VadConfiguration {
-        stop_duration: Some(WireDuration {
-            seconds: 3_600,
+        backbuffer_duration: Some(WireDuration {
+            seconds: 60,
             nanos: 0,
         }),
         ..Default::default()
     });
+    let err = crate::Error::from(SessionConfig::from_wire(&r).unwrap_err());
+    let note = err.to_notification();
+    assert_eq!(
+        note.category,
+        i32::from(proto::SessionErrorCategory::ErrorConfiguration)
+    );
+    assert_eq!(
+        note.message,
+        "vad_configuration.backbuffer_duration: 60s is outside the accepted range (0s, 3s]"
+    );
+}
+
+#[test]
+fn system_prompt_is_bounded() {
+    let prompt = |len: usize| InferenceConfiguration {
+        system_prompt: "x".repeat(len),
+        temperature: 0.3,
+    };
+    let mut r = request();
+    r.inference_configuration = Some(prompt(InferenceSettings::MAX_SYSTEM_PROMPT_BYTES));
     assert!(SessionConfig::from_wire(&r).is_ok());
+    let (field, problem) = config_error(|r| {
+        r.inference_configuration = Some(prompt(InferenceSettings::MAX_SYSTEM_PROMPT_BYTES + 1));
+    });
+    assert_eq!(field, "inference_configuration.system_prompt");
+    assert_eq!(
+        problem,
+        ConfigProblem::TooLarge {
+            len: limits::MAX_SYSTEM_PROMPT_BYTES + 1,
+            max: limits::MAX_SYSTEM_PROMPT_BYTES,
+            unit: "bytes"
+        }
+    );
+    assert_eq!(
+        problem.to_string(),
+        "131073 bytes is more than the maximum of 131072 bytes"
+    );
+    // The same bound for a reconfiguration, which changes nothing when refused.
+    let update = ReconfigureSessionRequest {
+        input_audio_line: None,
+        inference_configuration: Some(prompt(limits::MAX_SYSTEM_PROMPT_BYTES + 1)),
+    };
+    let err = SessionUpdate::from_wire(&update).unwrap_err();
+    assert_eq!(err.field(), "inference_configuration.system_prompt");
+    assert_eq!(
+        err.category(),
+        proto::SessionErrorCategory::ErrorConfiguration
+    );
+    assert!(InferenceSettings::new("x".repeat(limits::MAX_SYSTEM_PROMPT_BYTES + 1), 0.3).is_err());
+}
+
+#[test]
+fn input_rate_is_bounded_on_reconfiguration() {
+    let update = ReconfigureSessionRequest {
+        input_audio_line: Some(audio(
+            AudioFormat::MAX_SAMPLE_RATE + 1,
+            1,
+            SampleFormat::Signed16Bit,
+        )),
+        inference_configuration: None,
+    };
+    let err = SessionUpdate::from_wire(&update).unwrap_err();
+    assert_eq!(err.field(), "input_audio_line.sample_rate");
+    let ok = ReconfigureSessionRequest {
+        input_audio_line: Some(audio(
+            AudioFormat::MAX_SAMPLE_RATE,
+            1,
+            SampleFormat::Signed16Bit,
+        )),
+        inference_configuration: None,
+    };
+    assert!(SessionUpdate::from_wire(&ok).is_ok());
+}
+
+#[test]
+fn experiments_are_bounded() {
+    let value = prost_types::Value {
+        kind: Some(prost_types::value::Kind::BoolValue(true)),
+    };
+    let mut r = request();
+    r.experiments = (0..limits::MAX_EXPERIMENTS)
+        .map(|i| (format!("e{i}"), value.clone()))
+        .collect();
+    assert!(SessionConfig::from_wire(&r).is_ok());
+    let (field, problem) = config_error(|r| {
+        r.experiments = (0..=limits::MAX_EXPERIMENTS)
+            .map(|i| (format!("e{i}"), value.clone()))
+            .collect();
+    });
+    assert_eq!(field, "experiments");
+    assert!(matches!(
+        problem,
+        ConfigProblem::TooLarge {
+            len: 65,
+            max: 64,
+            ..
+        }
+    ));
 }
 
 #[test]
