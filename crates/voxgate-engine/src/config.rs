@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use crate::emotion::EmojiPolicy;
 use voxgate_audio::vad::VadConfig;
-use voxgate_xiaozhi::emotion::EmojiPolicy;
 
 /// How the client's output audio is counted, so playback reports (`bytes_played`) can be
 /// matched to the audio the engine delivered.

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::mem;
 use std::time::{Duration, Instant};
 
+use crate::emotion::{self, EmojiPolicy, extends_emoji, lead_settled, strip_chunk};
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
 use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
@@ -14,7 +15,6 @@ use voxgate_turn::{
     AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine,
     UserSource,
 };
-use voxgate_xiaozhi::emotion::{self, EmojiPolicy};
 
 use crate::capture::{Capture, CaptureEvent};
 use crate::config::EngineConfig;
@@ -25,56 +25,6 @@ use crate::sentence::Splitter;
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
-
-/// `text` without emoji, for one fragment of a streamed reply: `strip_emoji` trims its result,
-/// but the spaces at a fragment's edges separate it from its neighbours ("Hello " + "there"),
-/// so they are kept (except leading ones at the start of the reply).
-fn strip_chunk(text: &str, reply_start: bool) -> String {
-    let stripped = emotion::strip_emoji(text);
-    if matches!(stripped, std::borrow::Cow::Borrowed(_)) {
-        return stripped.into_owned();
-    }
-    if stripped.trim().is_empty() {
-        // Only emoji (and spaces): keep one space so the words around it stay apart.
-        let spaced = !reply_start && text.contains(char::is_whitespace);
-        return if spaced { " ".into() } else { String::new() };
-    }
-    let lead = &text[..text.len() - text.trim_start().len()];
-    let trail = &text[text.trim_end().len()..];
-    let mut out = String::with_capacity(text.len());
-    if !reply_start {
-        out.push_str(lead);
-    }
-    out.push_str(stripped.trim());
-    out.push_str(trail);
-    out
-}
-
-/// Whether `c` continues an emoji cluster (ZWJ, variation selectors, skin tones, keycap,
-/// tag characters, the second regional indicator of a flag): a grapheme followed by one of
-/// these is not complete yet.
-fn extends_emoji(c: char) -> bool {
-    matches!(
-        u32::from(c),
-        0x200D | 0xFE0E | 0xFE0F | 0x1F3FB..=0x1F3FF | 0x20E3 | 0xE0020..=0xE007F
-            | 0x1F1E6..=0x1F1FF
-    )
-}
-
-/// Whether the start of a reply is settled: past its leading emoji clusters (and spaces) a
-/// complete grapheme that is not an emoji has arrived. Until then a later delta could still
-/// extend an emoji (`👨` + `\u{200D}👩`, `1` + `\u{FE0F}\u{20E3}`), so the text is held back.
-fn lead_settled(buf: &str) -> bool {
-    let mut rest = buf.trim_start();
-    while let Some(found) = emotion::leading_emoji(rest) {
-        rest = found.rest;
-    }
-    let mut chars = rest.chars();
-    match (chars.next(), chars.next()) {
-        (Some(c), Some(next)) => !extends_emoji(c) && !extends_emoji(next),
-        _ => false,
-    }
-}
 
 /// History's result for a tool call cancelled before it answered, so every call there is
 /// answered and later contexts stay valid.
@@ -1533,7 +1483,7 @@ fn expression(policy: &EmojiPolicy, turn: TurnId, text: &str) -> (ClientEvent, S
         ClientEvent::Emotion {
             turn,
             emoji: e.emoji.to_owned(),
-            emotion: e.emotion.clone(),
+            emotion: e.emotion,
         },
         e.text.to_owned(),
     )

@@ -3,7 +3,7 @@
 //!
 //! An [`Engine`] composes the turn machine ([`voxgate_turn`]), the VAD
 //! ([`voxgate_audio::vad`]), the tool registry and the device MCP client ([`voxgate_mcp`]), the
-//! emotion channel ([`voxgate_xiaozhi::emotion`]), a streaming [`sentence::Splitter`] and the
+//! emotion channel ([`emotion`]), a streaming [`sentence::Splitter`] and the
 //! chat [`history`]. Every door (realtime, Xiaozhi, Gemini bridge, Retell) drives one engine per
 //! conversation and only translates: protocol messages become [`Input`]s, [`ClientEvent`]s
 //! become protocol messages, and [`ProviderRequest`]s go to LLM/ASR/TTS back ends whose
@@ -80,6 +80,7 @@
 
 mod capture;
 mod config;
+pub mod emotion;
 mod engine;
 pub mod history;
 mod playback;
