@@ -26,6 +26,22 @@ use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
 
+/// Most conversation queries answered at once (each is an LLM request): a client asking more
+/// before the answers come is refused with [`ClientEvent::Error`], so it cannot make the session
+/// hold (or the server run) an unbounded number of requests.
+pub const MAX_PENDING_QUERIES: usize = 4;
+
+/// Most history exports waiting for the response in progress (`await_pending`): one answers
+/// the question "what was said"; more than a few waiting at once is a client loop, refused with
+/// [`ClientEvent::Error`] so each waiting export's copy of history cannot pile up.
+pub const MAX_PENDING_EXPORTS: usize = 4;
+
+/// Most transcribed utterances kept for one user turn before it is committed: a held
+/// push-to-talk turn (or speech that keeps a turn open) could otherwise collect utterances
+/// without end. Beyond it each new utterance's audio is merged into the last entry (kept only while the turn's audio stays within
+/// [`crate::EngineConfig::max_utterance`]).
+pub(crate) const MAX_HEARD_UTTERANCES: usize = 64;
+
 /// History's result for a tool call cancelled before it answered, so every call there is
 /// answered and later contexts stay valid.
 const CANCELLED_CALL: &str = "the call was cancelled before it finished";
@@ -135,6 +151,7 @@ impl Engine {
             return Err(ConfigError::OutputAudio);
         }
         let capture = new_capture(&config, config.input_rate)?;
+        let max_history_messages = config.max_history_messages;
         let mut turn = TurnMachine::new(config.turn.clone());
         for input in [TurnInput::Connect, TurnInput::Connected] {
             // Valid in this order on a fresh machine.
@@ -148,7 +165,7 @@ impl Engine {
             transcribing_enabled: false,
             registry: ToolRegistry::new(),
             mcp: None,
-            history: History::default(),
+            history: History::with_limit(max_history_messages),
             next_request: 1,
             outputs: VecDeque::new(),
             asr: VecDeque::new(),
@@ -380,7 +397,17 @@ impl Engine {
                 exclude_audio,
             } => {
                 if await_pending && self.pending_work() {
-                    self.exports.push_back(exclude_audio);
+                    if self.exports.len() >= MAX_PENDING_EXPORTS {
+                        self.client(ClientEvent::Error {
+                            category: ErrorCategory::Session,
+                            message: format!(
+                                "history export refused: {MAX_PENDING_EXPORTS} exports already \
+                                 wait for the response in progress"
+                            ),
+                        });
+                    } else {
+                        self.exports.push_back(exclude_audio);
+                    }
                 } else {
                     self.export(exclude_audio);
                 }
@@ -479,9 +506,19 @@ impl Engine {
         self.outputs.push_back(Output::Provider(request));
     }
 
-    /// Feeds the turn machine and acts on what it says.
+    /// Feeds the turn machine and acts on what it says. A full queue of waiting inputs is
+    /// reported to the client and the input dropped, like the other per-session bounds.
     fn feed(&mut self, now: Instant, input: TurnInput) -> Result<(), InputError> {
-        self.turn.handle_input(now, input)?;
+        match self.turn.handle_input(now, input) {
+            Err(e @ voxgate_turn::InputError::QueueFull { .. }) => {
+                self.client(ClientEvent::Error {
+                    category: ErrorCategory::Session,
+                    message: format!("input refused: {e}"),
+                });
+                return Ok(());
+            }
+            r => r?,
+        }
         self.pump(now);
         Ok(())
     }
@@ -530,7 +567,10 @@ impl Engine {
                 }
             })
             .collect();
-        self.client(ClientEvent::History(messages));
+        self.client(ClientEvent::History {
+            messages,
+            dropped: self.history.dropped(),
+        });
     }
 
     // ---- audio in ------------------------------------------------------------------------
@@ -1110,7 +1150,7 @@ impl Engine {
             let text = text.trim().to_owned();
             let empty = text.is_empty();
             if !empty {
-                self.heard.push((audio, text.clone()));
+                self.hear(audio, text.clone());
             }
             if !self.asr.is_empty() {
                 // More of the user's speech is still being transcribed: the turn must not
@@ -1130,6 +1170,26 @@ impl Engine {
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
             }
             self.pump(now);
+        }
+    }
+
+    /// Keeps a transcribed utterance for the user turn, within [`MAX_HEARD_UTTERANCES`] and,
+    /// for its audio, within one [`EngineConfig::max_utterance`] for the whole turn.
+    fn hear(&mut self, mut audio: Vec<i16>, text: String) {
+        let max_samples = usize::try_from(
+            self.config.max_utterance.as_millis() * u128::from(voxgate_audio::vad::MODEL_RATE)
+                / 1000,
+        )
+        .unwrap_or(usize::MAX);
+        let kept: usize = self.heard.iter().map(|(a, _)| a.len()).sum();
+        if kept.saturating_add(audio.len()) > max_samples {
+            audio = Vec::new();
+        }
+        let full = self.heard.len() >= MAX_HEARD_UTTERANCES;
+        match self.heard.last_mut() {
+            // The turn's text comes from the turn machine's words; here only audio matters.
+            Some((last_audio, _)) if full => last_audio.extend_from_slice(&audio),
+            _ => self.heard.push((audio, text)),
         }
     }
 
@@ -1406,6 +1466,16 @@ impl Engine {
         let instructions = instructions.filter(|i| !i.trim().is_empty());
         if prompt.is_none() && instructions.is_none() {
             return Err(InputError::EmptyQuery);
+        }
+        if self.queries.len() >= MAX_PENDING_QUERIES {
+            self.client(ClientEvent::Error {
+                category: ErrorCategory::Session,
+                message: format!(
+                    "conversation query refused: {MAX_PENDING_QUERIES} queries are already \
+                     being answered"
+                ),
+            });
+            return Ok(());
         }
         // The same bound as replies, with room for the question; a query is no response, so
         // what it leaves out stays in later replies' contexts (nothing is marked or reported).

@@ -88,8 +88,10 @@ pub mod provider;
 pub mod sentence;
 mod types;
 
-pub use config::{DEFAULT_MAX_CONTEXT_CHARS, EngineConfig, OutputAudio};
-pub use engine::Engine;
+pub use config::{
+    DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, EngineConfig, OutputAudio,
+};
+pub use engine::{Engine, MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
 pub use types::{

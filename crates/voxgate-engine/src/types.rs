@@ -265,8 +265,14 @@ pub enum ClientEvent {
     },
     /// Send this JSON-RPC message to the device (Xiaozhi `mcp` envelope).
     DeviceMcp(Message),
-    /// The conversation so far (realtime `ChatHistory`).
-    History(Vec<ChatMessage>),
+    /// The conversation so far (realtime `ChatHistory`): the messages still in memory.
+    History {
+        /// The messages, oldest first.
+        messages: Vec<ChatMessage>,
+        /// Messages dropped from memory since the session started to stay within
+        /// [`crate::EngineConfig::max_history_messages`]; they came before `messages`.
+        dropped: u64,
+    },
     /// The answer to a [`Input::ConversationQuery`], in query order.
     QueryResult {
         /// The answer.

@@ -576,7 +576,7 @@ fn history_export_awaits_the_pending_reply_and_can_exclude_audio() {
         await_pending: false,
         exclude_audio: false,
     }));
-    let [ClientEvent::History(h)] = now.as_slice() else {
+    let [ClientEvent::History { messages: h, .. }] = now.as_slice() else {
         panic!("{now:?}")
     };
     assert_eq!(h.len(), 1);
@@ -592,7 +592,7 @@ fn history_export_awaits_the_pending_reply_and_can_exclude_audio() {
     d.provider(delta(id, "Hi."));
     let out = d.provider(done(id));
     let events = client(&out);
-    let ClientEvent::History(h) = events.last().unwrap() else {
+    let ClientEvent::History { messages: h, .. } = events.last().unwrap() else {
         panic!("{events:?}")
     };
     assert_eq!(h.len(), 2);
