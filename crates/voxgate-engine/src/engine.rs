@@ -1,16 +1,12 @@
 //! The conversation machine.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem;
 use std::time::{Duration, Instant};
 
 use crate::emotion::{self, EmojiPolicy, extends_emoji, lead_settled, strip_chunk};
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
-use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
-use voxgate_mcp::jsonrpc::ErrorObject;
-use voxgate_mcp::model::Tool;
-use voxgate_mcp::registry::{ToolRegistry, ToolSource};
 use voxgate_turn::{
     AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine,
     UserSource,
@@ -22,6 +18,7 @@ use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus, History};
 use crate::playback::Ledger;
 use crate::provider::{ChatRole, ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
 use crate::sentence::Splitter;
+use crate::tools::{Dispatch, Tools, ToolsEvent};
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
@@ -94,12 +91,6 @@ struct Asr {
     result: Option<(String, String)>,
 }
 
-#[derive(Debug, Clone)]
-struct Call {
-    source: ToolSource,
-    device_call: Option<CallId>,
-}
-
 #[derive(Debug)]
 struct Query {
     id: RequestId,
@@ -115,8 +106,7 @@ pub struct Engine {
     capture: Capture,
     /// The recognizer is in use: the turn machine waits for transcripts before ending turns.
     transcribing_enabled: bool,
-    registry: ToolRegistry,
-    mcp: Option<McpClient>,
+    tools: Tools,
     history: History,
     next_request: u64,
     outputs: VecDeque<Output>,
@@ -131,8 +121,6 @@ pub struct Engine {
     /// Client events waiting for the turn machine's `Deliver` of their chunk.
     held: VecDeque<(TurnId, u32, Vec<ClientEvent>)>,
     chunk_seq: u32,
-    calls: BTreeMap<String, Call>,
-    device_calls: BTreeMap<CallId, String>,
     queries: VecDeque<Query>,
     exports: VecDeque<bool>,
     /// Provider events for requests no longer awaited.
@@ -163,8 +151,7 @@ impl Engine {
             turn,
             capture,
             transcribing_enabled: false,
-            registry: ToolRegistry::new(),
-            mcp: None,
+            tools: Tools::new(),
             history: History::with_limit(max_history_messages),
             next_request: 1,
             outputs: VecDeque::new(),
@@ -175,8 +162,6 @@ impl Engine {
             closing: None,
             held: VecDeque::new(),
             chunk_seq: 0,
-            calls: BTreeMap::new(),
-            device_calls: BTreeMap::new(),
             queries: VecDeque::new(),
             exports: VecDeque::new(),
             stale_events: 0,
@@ -199,14 +184,7 @@ impl Engine {
     /// The tools offered to the model, with the names it sees.
     #[must_use]
     pub fn llm_tools(&self) -> Vec<ToolSpec> {
-        self.registry
-            .llm_tools()
-            .map(|t| ToolSpec {
-                name: t.llm_name().to_owned(),
-                description: t.tool().description.clone(),
-                parameters: t.tool().input_schema.clone(),
-            })
-            .collect()
+        self.tools.llm_tools()
     }
 
     /// Whether the session was closed ([`Input::Close`]).
@@ -236,7 +214,7 @@ impl Engine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let t = self.turn.poll_timeout();
-        let m = self.mcp.as_ref().and_then(McpClient::poll_timeout);
+        let m = self.tools.poll_timeout();
         match (t, m) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -247,9 +225,7 @@ impl Engine {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.turn.handle_timeout(now);
         self.pump(now);
-        if let Some(m) = &mut self.mcp {
-            m.handle_timeout(now);
-        }
+        self.tools.handle_timeout(now);
         self.pump_mcp(now);
     }
 
@@ -362,30 +338,17 @@ impl Engine {
                 self.feed(now, TurnInput::PlaybackProgress { turn, bytes_played })?;
             }
             Input::SetTools(tools) => {
-                let tools = tools
-                    .into_iter()
-                    .map(|t| Tool::new(t.name, t.description, t.parameters))
-                    .collect();
-                for rejected in self.registry.set_source_tools(ToolSource::Client, tools) {
-                    self.client(ClientEvent::Error {
-                        category: ErrorCategory::Configuration,
-                        message: rejected.to_string(),
-                    });
+                for error in self.tools.set_client_tools(tools) {
+                    self.client(error);
                 }
             }
             Input::ToolResult { id, result } => self.client_tool_result(now, id, result)?,
             Input::DeviceMcpStart => {
-                let mut client = McpClient::new(ClientConfig::default());
-                // A fresh client cannot be started twice.
-                let _ = client.start(now);
-                self.mcp = Some(client);
+                self.tools.start_device(now);
                 self.pump_mcp(now);
             }
             Input::DeviceMcp(payload) => {
-                let Some(m) = &mut self.mcp else {
-                    return Err(InputError::DeviceMcpNotStarted);
-                };
-                m.handle_input(now, voxgate_mcp::Input::Value(payload));
+                self.tools.device_input(now, payload)?;
                 self.pump_mcp(now);
             }
             Input::ConversationQuery {
@@ -477,16 +440,13 @@ impl Engine {
             self.provider(ProviderRequest::Cancel { id });
         }
         // Calls the turn machine did not track (refused ones awaiting generation's end).
-        for call_id in mem::take(&mut self.calls).into_keys() {
+        for call_id in self.tools.close() {
             self.history
                 .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
         }
-        self.device_calls.clear();
         self.held.clear();
         self.heard.clear();
         self.exports.clear();
-        // The device is gone: its MCP client (and any cancel notices it queued) with it.
-        self.mcp = None;
         self.closed = true;
     }
 
@@ -551,7 +511,7 @@ impl Engine {
     }
 
     fn pending_work(&self) -> bool {
-        self.turn.current_response().is_some() || !self.calls.is_empty()
+        self.turn.current_response().is_some() || self.tools.pending()
     }
 
     fn export(&mut self, exclude_audio: bool) {
@@ -736,13 +696,9 @@ impl Engine {
                 }
             }
             TurnOutput::CancelTool { call_id } => {
-                if let Some(call) = self.calls.remove(&call_id) {
+                if self.tools.cancel(&call_id) {
                     self.history
                         .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
-                    if let (Some(m), Some(n)) = (&mut self.mcp, call.device_call) {
-                        self.device_calls.remove(&n);
-                        m.cancel(n, "the reply was cut off");
-                    }
                 }
             }
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
@@ -1272,15 +1228,12 @@ impl Engine {
         llm_name: &str,
         arguments: Value,
     ) {
-        if self.calls.contains_key(&call_id) {
+        if self.tools.contains(&call_id) {
             self.stale_events += 1;
             return;
         }
-        let prepared = self.registry.prepare_call(llm_name, arguments.clone());
-        let (name, args) = match &prepared {
-            Ok(p) => (p.name.clone(), p.arguments.clone()),
-            Err(_) => (llm_name.to_owned(), arguments),
-        };
+        let prepared = self.tools.prepare(llm_name, arguments);
+        let name = prepared.name.clone();
         self.history
             .assistant(now, turn)
             .content
@@ -1288,7 +1241,7 @@ impl Engine {
                 id: call_id.clone(),
                 name: name.clone(),
                 llm_name: llm_name.to_owned(),
-                arguments: args,
+                arguments: prepared.arguments.clone(),
             });
         self.feed_internal(
             now,
@@ -1301,64 +1254,16 @@ impl Engine {
             },
         );
         self.pump(now);
-        let refuse = |engine: &mut Self, message: String| {
-            engine.history.push_tool_result(now, &call_id, message);
-            if let Some(r) = &mut engine.resp {
-                r.refused.push(call_id.clone());
-            }
-        };
-        let p = match prepared {
-            Ok(p) => p,
-            Err(e) => {
-                let payload = serde_json::to_string(&e.payload().to_value())
-                    .unwrap_or_else(|_| e.to_string());
-                self.calls.insert(
-                    call_id.clone(),
-                    Call {
-                        source: ToolSource::Server,
-                        device_call: None,
-                    },
-                );
-                refuse(self, payload);
-                return;
-            }
-        };
-        let mut call = Call {
-            source: p.source.clone(),
-            device_call: None,
-        };
-        match p.source {
-            ToolSource::Client => self.client(ClientEvent::ToolCallRequest {
-                id: call_id.clone(),
-                name: p.name,
-                arguments: p.arguments,
-                turn,
-            }),
-            ToolSource::Device => {
-                let started = self
-                    .mcp
-                    .as_mut()
-                    .map(|m| m.call_tool(now, &p.name, p.arguments));
-                match started {
-                    Some(Ok(n)) => {
-                        call.device_call = Some(n);
-                        self.device_calls.insert(n, call_id.clone());
-                    }
-                    _ => {
-                        self.calls.insert(call_id.clone(), call);
-                        refuse(self, "the device is not connected".to_owned());
-                        return;
-                    }
+        match self.tools.dispatch(now, &call_id, prepared, turn) {
+            Dispatch::Client(request) => self.client(request),
+            Dispatch::Device => self.pump_mcp(now),
+            Dispatch::Refused(message) => {
+                self.history.push_tool_result(now, &call_id, message);
+                if let Some(r) = &mut self.resp {
+                    r.refused.push(call_id);
                 }
             }
-            _ => {
-                self.calls.insert(call_id.clone(), call);
-                refuse(self, "no runner for this tool".to_owned());
-                return;
-            }
         }
-        self.calls.insert(call_id, call);
-        self.pump_mcp(now);
     }
 
     fn client_tool_result(
@@ -1367,9 +1272,8 @@ impl Engine {
         id: String,
         result: String,
     ) -> Result<(), InputError> {
-        match self.calls.get(&id) {
-            Some(c) if c.source == ToolSource::Client => {}
-            _ => return Err(InputError::UnknownToolCall(id)),
+        if !self.tools.awaits_client(&id) {
+            return Err(InputError::UnknownToolCall(id));
         }
         self.history.push_tool_result(now, &id, result);
         self.finish_call(now, &id, true);
@@ -1377,7 +1281,7 @@ impl Engine {
     }
 
     fn finish_call(&mut self, now: Instant, call_id: &str, ok: bool) {
-        if self.calls.remove(call_id).is_none() {
+        if !self.tools.finish(call_id) {
             return;
         }
         self.feed_internal(
@@ -1390,67 +1294,15 @@ impl Engine {
         self.pump(now);
     }
 
-    /// Acts on the device MCP client's outputs.
-    ///
-    /// The tool list is replaced whenever the device lists it: at start, and again after each
-    /// `notifications/tools/list_changed` (the client re-lists on its own); a failed re-list
-    /// keeps the previous tools. Every other notification (Xiaozhi's `state_changed`,
-    /// progress, logging) is ignored: nothing in a conversation depends on it. Requests from
-    /// the device (sampling, roots, elicitation) are answered "method not found", since the
-    /// engine offers none of them and the device must not wait for an answer. Protocol faults
-    /// and failed handshakes are reported as errors; the session goes on.
+    /// Acts on what the tools machine reports (device MCP traffic and answered calls).
     fn pump_mcp(&mut self, now: Instant) {
-        loop {
-            let Some(out) = self.mcp.as_mut().and_then(McpClient::poll_output) else {
-                return;
-            };
-            match out {
-                ClientOutput::Transmit(m) => self.client(ClientEvent::DeviceMcp(m)),
-                ClientOutput::ToolsListed(tools) => {
-                    for rejected in self.registry.set_source_tools(ToolSource::Device, tools) {
-                        self.client(ClientEvent::Error {
-                            category: ErrorCategory::Protocol,
-                            message: rejected.to_string(),
-                        });
-                    }
-                }
-                ClientOutput::ToolCallFinished { call, outcome, .. } => {
-                    let Some(call_id) = self.device_calls.remove(&call) else {
-                        continue;
-                    };
-                    let (text, ok) = match outcome {
-                        Ok(r) => (r.joined_text(), !r.is_error),
-                        Err(e) => (format!("the device tool failed: {e}"), false),
-                    };
+        while let Some(event) = self.tools.poll() {
+            match event {
+                ToolsEvent::Client(e) => self.client(e),
+                ToolsEvent::Finished { call_id, text, ok } => {
                     self.history.push_tool_result(now, &call_id, text);
                     self.finish_call(now, &call_id, ok);
                 }
-                ClientOutput::Request(r) => {
-                    if let Some(m) = &mut self.mcp {
-                        m.respond(
-                            r.id,
-                            Err(ErrorObject::new(
-                                ErrorObject::METHOD_NOT_FOUND,
-                                format!("{} is not supported", r.method),
-                            )),
-                        );
-                    }
-                }
-                ClientOutput::InitializeFailed(e) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Protocol,
-                    message: format!("device MCP initialize failed: {e}"),
-                }),
-                ClientOutput::ListToolsFailed(e) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Protocol,
-                    message: format!("device MCP tools/list failed, keeping the old tools: {e}"),
-                }),
-                ClientOutput::PeerFault(f) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Protocol,
-                    message: format!("device MCP: {f}"),
-                }),
-                // See above: notifications are ignored, and `Ready` / `Pong` need no action
-                // (the client lists tools on ready by itself; the engine sends no pings).
-                _ => {}
             }
         }
     }

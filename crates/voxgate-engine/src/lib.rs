@@ -86,6 +86,7 @@ pub mod history;
 mod playback;
 pub mod provider;
 pub mod sentence;
+mod tools;
 mod types;
 
 pub use config::{
