@@ -14,30 +14,15 @@ use voxgate_turn::{
 
 use crate::capture::{Capture, CaptureEvent};
 use crate::config::EngineConfig;
-use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus, History};
+use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus};
 use crate::playback::Ledger;
-use crate::provider::{ChatRole, ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
+use crate::provider::{ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
+use crate::record::{Asr, Record};
 use crate::sentence::Splitter;
 use crate::tools::{Dispatch, Tools, ToolsEvent};
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
-
-/// Most conversation queries answered at once (each is an LLM request): a client asking more
-/// before the answers come is refused with [`ClientEvent::Error`], so it cannot make the session
-/// hold (or the server run) an unbounded number of requests.
-pub const MAX_PENDING_QUERIES: usize = 4;
-
-/// Most history exports waiting for the response in progress (`await_pending`): one answers
-/// the question "what was said"; more than a few waiting at once is a client loop, refused with
-/// [`ClientEvent::Error`] so each waiting export's copy of history cannot pile up.
-pub const MAX_PENDING_EXPORTS: usize = 4;
-
-/// Most transcribed utterances kept for one user turn before it is committed: a held
-/// push-to-talk turn (or speech that keeps a turn open) could otherwise collect utterances
-/// without end. Beyond it each new utterance's audio is merged into the last entry (kept only while the turn's audio stays within
-/// [`crate::EngineConfig::max_utterance`]).
-pub(crate) const MAX_HEARD_UTTERANCES: usize = 64;
 
 /// History's result for a tool call cancelled before it answered, so every call there is
 /// answered and later contexts stay valid.
@@ -83,21 +68,6 @@ struct Response {
     spoken: Vec<AudioData>,
 }
 
-/// A transcription in flight; results are applied in request order.
-#[derive(Debug)]
-struct Asr {
-    id: RequestId,
-    audio: Vec<i16>,
-    result: Option<(String, String)>,
-}
-
-#[derive(Debug)]
-struct Query {
-    id: RequestId,
-    text: String,
-    outcome: Option<Result<(), String>>,
-}
-
 /// One conversation as a sans-IO machine. See the crate docs for the drive loop.
 #[derive(Debug)]
 pub struct Engine {
@@ -107,22 +77,16 @@ pub struct Engine {
     /// The recognizer is in use: the turn machine waits for transcripts before ending turns.
     transcribing_enabled: bool,
     tools: Tools,
-    history: History,
     next_request: u64,
     outputs: VecDeque<Output>,
-    /// Transcriptions in flight, oldest first.
-    asr: VecDeque<Asr>,
-    /// Transcribed utterances not yet committed as a user turn.
-    heard: Vec<(Vec<i16>, String)>,
-    language: String,
+    /// Transcripts in flight, what was heard, history, queries and exports.
+    record: Record,
     resp: Option<Response>,
     /// A response just cancelled by the turn machine, kept until its record comes out.
     closing: Option<Response>,
     /// Client events waiting for the turn machine's `Deliver` of their chunk.
     held: VecDeque<(TurnId, u32, Vec<ClientEvent>)>,
     chunk_seq: u32,
-    queries: VecDeque<Query>,
-    exports: VecDeque<bool>,
     /// Provider events for requests no longer awaited.
     stale_events: u64,
     /// [`Input::Close`] was handled.
@@ -152,18 +116,13 @@ impl Engine {
             capture,
             transcribing_enabled: false,
             tools: Tools::new(),
-            history: History::with_limit(max_history_messages),
+            record: Record::new(max_history_messages),
             next_request: 1,
             outputs: VecDeque::new(),
-            asr: VecDeque::new(),
-            heard: Vec::new(),
-            language: String::new(),
             resp: None,
             closing: None,
             held: VecDeque::new(),
             chunk_seq: 0,
-            queries: VecDeque::new(),
-            exports: VecDeque::new(),
             stale_events: 0,
             closed: false,
         })
@@ -178,7 +137,7 @@ impl Engine {
     /// The conversation so far.
     #[must_use]
     pub fn history(&self) -> &[ChatMessage] {
-        self.history.messages()
+        self.record.history.messages()
     }
 
     /// The tools offered to the model, with the names it sees.
@@ -354,25 +313,29 @@ impl Engine {
             Input::ConversationQuery {
                 prompt,
                 instructions,
-            } => self.query(prompt, instructions)?,
+            } => {
+                let request = self.record.query(
+                    prompt,
+                    instructions,
+                    &self.config.system_prompt,
+                    self.config.max_context_chars,
+                    &mut self.next_request,
+                )?;
+                match request {
+                    Ok(request) => self.provider(request),
+                    Err(refused) => self.client(refused),
+                }
+            }
             Input::ExportHistory {
                 await_pending,
                 exclude_audio,
             } => {
                 if await_pending && self.pending_work() {
-                    if self.exports.len() >= MAX_PENDING_EXPORTS {
-                        self.client(ClientEvent::Error {
-                            category: ErrorCategory::Session,
-                            message: format!(
-                                "history export refused: {MAX_PENDING_EXPORTS} exports already \
-                                 wait for the response in progress"
-                            ),
-                        });
-                    } else {
-                        self.exports.push_back(exclude_audio);
+                    if let Err(refused) = self.record.await_export(exclude_audio) {
+                        self.client(refused);
                     }
                 } else {
-                    self.export(exclude_audio);
+                    self.export_now(exclude_audio);
                 }
             }
             Input::Provider(event) => self.provider_event(now, event),
@@ -390,11 +353,11 @@ impl Engine {
         instructions: Option<String>,
         flush_vad: bool,
     ) -> Result<(), InputError> {
-        let transcribing = self.capture.in_utterance() || !self.asr.is_empty();
+        let transcribing = self.capture.in_utterance() || !self.record.asr.is_empty();
         if flush_vad && transcribing && self.turn.state() == State::Listening {
             self.capture.flush();
             self.capture_events(now);
-            if !self.asr.is_empty() {
+            if !self.record.asr.is_empty() {
                 // Words already in (an earlier part's transcript) must not end the turn
                 // before the flushed part is transcribed; its transcript resets this.
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
@@ -433,20 +396,16 @@ impl Engine {
                 self.provider(ProviderRequest::Cancel { id: s.id });
             }
         }
-        for id in mem::take(&mut self.asr).into_iter().map(|a| a.id) {
-            self.provider(ProviderRequest::Cancel { id });
-        }
-        for id in mem::take(&mut self.queries).into_iter().map(|q| q.id) {
+        for id in self.record.close() {
             self.provider(ProviderRequest::Cancel { id });
         }
         // Calls the turn machine did not track (refused ones awaiting generation's end).
         for call_id in self.tools.close() {
-            self.history
+            self.record
+                .history
                 .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
         }
         self.held.clear();
-        self.heard.clear();
-        self.exports.clear();
         self.closed = true;
     }
 
@@ -457,9 +416,7 @@ impl Engine {
     }
 
     fn request(&mut self) -> RequestId {
-        let id = RequestId(self.next_request);
-        self.next_request += 1;
-        id
+        crate::record::next_id(&mut self.next_request)
     }
 
     fn provider(&mut self, request: ProviderRequest) {
@@ -514,23 +471,9 @@ impl Engine {
         self.turn.current_response().is_some() || self.tools.pending()
     }
 
-    fn export(&mut self, exclude_audio: bool) {
-        let messages = self
-            .history
-            .messages()
-            .iter()
-            .map(|m| {
-                if exclude_audio {
-                    m.without_audio()
-                } else {
-                    m.clone()
-                }
-            })
-            .collect();
-        self.client(ClientEvent::History {
-            messages,
-            dropped: self.history.dropped(),
-        });
+    fn export_now(&mut self, exclude_audio: bool) {
+        let event = self.record.export(exclude_audio);
+        self.client(event);
     }
 
     // ---- audio in ------------------------------------------------------------------------
@@ -579,7 +522,7 @@ impl Engine {
                 } else {
                     Vec::new()
                 };
-                self.asr.push_back(Asr {
+                self.record.asr.push_back(Asr {
                     id,
                     audio: kept,
                     result: None,
@@ -599,9 +542,9 @@ impl Engine {
         while let Some(out) = self.turn.poll_output() {
             self.on_turn_output(now, out);
         }
-        if !self.exports.is_empty() && !self.pending_work() {
-            for exclude_audio in mem::take(&mut self.exports) {
-                self.export(exclude_audio);
+        if !self.record.exports.is_empty() && !self.pending_work() {
+            for exclude_audio in mem::take(&mut self.record.exports) {
+                self.export_now(exclude_audio);
             }
         }
     }
@@ -610,14 +553,14 @@ impl Engine {
         match out {
             TurnOutput::UserTurn(u) => {
                 if u.source == UserSource::Speech {
-                    let heard = mem::take(&mut self.heard);
+                    let heard = mem::take(&mut self.record.heard);
                     let mut samples = Vec::new();
                     if self.config.keep_user_audio {
                         for (audio, _) in &heard {
                             samples.extend_from_slice(audio);
                         }
                     }
-                    self.history.push_user_audio(
+                    self.record.history.push_user_audio(
                         now,
                         u.turn,
                         AudioData {
@@ -626,22 +569,22 @@ impl Engine {
                             transcription: u.text.clone(),
                         },
                     );
-                    self.history.cap_audio(self.config.max_history_audio);
+                    self.record.history.cap_audio(self.config.max_history_audio);
                     self.client(ClientEvent::UserTranscription {
                         turn: u.turn,
                         text: u.text,
-                        language: self.language.clone(),
+                        language: self.record.language.clone(),
                     });
                 } else {
-                    self.history.push_user_text(now, u.turn, u.text);
+                    self.record.history.push_user_text(now, u.turn, u.text);
                 }
             }
-            TurnOutput::UserTurnDiscarded => self.heard.clear(),
+            TurnOutput::UserTurnDiscarded => self.record.heard.clear(),
             TurnOutput::StartResponse {
                 turn, instructions, ..
             } => {
                 if let Some(text) = instructions {
-                    self.history.push_instructions(now, turn, text);
+                    self.record.history.push_instructions(now, turn, text);
                 }
                 let id = self.request();
                 self.new_response(turn, Some(id));
@@ -666,7 +609,7 @@ impl Engine {
                 self.end_reply_text(now);
             }
             TurnOutput::ResponseBegun { turn } => {
-                self.history.assistant(now, turn);
+                self.record.history.assistant(now, turn);
                 self.client(ClientEvent::ResponseBegin { turn });
             }
             TurnOutput::Deliver { turn, seq } => {
@@ -697,7 +640,8 @@ impl Engine {
             }
             TurnOutput::CancelTool { call_id } => {
                 if self.tools.cancel(&call_id) {
-                    self.history
+                    self.record
+                        .history
                         .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
                 }
             }
@@ -733,15 +677,17 @@ impl Engine {
                                 (text, a)
                             })
                             .collect();
-                        self.history.set_assistant_sentences(now, a.turn, sentences);
-                        self.history.cap_audio(self.config.max_history_audio);
+                        self.record
+                            .history
+                            .set_assistant_sentences(now, a.turn, sentences);
+                        self.record.history.cap_audio(self.config.max_history_audio);
                     }
                     _ => {
                         let text = a.heard_text.trim().to_owned();
-                        self.history.set_assistant_text(now, a.turn, text);
+                        self.record.history.set_assistant_text(now, a.turn, text);
                     }
                 }
-                let m = self.history.assistant(now, a.turn);
+                let m = self.record.history.assistant(now, a.turn);
                 m.delivery = if interrupted {
                     DeliveryStatus::Interrupted
                 } else {
@@ -767,10 +713,12 @@ impl Engine {
     /// The LLM context for response `turn`, within the budget: exchanges left out now leave
     /// the context for good, are marked in history and reported to the client.
     fn response_context(&mut self, turn: TurnId) -> Vec<ContextMessage> {
-        let context =
-            self.history
-                .context(&self.config.system_prompt, self.config.max_context_chars, 0);
-        let truncated = self.history.mark_truncated(&context.dropped, turn);
+        let context = self.record.history.context(
+            &self.config.system_prompt,
+            self.config.max_context_chars,
+            0,
+        );
+        let truncated = self.record.history.mark_truncated(&context.dropped, turn);
         if !truncated.is_empty() {
             self.client(ClientEvent::ContextTruncated {
                 truncated,
@@ -1055,6 +1003,7 @@ impl Engine {
     fn provider_event(&mut self, now: Instant, event: ProviderEvent) {
         let id = event.id();
         if let Some(pos) = self
+            .record
             .asr
             .iter()
             .position(|a| a.id == id && a.result.is_none())
@@ -1068,8 +1017,14 @@ impl Engine {
             .is_some_and(|r| r.sentences.iter().any(|s| s.id == id))
         {
             self.tts_event(now, event);
-        } else if self.queries.iter().any(|q| q.id == id) {
-            self.query_event(event);
+        } else if self.record.queries.iter().any(|q| q.id == id) {
+            if let Some(events) = self.record.query_event(event) {
+                for e in events {
+                    self.client(e);
+                }
+            } else {
+                self.stale_events += 1;
+            }
         } else {
             self.stale_events += 1;
         }
@@ -1088,27 +1043,28 @@ impl Engine {
             // Partial results are not part of the contract; wait for the transcript.
             _ => return,
         };
-        if let Some(a) = self.asr.get_mut(pos) {
+        if let Some(a) = self.record.asr.get_mut(pos) {
             a.result = Some((text, language));
         }
-        while self.asr.front().is_some_and(|a| a.result.is_some()) {
+        while self.record.asr.front().is_some_and(|a| a.result.is_some()) {
             let Some(Asr {
                 audio,
                 result: Some((text, language)),
                 ..
-            }) = self.asr.pop_front()
+            }) = self.record.asr.pop_front()
             else {
                 break;
             };
             if !language.is_empty() {
-                self.language = language;
+                self.record.language = language;
             }
             let text = text.trim().to_owned();
             let empty = text.is_empty();
             if !empty {
-                self.hear(audio, text.clone());
+                self.record
+                    .hear(audio, text.clone(), self.config.max_utterance);
             }
-            if !self.asr.is_empty() {
+            if !self.record.asr.is_empty() {
                 // More of the user's speech is still being transcribed: the turn must not
                 // end on this part alone (set before the words, which re-check endpointing).
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
@@ -1120,32 +1076,12 @@ impl Engine {
                     is_final: true,
                 },
             );
-            if self.asr.is_empty() {
+            if self.record.asr.is_empty() {
                 // All speech is transcribed: end the turn after the short delay (at once when
                 // nothing was said) rather than after the longest wait.
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
             }
             self.pump(now);
-        }
-    }
-
-    /// Keeps a transcribed utterance for the user turn, within [`MAX_HEARD_UTTERANCES`] and,
-    /// for its audio, within one [`EngineConfig::max_utterance`] for the whole turn.
-    fn hear(&mut self, mut audio: Vec<i16>, text: String) {
-        let max_samples = usize::try_from(
-            self.config.max_utterance.as_millis() * u128::from(voxgate_audio::vad::MODEL_RATE)
-                / 1000,
-        )
-        .unwrap_or(usize::MAX);
-        let kept: usize = self.heard.iter().map(|(a, _)| a.len()).sum();
-        if kept.saturating_add(audio.len()) > max_samples {
-            audio = Vec::new();
-        }
-        let full = self.heard.len() >= MAX_HEARD_UTTERANCES;
-        match self.heard.last_mut() {
-            // The turn's text comes from the turn machine's words; here only audio matters.
-            Some((last_audio, _)) if full => last_audio.extend_from_slice(&audio),
-            _ => self.heard.push((audio, text)),
         }
     }
 
@@ -1234,7 +1170,8 @@ impl Engine {
         }
         let prepared = self.tools.prepare(llm_name, arguments);
         let name = prepared.name.clone();
-        self.history
+        self.record
+            .history
             .assistant(now, turn)
             .content
             .push(Content::ToolCall {
@@ -1258,7 +1195,7 @@ impl Engine {
             Dispatch::Client(request) => self.client(request),
             Dispatch::Device => self.pump_mcp(now),
             Dispatch::Refused(message) => {
-                self.history.push_tool_result(now, &call_id, message);
+                self.record.history.push_tool_result(now, &call_id, message);
                 if let Some(r) = &mut self.resp {
                     r.refused.push(call_id);
                 }
@@ -1275,7 +1212,7 @@ impl Engine {
         if !self.tools.awaits_client(&id) {
             return Err(InputError::UnknownToolCall(id));
         }
-        self.history.push_tool_result(now, &id, result);
+        self.record.history.push_tool_result(now, &id, result);
         self.finish_call(now, &id, true);
         Ok(())
     }
@@ -1300,7 +1237,7 @@ impl Engine {
             match event {
                 ToolsEvent::Client(e) => self.client(e),
                 ToolsEvent::Finished { call_id, text, ok } => {
-                    self.history.push_tool_result(now, &call_id, text);
+                    self.record.history.push_tool_result(now, &call_id, text);
                     self.finish_call(now, &call_id, ok);
                 }
             }
@@ -1308,87 +1245,6 @@ impl Engine {
     }
 
     // ---- queries -------------------------------------------------------------------------
-
-    fn query(
-        &mut self,
-        prompt: Option<String>,
-        instructions: Option<String>,
-    ) -> Result<(), InputError> {
-        let prompt = prompt.filter(|p| !p.trim().is_empty());
-        let instructions = instructions.filter(|i| !i.trim().is_empty());
-        if prompt.is_none() && instructions.is_none() {
-            return Err(InputError::EmptyQuery);
-        }
-        if self.queries.len() >= MAX_PENDING_QUERIES {
-            self.client(ClientEvent::Error {
-                category: ErrorCategory::Session,
-                message: format!(
-                    "conversation query refused: {MAX_PENDING_QUERIES} queries are already \
-                     being answered"
-                ),
-            });
-            return Ok(());
-        }
-        // The same bound as replies, with room for the question; a query is no response, so
-        // what it leaves out stays in later replies' contexts (nothing is marked or reported).
-        let reserve = instructions.as_ref().map_or(0, |i| i.chars().count())
-            + prompt.as_ref().map_or(0, |p| p.chars().count());
-        let mut messages = self
-            .history
-            .context(
-                &self.config.system_prompt,
-                self.config.max_context_chars,
-                reserve,
-            )
-            .messages;
-        if let Some(i) = instructions {
-            messages.push(ContextMessage::new(ChatRole::System, i));
-        }
-        if let Some(p) = prompt {
-            messages.push(ContextMessage::new(ChatRole::User, p));
-        }
-        let id = self.request();
-        self.queries.push_back(Query {
-            id,
-            text: String::new(),
-            outcome: None,
-        });
-        self.provider(ProviderRequest::Query { id, messages });
-        Ok(())
-    }
-
-    fn query_event(&mut self, event: ProviderEvent) {
-        let id = event.id();
-        let Some(q) = self.queries.iter_mut().find(|q| q.id == id) else {
-            return;
-        };
-        if q.outcome.is_some() {
-            self.stale_events += 1;
-            return;
-        }
-        match event {
-            ProviderEvent::TextDelta { delta, .. } => q.text.push_str(&delta),
-            ProviderEvent::Done { .. } => q.outcome = Some(Ok(())),
-            ProviderEvent::Failed { message, .. } => q.outcome = Some(Err(message)),
-            _ => {}
-        }
-        // Answers go out in the order the queries came.
-        while self.queries.front().is_some_and(|q| q.outcome.is_some()) {
-            let Some(q) = self.queries.pop_front() else {
-                break;
-            };
-            match q.outcome {
-                Some(Ok(())) => self.client(ClientEvent::QueryResult {
-                    text: q.text.trim().to_owned(),
-                }),
-                Some(Err(message)) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Inference,
-                    message: format!("conversation query failed: {message}"),
-                }),
-                None => {}
-            }
-        }
-    }
 }
 
 /// The VAD and utterance buffer for audio at `rate`.

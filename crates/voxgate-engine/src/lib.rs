@@ -85,6 +85,7 @@ mod engine;
 pub mod history;
 mod playback;
 pub mod provider;
+mod record;
 pub mod sentence;
 mod tools;
 mod types;
@@ -92,9 +93,10 @@ mod types;
 pub use config::{
     DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, EngineConfig, OutputAudio,
 };
-pub use engine::{Engine, MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
+pub use engine::Engine;
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
+pub use record::{MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
 pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
     TurnId,
