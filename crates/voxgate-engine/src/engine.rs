@@ -638,12 +638,10 @@ impl Engine {
                     self.closing = Some(r);
                 }
             }
-            TurnOutput::CancelTool { call_id } => {
-                if self.tools.cancel(&call_id) {
-                    self.record
-                        .history
-                        .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
-                }
+            TurnOutput::CancelTool { call_id } if self.tools.cancel(&call_id) => {
+                self.record
+                    .history
+                    .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
             }
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
             TurnOutput::ResponseEnded(a) => {

@@ -9,6 +9,16 @@
 //! become protocol messages, and [`ProviderRequest`]s go to LLM/ASR/TTS back ends whose
 //! answers come back as [`Input::Provider`] tagged with the engine's [`RequestId`].
 //!
+//! # Structure
+//! [`Engine`] is a composition: it routes each input to the part that owns the state and
+//! collects their outputs. The tools machine holds the tool registry, the device MCP client
+//! and the calls in flight; the record machine the transcriptions in flight, the utterances
+//! heard for the user turn, the [`history`] and the queries and exports waiting for answers;
+//! the turn machine decides who has the floor. Every per-session queue is bounded
+//! ([`EngineConfig::max_history_messages`], [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`],
+//! [`voxgate_turn::MAX_QUEUED_INPUTS`]): beyond a bound the oldest history is dropped and
+//! counted, or the request is refused with [`ClientEvent::Error`].
+//!
 //! # Drive loop
 //! ```text
 //! engine = Engine::new(config, now)?
