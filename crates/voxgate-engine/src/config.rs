@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use crate::emotion::EmojiPolicy;
 use voxgate_audio::vad::VadConfig;
-use voxgate_xiaozhi::emotion::EmojiPolicy;
 
 /// How the client's output audio is counted, so playback reports (`bytes_played`) can be
 /// matched to the audio the engine delivered.
@@ -18,6 +18,15 @@ pub struct OutputAudio {
 /// English, which fits the context window of any current chat model with room for the tools
 /// and the reply, and keeps per-turn LLM cost and latency flat in long sessions.
 pub const DEFAULT_MAX_CONTEXT_CHARS: usize = 32_000;
+
+/// Default [`EngineConfig::max_history_messages`]: 100 messages. Measured (the unit test
+/// `history::tests::full_history_stays_well_under_256_kb`): long exchanges, a 400-character
+/// user turn and a 1,200-character spoken reply of six sentences with a tool call, hold about
+/// 1.6 KB per message once their audio is dropped by [`EngineConfig::max_history_audio`], so a
+/// full history holds about 160 KB even when every message is that long, and far less with
+/// typical voice turns (a sentence or two). Within the default context budget (32 000
+/// characters) that still keeps far more exchanges than the model is given.
+pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = 100;
 
 /// Configuration of an [`crate::Engine`]. Plain data: build it with struct update syntax over
 /// [`EngineConfig::default`].
@@ -63,6 +72,14 @@ pub struct EngineConfig {
     /// carry [`crate::ChatMessage::truncated_at_response_turn`]). 0: unlimited. Default
     /// [`DEFAULT_MAX_CONTEXT_CHARS`].
     pub max_context_chars: usize,
+    /// Most history messages kept in memory, so a client can never grow a session's memory
+    /// without bound: when a message beyond it is added the oldest finished message is dropped
+    /// (the system prompt is configuration, never a history message, so it always stays) and
+    /// counted; exports report the count ([`crate::ClientEvent::History`]). Audio has its own
+    /// cap ([`EngineConfig::max_history_audio`]), the model's context its own budget
+    /// ([`EngineConfig::max_context_chars`]). 0: unlimited. Default
+    /// [`DEFAULT_MAX_HISTORY_MESSAGES`].
+    pub max_history_messages: usize,
 }
 
 impl Default for EngineConfig {
@@ -83,6 +100,7 @@ impl Default for EngineConfig {
             keep_user_audio: true,
             max_history_audio: Duration::from_secs(300),
             max_context_chars: DEFAULT_MAX_CONTEXT_CHARS,
+            max_history_messages: DEFAULT_MAX_HISTORY_MESSAGES,
         }
     }
 }

@@ -1,80 +1,28 @@
 //! The conversation machine.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem;
 use std::time::{Duration, Instant};
 
+use crate::emotion::{self, EmojiPolicy, extends_emoji, lead_settled, strip_chunk};
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
-use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
-use voxgate_mcp::jsonrpc::ErrorObject;
-use voxgate_mcp::model::Tool;
-use voxgate_mcp::registry::{ToolRegistry, ToolSource};
 use voxgate_turn::{
     AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine,
     UserSource,
 };
-use voxgate_xiaozhi::emotion::{self, EmojiPolicy};
 
 use crate::capture::{Capture, CaptureEvent};
 use crate::config::EngineConfig;
-use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus, History};
+use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus};
 use crate::playback::Ledger;
-use crate::provider::{ChatRole, ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
+use crate::provider::{ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
+use crate::record::{Asr, Record};
 use crate::sentence::Splitter;
+use crate::tools::{Dispatch, Tools, ToolsEvent};
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
-
-/// `text` without emoji, for one fragment of a streamed reply: `strip_emoji` trims its result,
-/// but the spaces at a fragment's edges separate it from its neighbours ("Hello " + "there"),
-/// so they are kept (except leading ones at the start of the reply).
-fn strip_chunk(text: &str, reply_start: bool) -> String {
-    let stripped = emotion::strip_emoji(text);
-    if matches!(stripped, std::borrow::Cow::Borrowed(_)) {
-        return stripped.into_owned();
-    }
-    if stripped.trim().is_empty() {
-        // Only emoji (and spaces): keep one space so the words around it stay apart.
-        let spaced = !reply_start && text.contains(char::is_whitespace);
-        return if spaced { " ".into() } else { String::new() };
-    }
-    let lead = &text[..text.len() - text.trim_start().len()];
-    let trail = &text[text.trim_end().len()..];
-    let mut out = String::with_capacity(text.len());
-    if !reply_start {
-        out.push_str(lead);
-    }
-    out.push_str(stripped.trim());
-    out.push_str(trail);
-    out
-}
-
-/// Whether `c` continues an emoji cluster (ZWJ, variation selectors, skin tones, keycap,
-/// tag characters, the second regional indicator of a flag): a grapheme followed by one of
-/// these is not complete yet.
-fn extends_emoji(c: char) -> bool {
-    matches!(
-        u32::from(c),
-        0x200D | 0xFE0E | 0xFE0F | 0x1F3FB..=0x1F3FF | 0x20E3 | 0xE0020..=0xE007F
-            | 0x1F1E6..=0x1F1FF
-    )
-}
-
-/// Whether the start of a reply is settled: past its leading emoji clusters (and spaces) a
-/// complete grapheme that is not an emoji has arrived. Until then a later delta could still
-/// extend an emoji (`👨` + `\u{200D}👩`, `1` + `\u{FE0F}\u{20E3}`), so the text is held back.
-fn lead_settled(buf: &str) -> bool {
-    let mut rest = buf.trim_start();
-    while let Some(found) = emotion::leading_emoji(rest) {
-        rest = found.rest;
-    }
-    let mut chars = rest.chars();
-    match (chars.next(), chars.next()) {
-        (Some(c), Some(next)) => !extends_emoji(c) && !extends_emoji(next),
-        _ => false,
-    }
-}
 
 /// History's result for a tool call cancelled before it answered, so every call there is
 /// answered and later contexts stay valid.
@@ -120,27 +68,6 @@ struct Response {
     spoken: Vec<AudioData>,
 }
 
-/// A transcription in flight; results are applied in request order.
-#[derive(Debug)]
-struct Asr {
-    id: RequestId,
-    audio: Vec<i16>,
-    result: Option<(String, String)>,
-}
-
-#[derive(Debug, Clone)]
-struct Call {
-    source: ToolSource,
-    device_call: Option<CallId>,
-}
-
-#[derive(Debug)]
-struct Query {
-    id: RequestId,
-    text: String,
-    outcome: Option<Result<(), String>>,
-}
-
 /// One conversation as a sans-IO machine. See the crate docs for the drive loop.
 #[derive(Debug)]
 pub struct Engine {
@@ -149,26 +76,17 @@ pub struct Engine {
     capture: Capture,
     /// The recognizer is in use: the turn machine waits for transcripts before ending turns.
     transcribing_enabled: bool,
-    registry: ToolRegistry,
-    mcp: Option<McpClient>,
-    history: History,
+    tools: Tools,
     next_request: u64,
     outputs: VecDeque<Output>,
-    /// Transcriptions in flight, oldest first.
-    asr: VecDeque<Asr>,
-    /// Transcribed utterances not yet committed as a user turn.
-    heard: Vec<(Vec<i16>, String)>,
-    language: String,
+    /// Transcripts in flight, what was heard, history, queries and exports.
+    record: Record,
     resp: Option<Response>,
     /// A response just cancelled by the turn machine, kept until its record comes out.
     closing: Option<Response>,
     /// Client events waiting for the turn machine's `Deliver` of their chunk.
     held: VecDeque<(TurnId, u32, Vec<ClientEvent>)>,
     chunk_seq: u32,
-    calls: BTreeMap<String, Call>,
-    device_calls: BTreeMap<CallId, String>,
-    queries: VecDeque<Query>,
-    exports: VecDeque<bool>,
     /// Provider events for requests no longer awaited.
     stale_events: u64,
     /// [`Input::Close`] was handled.
@@ -185,6 +103,7 @@ impl Engine {
             return Err(ConfigError::OutputAudio);
         }
         let capture = new_capture(&config, config.input_rate)?;
+        let max_history_messages = config.max_history_messages;
         let mut turn = TurnMachine::new(config.turn.clone());
         for input in [TurnInput::Connect, TurnInput::Connected] {
             // Valid in this order on a fresh machine.
@@ -196,22 +115,14 @@ impl Engine {
             turn,
             capture,
             transcribing_enabled: false,
-            registry: ToolRegistry::new(),
-            mcp: None,
-            history: History::default(),
+            tools: Tools::new(),
+            record: Record::new(max_history_messages),
             next_request: 1,
             outputs: VecDeque::new(),
-            asr: VecDeque::new(),
-            heard: Vec::new(),
-            language: String::new(),
             resp: None,
             closing: None,
             held: VecDeque::new(),
             chunk_seq: 0,
-            calls: BTreeMap::new(),
-            device_calls: BTreeMap::new(),
-            queries: VecDeque::new(),
-            exports: VecDeque::new(),
             stale_events: 0,
             closed: false,
         })
@@ -226,20 +137,13 @@ impl Engine {
     /// The conversation so far.
     #[must_use]
     pub fn history(&self) -> &[ChatMessage] {
-        self.history.messages()
+        self.record.history.messages()
     }
 
     /// The tools offered to the model, with the names it sees.
     #[must_use]
     pub fn llm_tools(&self) -> Vec<ToolSpec> {
-        self.registry
-            .llm_tools()
-            .map(|t| ToolSpec {
-                name: t.llm_name().to_owned(),
-                description: t.tool().description.clone(),
-                parameters: t.tool().input_schema.clone(),
-            })
-            .collect()
+        self.tools.llm_tools()
     }
 
     /// Whether the session was closed ([`Input::Close`]).
@@ -269,7 +173,7 @@ impl Engine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let t = self.turn.poll_timeout();
-        let m = self.mcp.as_ref().and_then(McpClient::poll_timeout);
+        let m = self.tools.poll_timeout();
         match (t, m) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -280,9 +184,7 @@ impl Engine {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.turn.handle_timeout(now);
         self.pump(now);
-        if let Some(m) = &mut self.mcp {
-            m.handle_timeout(now);
-        }
+        self.tools.handle_timeout(now);
         self.pump_mcp(now);
     }
 
@@ -395,44 +297,45 @@ impl Engine {
                 self.feed(now, TurnInput::PlaybackProgress { turn, bytes_played })?;
             }
             Input::SetTools(tools) => {
-                let tools = tools
-                    .into_iter()
-                    .map(|t| Tool::new(t.name, t.description, t.parameters))
-                    .collect();
-                for rejected in self.registry.set_source_tools(ToolSource::Client, tools) {
-                    self.client(ClientEvent::Error {
-                        category: ErrorCategory::Configuration,
-                        message: rejected.to_string(),
-                    });
+                for error in self.tools.set_client_tools(tools) {
+                    self.client(error);
                 }
             }
             Input::ToolResult { id, result } => self.client_tool_result(now, id, result)?,
             Input::DeviceMcpStart => {
-                let mut client = McpClient::new(ClientConfig::default());
-                // A fresh client cannot be started twice.
-                let _ = client.start(now);
-                self.mcp = Some(client);
+                self.tools.start_device(now);
                 self.pump_mcp(now);
             }
             Input::DeviceMcp(payload) => {
-                let Some(m) = &mut self.mcp else {
-                    return Err(InputError::DeviceMcpNotStarted);
-                };
-                m.handle_input(now, voxgate_mcp::Input::Value(payload));
+                self.tools.device_input(now, payload)?;
                 self.pump_mcp(now);
             }
             Input::ConversationQuery {
                 prompt,
                 instructions,
-            } => self.query(prompt, instructions)?,
+            } => {
+                let request = self.record.query(
+                    prompt,
+                    instructions,
+                    &self.config.system_prompt,
+                    self.config.max_context_chars,
+                    &mut self.next_request,
+                )?;
+                match request {
+                    Ok(request) => self.provider(request),
+                    Err(refused) => self.client(refused),
+                }
+            }
             Input::ExportHistory {
                 await_pending,
                 exclude_audio,
             } => {
                 if await_pending && self.pending_work() {
-                    self.exports.push_back(exclude_audio);
+                    if let Err(refused) = self.record.await_export(exclude_audio) {
+                        self.client(refused);
+                    }
                 } else {
-                    self.export(exclude_audio);
+                    self.export_now(exclude_audio);
                 }
             }
             Input::Provider(event) => self.provider_event(now, event),
@@ -450,11 +353,11 @@ impl Engine {
         instructions: Option<String>,
         flush_vad: bool,
     ) -> Result<(), InputError> {
-        let transcribing = self.capture.in_utterance() || !self.asr.is_empty();
+        let transcribing = self.capture.in_utterance() || !self.record.asr.is_empty();
         if flush_vad && transcribing && self.turn.state() == State::Listening {
             self.capture.flush();
             self.capture_events(now);
-            if !self.asr.is_empty() {
+            if !self.record.asr.is_empty() {
                 // Words already in (an earlier part's transcript) must not end the turn
                 // before the flushed part is transcribed; its transcript resets this.
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
@@ -493,23 +396,16 @@ impl Engine {
                 self.provider(ProviderRequest::Cancel { id: s.id });
             }
         }
-        for id in mem::take(&mut self.asr).into_iter().map(|a| a.id) {
-            self.provider(ProviderRequest::Cancel { id });
-        }
-        for id in mem::take(&mut self.queries).into_iter().map(|q| q.id) {
+        for id in self.record.close() {
             self.provider(ProviderRequest::Cancel { id });
         }
         // Calls the turn machine did not track (refused ones awaiting generation's end).
-        for call_id in mem::take(&mut self.calls).into_keys() {
-            self.history
+        for call_id in self.tools.close() {
+            self.record
+                .history
                 .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
         }
-        self.device_calls.clear();
         self.held.clear();
-        self.heard.clear();
-        self.exports.clear();
-        // The device is gone: its MCP client (and any cancel notices it queued) with it.
-        self.mcp = None;
         self.closed = true;
     }
 
@@ -520,18 +416,26 @@ impl Engine {
     }
 
     fn request(&mut self) -> RequestId {
-        let id = RequestId(self.next_request);
-        self.next_request += 1;
-        id
+        crate::record::next_id(&mut self.next_request)
     }
 
     fn provider(&mut self, request: ProviderRequest) {
         self.outputs.push_back(Output::Provider(request));
     }
 
-    /// Feeds the turn machine and acts on what it says.
+    /// Feeds the turn machine and acts on what it says. A full queue of waiting inputs is
+    /// reported to the client and the input dropped, like the other per-session bounds.
     fn feed(&mut self, now: Instant, input: TurnInput) -> Result<(), InputError> {
-        self.turn.handle_input(now, input)?;
+        match self.turn.handle_input(now, input) {
+            Err(e @ voxgate_turn::InputError::QueueFull { .. }) => {
+                self.client(ClientEvent::Error {
+                    category: ErrorCategory::Session,
+                    message: format!("input refused: {e}"),
+                });
+                return Ok(());
+            }
+            r => r?,
+        }
         self.pump(now);
         Ok(())
     }
@@ -564,23 +468,12 @@ impl Engine {
     }
 
     fn pending_work(&self) -> bool {
-        self.turn.current_response().is_some() || !self.calls.is_empty()
+        self.turn.current_response().is_some() || self.tools.pending()
     }
 
-    fn export(&mut self, exclude_audio: bool) {
-        let messages = self
-            .history
-            .messages()
-            .iter()
-            .map(|m| {
-                if exclude_audio {
-                    m.without_audio()
-                } else {
-                    m.clone()
-                }
-            })
-            .collect();
-        self.client(ClientEvent::History(messages));
+    fn export_now(&mut self, exclude_audio: bool) {
+        let event = self.record.export(exclude_audio);
+        self.client(event);
     }
 
     // ---- audio in ------------------------------------------------------------------------
@@ -629,7 +522,7 @@ impl Engine {
                 } else {
                     Vec::new()
                 };
-                self.asr.push_back(Asr {
+                self.record.asr.push_back(Asr {
                     id,
                     audio: kept,
                     result: None,
@@ -649,9 +542,9 @@ impl Engine {
         while let Some(out) = self.turn.poll_output() {
             self.on_turn_output(now, out);
         }
-        if !self.exports.is_empty() && !self.pending_work() {
-            for exclude_audio in mem::take(&mut self.exports) {
-                self.export(exclude_audio);
+        if !self.record.exports.is_empty() && !self.pending_work() {
+            for exclude_audio in mem::take(&mut self.record.exports) {
+                self.export_now(exclude_audio);
             }
         }
     }
@@ -660,14 +553,14 @@ impl Engine {
         match out {
             TurnOutput::UserTurn(u) => {
                 if u.source == UserSource::Speech {
-                    let heard = mem::take(&mut self.heard);
+                    let heard = mem::take(&mut self.record.heard);
                     let mut samples = Vec::new();
                     if self.config.keep_user_audio {
                         for (audio, _) in &heard {
                             samples.extend_from_slice(audio);
                         }
                     }
-                    self.history.push_user_audio(
+                    self.record.history.push_user_audio(
                         now,
                         u.turn,
                         AudioData {
@@ -676,22 +569,22 @@ impl Engine {
                             transcription: u.text.clone(),
                         },
                     );
-                    self.history.cap_audio(self.config.max_history_audio);
+                    self.record.history.cap_audio(self.config.max_history_audio);
                     self.client(ClientEvent::UserTranscription {
                         turn: u.turn,
                         text: u.text,
-                        language: self.language.clone(),
+                        language: self.record.language.clone(),
                     });
                 } else {
-                    self.history.push_user_text(now, u.turn, u.text);
+                    self.record.history.push_user_text(now, u.turn, u.text);
                 }
             }
-            TurnOutput::UserTurnDiscarded => self.heard.clear(),
+            TurnOutput::UserTurnDiscarded => self.record.heard.clear(),
             TurnOutput::StartResponse {
                 turn, instructions, ..
             } => {
                 if let Some(text) = instructions {
-                    self.history.push_instructions(now, turn, text);
+                    self.record.history.push_instructions(now, turn, text);
                 }
                 let id = self.request();
                 self.new_response(turn, Some(id));
@@ -716,7 +609,7 @@ impl Engine {
                 self.end_reply_text(now);
             }
             TurnOutput::ResponseBegun { turn } => {
-                self.history.assistant(now, turn);
+                self.record.history.assistant(now, turn);
                 self.client(ClientEvent::ResponseBegin { turn });
             }
             TurnOutput::Deliver { turn, seq } => {
@@ -745,15 +638,10 @@ impl Engine {
                     self.closing = Some(r);
                 }
             }
-            TurnOutput::CancelTool { call_id } => {
-                if let Some(call) = self.calls.remove(&call_id) {
-                    self.history
-                        .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
-                    if let (Some(m), Some(n)) = (&mut self.mcp, call.device_call) {
-                        self.device_calls.remove(&n);
-                        m.cancel(n, "the reply was cut off");
-                    }
-                }
+            TurnOutput::CancelTool { call_id } if self.tools.cancel(&call_id) => {
+                self.record
+                    .history
+                    .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
             }
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
             TurnOutput::ResponseEnded(a) => {
@@ -787,15 +675,17 @@ impl Engine {
                                 (text, a)
                             })
                             .collect();
-                        self.history.set_assistant_sentences(now, a.turn, sentences);
-                        self.history.cap_audio(self.config.max_history_audio);
+                        self.record
+                            .history
+                            .set_assistant_sentences(now, a.turn, sentences);
+                        self.record.history.cap_audio(self.config.max_history_audio);
                     }
                     _ => {
                         let text = a.heard_text.trim().to_owned();
-                        self.history.set_assistant_text(now, a.turn, text);
+                        self.record.history.set_assistant_text(now, a.turn, text);
                     }
                 }
-                let m = self.history.assistant(now, a.turn);
+                let m = self.record.history.assistant(now, a.turn);
                 m.delivery = if interrupted {
                     DeliveryStatus::Interrupted
                 } else {
@@ -821,10 +711,12 @@ impl Engine {
     /// The LLM context for response `turn`, within the budget: exchanges left out now leave
     /// the context for good, are marked in history and reported to the client.
     fn response_context(&mut self, turn: TurnId) -> Vec<ContextMessage> {
-        let context =
-            self.history
-                .context(&self.config.system_prompt, self.config.max_context_chars, 0);
-        let truncated = self.history.mark_truncated(&context.dropped, turn);
+        let context = self.record.history.context(
+            &self.config.system_prompt,
+            self.config.max_context_chars,
+            0,
+        );
+        let truncated = self.record.history.mark_truncated(&context.dropped, turn);
         if !truncated.is_empty() {
             self.client(ClientEvent::ContextTruncated {
                 truncated,
@@ -1109,6 +1001,7 @@ impl Engine {
     fn provider_event(&mut self, now: Instant, event: ProviderEvent) {
         let id = event.id();
         if let Some(pos) = self
+            .record
             .asr
             .iter()
             .position(|a| a.id == id && a.result.is_none())
@@ -1122,8 +1015,14 @@ impl Engine {
             .is_some_and(|r| r.sentences.iter().any(|s| s.id == id))
         {
             self.tts_event(now, event);
-        } else if self.queries.iter().any(|q| q.id == id) {
-            self.query_event(event);
+        } else if self.record.queries.iter().any(|q| q.id == id) {
+            if let Some(events) = self.record.query_event(event) {
+                for e in events {
+                    self.client(e);
+                }
+            } else {
+                self.stale_events += 1;
+            }
         } else {
             self.stale_events += 1;
         }
@@ -1142,27 +1041,28 @@ impl Engine {
             // Partial results are not part of the contract; wait for the transcript.
             _ => return,
         };
-        if let Some(a) = self.asr.get_mut(pos) {
+        if let Some(a) = self.record.asr.get_mut(pos) {
             a.result = Some((text, language));
         }
-        while self.asr.front().is_some_and(|a| a.result.is_some()) {
+        while self.record.asr.front().is_some_and(|a| a.result.is_some()) {
             let Some(Asr {
                 audio,
                 result: Some((text, language)),
                 ..
-            }) = self.asr.pop_front()
+            }) = self.record.asr.pop_front()
             else {
                 break;
             };
             if !language.is_empty() {
-                self.language = language;
+                self.record.language = language;
             }
             let text = text.trim().to_owned();
             let empty = text.is_empty();
             if !empty {
-                self.heard.push((audio, text.clone()));
+                self.record
+                    .hear(audio, text.clone(), self.config.max_utterance);
             }
-            if !self.asr.is_empty() {
+            if !self.record.asr.is_empty() {
                 // More of the user's speech is still being transcribed: the turn must not
                 // end on this part alone (set before the words, which re-check endpointing).
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
@@ -1174,7 +1074,7 @@ impl Engine {
                     is_final: true,
                 },
             );
-            if self.asr.is_empty() {
+            if self.record.asr.is_empty() {
                 // All speech is transcribed: end the turn after the short delay (at once when
                 // nothing was said) rather than after the longest wait.
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
@@ -1262,23 +1162,21 @@ impl Engine {
         llm_name: &str,
         arguments: Value,
     ) {
-        if self.calls.contains_key(&call_id) {
+        if self.tools.contains(&call_id) {
             self.stale_events += 1;
             return;
         }
-        let prepared = self.registry.prepare_call(llm_name, arguments.clone());
-        let (name, args) = match &prepared {
-            Ok(p) => (p.name.clone(), p.arguments.clone()),
-            Err(_) => (llm_name.to_owned(), arguments),
-        };
-        self.history
+        let prepared = self.tools.prepare(llm_name, arguments);
+        let name = prepared.name.clone();
+        self.record
+            .history
             .assistant(now, turn)
             .content
             .push(Content::ToolCall {
                 id: call_id.clone(),
                 name: name.clone(),
                 llm_name: llm_name.to_owned(),
-                arguments: args,
+                arguments: prepared.arguments.clone(),
             });
         self.feed_internal(
             now,
@@ -1291,64 +1189,16 @@ impl Engine {
             },
         );
         self.pump(now);
-        let refuse = |engine: &mut Self, message: String| {
-            engine.history.push_tool_result(now, &call_id, message);
-            if let Some(r) = &mut engine.resp {
-                r.refused.push(call_id.clone());
-            }
-        };
-        let p = match prepared {
-            Ok(p) => p,
-            Err(e) => {
-                let payload = serde_json::to_string(&e.payload().to_value())
-                    .unwrap_or_else(|_| e.to_string());
-                self.calls.insert(
-                    call_id.clone(),
-                    Call {
-                        source: ToolSource::Server,
-                        device_call: None,
-                    },
-                );
-                refuse(self, payload);
-                return;
-            }
-        };
-        let mut call = Call {
-            source: p.source.clone(),
-            device_call: None,
-        };
-        match p.source {
-            ToolSource::Client => self.client(ClientEvent::ToolCallRequest {
-                id: call_id.clone(),
-                name: p.name,
-                arguments: p.arguments,
-                turn,
-            }),
-            ToolSource::Device => {
-                let started = self
-                    .mcp
-                    .as_mut()
-                    .map(|m| m.call_tool(now, &p.name, p.arguments));
-                match started {
-                    Some(Ok(n)) => {
-                        call.device_call = Some(n);
-                        self.device_calls.insert(n, call_id.clone());
-                    }
-                    _ => {
-                        self.calls.insert(call_id.clone(), call);
-                        refuse(self, "the device is not connected".to_owned());
-                        return;
-                    }
+        match self.tools.dispatch(now, &call_id, prepared, turn) {
+            Dispatch::Client(request) => self.client(request),
+            Dispatch::Device => self.pump_mcp(now),
+            Dispatch::Refused(message) => {
+                self.record.history.push_tool_result(now, &call_id, message);
+                if let Some(r) = &mut self.resp {
+                    r.refused.push(call_id);
                 }
             }
-            _ => {
-                self.calls.insert(call_id.clone(), call);
-                refuse(self, "no runner for this tool".to_owned());
-                return;
-            }
         }
-        self.calls.insert(call_id, call);
-        self.pump_mcp(now);
     }
 
     fn client_tool_result(
@@ -1357,17 +1207,16 @@ impl Engine {
         id: String,
         result: String,
     ) -> Result<(), InputError> {
-        match self.calls.get(&id) {
-            Some(c) if c.source == ToolSource::Client => {}
-            _ => return Err(InputError::UnknownToolCall(id)),
+        if !self.tools.awaits_client(&id) {
+            return Err(InputError::UnknownToolCall(id));
         }
-        self.history.push_tool_result(now, &id, result);
+        self.record.history.push_tool_result(now, &id, result);
         self.finish_call(now, &id, true);
         Ok(())
     }
 
     fn finish_call(&mut self, now: Instant, call_id: &str, ok: bool) {
-        if self.calls.remove(call_id).is_none() {
+        if !self.tools.finish(call_id) {
             return;
         }
         self.feed_internal(
@@ -1380,143 +1229,20 @@ impl Engine {
         self.pump(now);
     }
 
-    /// Acts on the device MCP client's outputs.
-    ///
-    /// The tool list is replaced whenever the device lists it: at start, and again after each
-    /// `notifications/tools/list_changed` (the client re-lists on its own); a failed re-list
-    /// keeps the previous tools. Every other notification (Xiaozhi's `state_changed`,
-    /// progress, logging) is ignored: nothing in a conversation depends on it. Requests from
-    /// the device (sampling, roots, elicitation) are answered "method not found", since the
-    /// engine offers none of them and the device must not wait for an answer. Protocol faults
-    /// and failed handshakes are reported as errors; the session goes on.
+    /// Acts on what the tools machine reports (device MCP traffic and answered calls).
     fn pump_mcp(&mut self, now: Instant) {
-        loop {
-            let Some(out) = self.mcp.as_mut().and_then(McpClient::poll_output) else {
-                return;
-            };
-            match out {
-                ClientOutput::Transmit(m) => self.client(ClientEvent::DeviceMcp(m)),
-                ClientOutput::ToolsListed(tools) => {
-                    for rejected in self.registry.set_source_tools(ToolSource::Device, tools) {
-                        self.client(ClientEvent::Error {
-                            category: ErrorCategory::Protocol,
-                            message: rejected.to_string(),
-                        });
-                    }
-                }
-                ClientOutput::ToolCallFinished { call, outcome, .. } => {
-                    let Some(call_id) = self.device_calls.remove(&call) else {
-                        continue;
-                    };
-                    let (text, ok) = match outcome {
-                        Ok(r) => (r.joined_text(), !r.is_error),
-                        Err(e) => (format!("the device tool failed: {e}"), false),
-                    };
-                    self.history.push_tool_result(now, &call_id, text);
+        while let Some(event) = self.tools.poll() {
+            match event {
+                ToolsEvent::Client(e) => self.client(e),
+                ToolsEvent::Finished { call_id, text, ok } => {
+                    self.record.history.push_tool_result(now, &call_id, text);
                     self.finish_call(now, &call_id, ok);
                 }
-                ClientOutput::Request(r) => {
-                    if let Some(m) = &mut self.mcp {
-                        m.respond(
-                            r.id,
-                            Err(ErrorObject::new(
-                                ErrorObject::METHOD_NOT_FOUND,
-                                format!("{} is not supported", r.method),
-                            )),
-                        );
-                    }
-                }
-                ClientOutput::InitializeFailed(e) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Protocol,
-                    message: format!("device MCP initialize failed: {e}"),
-                }),
-                ClientOutput::ListToolsFailed(e) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Protocol,
-                    message: format!("device MCP tools/list failed, keeping the old tools: {e}"),
-                }),
-                ClientOutput::PeerFault(f) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Protocol,
-                    message: format!("device MCP: {f}"),
-                }),
-                // See above: notifications are ignored, and `Ready` / `Pong` need no action
-                // (the client lists tools on ready by itself; the engine sends no pings).
-                _ => {}
             }
         }
     }
 
     // ---- queries -------------------------------------------------------------------------
-
-    fn query(
-        &mut self,
-        prompt: Option<String>,
-        instructions: Option<String>,
-    ) -> Result<(), InputError> {
-        let prompt = prompt.filter(|p| !p.trim().is_empty());
-        let instructions = instructions.filter(|i| !i.trim().is_empty());
-        if prompt.is_none() && instructions.is_none() {
-            return Err(InputError::EmptyQuery);
-        }
-        // The same bound as replies, with room for the question; a query is no response, so
-        // what it leaves out stays in later replies' contexts (nothing is marked or reported).
-        let reserve = instructions.as_ref().map_or(0, |i| i.chars().count())
-            + prompt.as_ref().map_or(0, |p| p.chars().count());
-        let mut messages = self
-            .history
-            .context(
-                &self.config.system_prompt,
-                self.config.max_context_chars,
-                reserve,
-            )
-            .messages;
-        if let Some(i) = instructions {
-            messages.push(ContextMessage::new(ChatRole::System, i));
-        }
-        if let Some(p) = prompt {
-            messages.push(ContextMessage::new(ChatRole::User, p));
-        }
-        let id = self.request();
-        self.queries.push_back(Query {
-            id,
-            text: String::new(),
-            outcome: None,
-        });
-        self.provider(ProviderRequest::Query { id, messages });
-        Ok(())
-    }
-
-    fn query_event(&mut self, event: ProviderEvent) {
-        let id = event.id();
-        let Some(q) = self.queries.iter_mut().find(|q| q.id == id) else {
-            return;
-        };
-        if q.outcome.is_some() {
-            self.stale_events += 1;
-            return;
-        }
-        match event {
-            ProviderEvent::TextDelta { delta, .. } => q.text.push_str(&delta),
-            ProviderEvent::Done { .. } => q.outcome = Some(Ok(())),
-            ProviderEvent::Failed { message, .. } => q.outcome = Some(Err(message)),
-            _ => {}
-        }
-        // Answers go out in the order the queries came.
-        while self.queries.front().is_some_and(|q| q.outcome.is_some()) {
-            let Some(q) = self.queries.pop_front() else {
-                break;
-            };
-            match q.outcome {
-                Some(Ok(())) => self.client(ClientEvent::QueryResult {
-                    text: q.text.trim().to_owned(),
-                }),
-                Some(Err(message)) => self.client(ClientEvent::Error {
-                    category: ErrorCategory::Inference,
-                    message: format!("conversation query failed: {message}"),
-                }),
-                None => {}
-            }
-        }
-    }
 }
 
 /// The VAD and utterance buffer for audio at `rate`.
@@ -1533,7 +1259,7 @@ fn expression(policy: &EmojiPolicy, turn: TurnId, text: &str) -> (ClientEvent, S
         ClientEvent::Emotion {
             turn,
             emoji: e.emoji.to_owned(),
-            emotion: e.emotion.clone(),
+            emotion: e.emotion,
         },
         e.text.to_owned(),
     )

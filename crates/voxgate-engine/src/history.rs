@@ -186,11 +186,46 @@ impl ChatMessage {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct History {
     messages: Vec<ChatMessage>,
+    /// Most messages kept (0: unlimited).
+    limit: usize,
+    /// Messages dropped from memory to stay within `limit`.
+    dropped: u64,
 }
 
 impl History {
+    /// An empty history keeping at most `limit` messages (0: unlimited).
+    pub(crate) fn with_limit(limit: usize) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn messages(&self) -> &[ChatMessage] {
         &self.messages
+    }
+
+    /// Messages dropped from memory since the start.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Adds a message, dropping the oldest finished ones beyond the limit. A message still in
+    /// progress (the reply being generated) is never dropped: its calls and text are still
+    /// being filed.
+    fn push(&mut self, m: ChatMessage) {
+        self.messages.push(m);
+        while self.limit > 0 && self.messages.len() > self.limit {
+            let Some(oldest) = self
+                .messages
+                .iter()
+                .position(|m| m.delivery != DeliveryStatus::InProgress)
+            else {
+                break;
+            };
+            self.messages.remove(oldest);
+            self.dropped += 1;
+        }
     }
 
     pub(crate) fn push_user_text(&mut self, now: Instant, turn: TurnId, text: String) {
@@ -199,19 +234,19 @@ impl History {
             text,
             tts_audio: None,
         });
-        self.messages.push(m);
+        self.push(m);
     }
 
     pub(crate) fn push_user_audio(&mut self, now: Instant, turn: TurnId, audio: AudioData) {
         let mut m = ChatMessage::new(Role::User, Some(turn), now);
         m.content.push(Content::InputAudio(audio));
-        self.messages.push(m);
+        self.push(m);
     }
 
     pub(crate) fn push_instructions(&mut self, now: Instant, turn: TurnId, text: String) {
         let mut m = ChatMessage::new(Role::System, Some(turn), now);
         m.content.push(Content::Instructions(text));
-        self.messages.push(m);
+        self.push(m);
     }
 
     /// The assistant message of `turn`, created (in progress) on first use.
@@ -225,7 +260,7 @@ impl History {
             None => {
                 let mut m = ChatMessage::new(Role::Assistant, Some(turn), now);
                 m.delivery = DeliveryStatus::InProgress;
-                self.messages.push(m);
+                self.push(m);
                 self.messages.len() - 1
             }
         };
@@ -313,7 +348,7 @@ impl History {
             None => {
                 let mut m = ChatMessage::new(Role::Assistant, None, now);
                 m.content.push(content);
-                self.messages.push(m);
+                self.push(m);
             }
         }
     }
@@ -571,5 +606,110 @@ mod tests {
             })]
         );
         assert_eq!(m.text(), "hi");
+    }
+
+    /// Heap and inline bytes a history holds: every message, its content items and what they
+    /// own (string and sample capacities, JSON arguments as serialized).
+    fn held_bytes(h: &History) -> usize {
+        use std::mem::size_of;
+        h.messages
+            .iter()
+            .map(|m| {
+                size_of::<ChatMessage>()
+                    + m.content.capacity() * size_of::<Content>()
+                    + m.content
+                        .iter()
+                        .map(|c| match c {
+                            Content::Text { text, tts_audio } => {
+                                text.capacity()
+                                    + tts_audio.as_ref().map_or(0, |a| {
+                                        a.samples.capacity() * 2 + a.transcription.capacity()
+                                    })
+                            }
+                            Content::InputAudio(a) => {
+                                a.samples.capacity() * 2 + a.transcription.capacity()
+                            }
+                            Content::Thoughts(t) | Content::Instructions(t) => t.capacity(),
+                            Content::ToolCall {
+                                id,
+                                name,
+                                llm_name,
+                                arguments,
+                            } => {
+                                id.capacity()
+                                    + name.capacity()
+                                    + llm_name.capacity()
+                                    + arguments.to_string().len() * 2
+                            }
+                            Content::ToolResult { id, result } => id.capacity() + result.capacity(),
+                        })
+                        .sum::<usize>()
+            })
+            .sum::<usize>()
+            + h.messages.capacity() * size_of::<ChatMessage>()
+    }
+
+    /// Fills a history with long exchanges: a 400-character spoken user turn (its audio
+    /// already dropped by the audio cap) and a 1,200-character reply of six sentences that
+    /// called a tool.
+    fn fill_long(h: &mut History, exchanges: u32) {
+        let t0 = Instant::now();
+        for n in 0..exchanges {
+            let user = TurnId(2 * n + 1);
+            let reply = TurnId(2 * n + 2);
+            h.push_user_audio(
+                t0,
+                user,
+                AudioData {
+                    samples: Vec::new(),
+                    sample_rate: 16_000,
+                    transcription: "u".repeat(400),
+                },
+            );
+            let call = format!("call_{n:08}");
+            h.assistant(t0, reply).content.push(Content::ToolCall {
+                id: call.clone(),
+                name: "self.audio_speaker.set_volume".into(),
+                llm_name: "self_audio_speaker_set_volume".into(),
+                arguments: json!({"volume": 80}),
+            });
+            h.push_tool_result(t0, &call, "{\"success\":true}".into());
+            let sentences = (0..6).map(|_| ("s".repeat(200), None)).collect();
+            h.set_assistant_sentences(t0, reply, sentences);
+            h.assistant(t0, reply).delivery = DeliveryStatus::Complete;
+        }
+    }
+
+    #[test]
+    fn full_history_stays_well_under_256_kb() {
+        let limit = crate::DEFAULT_MAX_HISTORY_MESSAGES;
+        let mut h = History::with_limit(limit);
+        fill_long(&mut h, 60);
+        assert_eq!(h.messages().len(), limit);
+        let full = held_bytes(&h);
+        fill_long(&mut h, 240);
+        // Memory does not grow once full; the drops are counted.
+        assert_eq!(h.messages().len(), limit);
+        assert_eq!(h.dropped(), 600 - limit as u64);
+        let bytes = held_bytes(&h);
+        assert!(bytes <= full + full / 10, "{full} -> {bytes}");
+        assert!(bytes < 256 * 1024 * 9 / 10, "{bytes} bytes");
+        eprintln!("full history of long messages: {bytes} bytes");
+    }
+
+    #[test]
+    fn dropping_keeps_the_reply_in_progress_and_unlimited_keeps_all() {
+        let t0 = Instant::now();
+        let mut h = History::with_limit(2);
+        h.assistant(t0, TurnId(1));
+        h.push_user_text(t0, TurnId(2), "a".into());
+        h.push_user_text(t0, TurnId(3), "b".into());
+        h.push_user_text(t0, TurnId(4), "c".into());
+        let turns: Vec<_> = h.messages().iter().map(|m| m.turn).collect();
+        assert_eq!(turns, [Some(TurnId(1)), Some(TurnId(4))]);
+        assert_eq!(h.dropped(), 2);
+        let mut all = History::with_limit(0);
+        fill_long(&mut all, 20);
+        assert_eq!((all.messages().len(), all.dropped()), (40, 0));
     }
 }

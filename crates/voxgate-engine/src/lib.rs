@@ -3,11 +3,21 @@
 //!
 //! An [`Engine`] composes the turn machine ([`voxgate_turn`]), the VAD
 //! ([`voxgate_audio::vad`]), the tool registry and the device MCP client ([`voxgate_mcp`]), the
-//! emotion channel ([`voxgate_xiaozhi::emotion`]), a streaming [`sentence::Splitter`] and the
+//! emotion channel ([`emotion`]), a streaming [`sentence::Splitter`] and the
 //! chat [`history`]. Every door (realtime, Xiaozhi, Gemini bridge, Retell) drives one engine per
 //! conversation and only translates: protocol messages become [`Input`]s, [`ClientEvent`]s
 //! become protocol messages, and [`ProviderRequest`]s go to LLM/ASR/TTS back ends whose
 //! answers come back as [`Input::Provider`] tagged with the engine's [`RequestId`].
+//!
+//! # Structure
+//! [`Engine`] is a composition: it routes each input to the part that owns the state and
+//! collects their outputs. The tools machine holds the tool registry, the device MCP client
+//! and the calls in flight; the record machine the transcriptions in flight, the utterances
+//! heard for the user turn, the [`history`] and the queries and exports waiting for answers;
+//! the turn machine decides who has the floor. Every per-session queue is bounded
+//! ([`EngineConfig::max_history_messages`], [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`],
+//! [`voxgate_turn::MAX_QUEUED_INPUTS`]): beyond a bound the oldest history is dropped and
+//! counted, or the request is refused with [`ClientEvent::Error`].
 //!
 //! # Drive loop
 //! ```text
@@ -80,17 +90,23 @@
 
 mod capture;
 mod config;
+pub mod emotion;
 mod engine;
 pub mod history;
 mod playback;
 pub mod provider;
+mod record;
 pub mod sentence;
+mod tools;
 mod types;
 
-pub use config::{DEFAULT_MAX_CONTEXT_CHARS, EngineConfig, OutputAudio};
+pub use config::{
+    DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, EngineConfig, OutputAudio,
+};
 pub use engine::Engine;
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
+pub use record::{MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
 pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
     TurnId,

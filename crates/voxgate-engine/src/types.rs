@@ -6,8 +6,8 @@ use serde_json::Value;
 use voxgate_audio::vad::VadState;
 use voxgate_mcp::jsonrpc::Message;
 use voxgate_turn::TriggerMode;
-use voxgate_xiaozhi::emotion::Emotion;
 
+use crate::emotion::Emotion;
 use crate::history::ChatMessage;
 use crate::provider::{ProviderEvent, ProviderRequest};
 
@@ -253,19 +253,26 @@ pub enum ClientEvent {
         /// The response that called it.
         turn: TurnId,
     },
-    /// The face for this reply (Xiaozhi `llm` frame with `emotion`).
+    /// The face for this reply, read from its leading emoji (Xiaozhi `llm` frame with
+    /// `emotion`).
     Emotion {
         /// The response.
         turn: TurnId,
         /// The emoji.
         emoji: String,
-        /// The firmware's name for it.
+        /// Its name ([`Emotion::nearest`]); doors map it to their wire value.
         emotion: Emotion,
     },
     /// Send this JSON-RPC message to the device (Xiaozhi `mcp` envelope).
     DeviceMcp(Message),
-    /// The conversation so far (realtime `ChatHistory`).
-    History(Vec<ChatMessage>),
+    /// The conversation so far (realtime `ChatHistory`): the messages still in memory.
+    History {
+        /// The messages, oldest first.
+        messages: Vec<ChatMessage>,
+        /// Messages dropped from memory since the session started to stay within
+        /// [`crate::EngineConfig::max_history_messages`]; they came before `messages`.
+        dropped: u64,
+    },
     /// The answer to a [`Input::ConversationQuery`], in query order.
     QueryResult {
         /// The answer.

@@ -175,7 +175,7 @@ fn the_budget_drops_the_oldest_whole_exchanges_and_reports_each_once() {
     let exported = client(&out)
         .into_iter()
         .find_map(|e| match e {
-            ClientEvent::History(h) => Some(h),
+            ClientEvent::History { messages: h, .. } => Some(h),
             _ => None,
         })
         .unwrap();

@@ -4,13 +4,13 @@ mod common;
 
 use common::*;
 use serde_json::json;
+use voxgate_engine::emotion::{EmojiPolicy, Emotion};
 use voxgate_engine::history::{Content, DeliveryStatus, Role};
 use voxgate_engine::provider::{ChatRole, ProviderEvent};
 use voxgate_engine::{
     ClientEvent, EngineConfig, Input, InputError, Output, ProviderRequest, State, ToolDefinition,
     TriggerMode,
 };
-use voxgate_xiaozhi::emotion::{EmojiPolicy, Emotion};
 
 fn text_only() -> EngineConfig {
     EngineConfig {
@@ -78,7 +78,7 @@ fn text_turn_without_tts_streams_fragments() {
 #[test]
 fn spoken_reply_follows_the_xiaozhi_order() {
     let mut d = Driver::new(EngineConfig {
-        emotion: Some(EmojiPolicy::firmware()),
+        emotion: Some(EmojiPolicy::faces()),
         ..EngineConfig::default()
     });
     let (id, _) = generate(&d.input(text("hello")));
@@ -576,7 +576,7 @@ fn history_export_awaits_the_pending_reply_and_can_exclude_audio() {
         await_pending: false,
         exclude_audio: false,
     }));
-    let [ClientEvent::History(h)] = now.as_slice() else {
+    let [ClientEvent::History { messages: h, .. }] = now.as_slice() else {
         panic!("{now:?}")
     };
     assert_eq!(h.len(), 1);
@@ -592,7 +592,7 @@ fn history_export_awaits_the_pending_reply_and_can_exclude_audio() {
     d.provider(delta(id, "Hi."));
     let out = d.provider(done(id));
     let events = client(&out);
-    let ClientEvent::History(h) = events.last().unwrap() else {
+    let ClientEvent::History { messages: h, .. } = events.last().unwrap() else {
         panic!("{events:?}")
     };
     assert_eq!(h.len(), 2);

@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
+use voxgate_engine::emotion::EmojiPolicy;
 use voxgate_engine::{ClientEvent, EngineConfig, Input, TriggerMode};
-use voxgate_xiaozhi::emotion::EmojiPolicy;
 
 /// Single code points, skin tones, ZWJ sequences, flags, keycaps, variation selectors, tags.
 const EMOJI: [&str; 9] = ["😀", "👍🏽", "👨‍👩‍👧‍👦", "👨🏻‍❤️‍💋‍👨🏼", "🇫🇷", "1️⃣", "❤️", "🏴󠁧󠁢󠁳󠁣󠁴󠁿", "😶‍🌫️"];

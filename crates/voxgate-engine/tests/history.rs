@@ -53,7 +53,7 @@ fn exported(d: &mut Driver, exclude_audio: bool) -> Vec<ChatMessage> {
     client(&out)
         .into_iter()
         .find_map(|e| match e {
-            ClientEvent::History(h) => Some(h),
+            ClientEvent::History { messages: h, .. } => Some(h),
             _ => None,
         })
         .unwrap_or_default()

@@ -9,13 +9,13 @@ use std::sync::OnceLock;
 use common::*;
 use proptest::prelude::*;
 use serde_json::json;
+use voxgate_engine::emotion::EmojiPolicy;
 use voxgate_engine::history::Role;
 use voxgate_engine::provider::ProviderEvent;
 use voxgate_engine::{
     ClientEvent, EngineConfig, Input, Output, ProviderRequest, RequestId, ToolDefinition,
     TriggerMode, TurnId,
 };
-use voxgate_xiaozhi::emotion::EmojiPolicy;
 
 fn fixture() -> &'static [i16] {
     static SPEECH: OnceLock<Vec<i16>> = OnceLock::new();
@@ -103,7 +103,7 @@ fn run(spoken: bool, emotion: bool, ops: &[Op]) -> (Driver, Vec<ClientEvent>) {
         } else {
             None
         },
-        emotion: emotion.then(EmojiPolicy::firmware),
+        emotion: emotion.then(EmojiPolicy::faces),
         ..EngineConfig::default()
     });
     d.input(Input::SetTools(vec![ToolDefinition {

@@ -72,6 +72,10 @@
 //! `IMMEDIATE`): with `QUEUE` or `NO_TRIGGER` it never barges in but is held until the system
 //! turn ends and then becomes the user's turn; a spoken turn ending in `NO_TRIGGER` is
 //! committed without a reply.
+//!
+//! Inputs that wait (typed text, triggers and uninterruptible direct speech behind a system
+//! turn; typed texts joining one user turn) are bounded by [`MAX_QUEUED_INPUTS`]: beyond it the
+//! input is refused with [`InputError::QueueFull`] and nothing is queued.
 
 mod config;
 mod machine;
@@ -81,7 +85,7 @@ mod text;
 mod types;
 
 pub use config::Config;
-pub use machine::{Stats, TurnMachine};
+pub use machine::{MAX_QUEUED_INPUTS, Stats, TurnMachine};
 pub use types::{
     AssistantTurn, AudioSpan, Delivery, Floor, Input, InputError, Interruption, Output,
     ResponseCause, ResponseKind, State, TriggerMode, TurnId, TurnLatency, UserSource, UserTurn,

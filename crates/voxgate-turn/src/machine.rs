@@ -138,6 +138,13 @@ struct Response {
     latency_sent: bool,
 }
 
+/// Most inputs that wait: queued behind the current system turn (typed text in `QUEUE` mode,
+/// triggers, uninterruptible direct speech), and typed texts joining one user turn. A client
+/// that sends more is refused ([`InputError::QueueFull`]) rather than growing memory: 16 is
+/// far more than a person types or a client triggers during one reply, and each entry is
+/// answered by a reply of its own, so a longer backlog would only be stale by the time it ran.
+pub const MAX_QUEUED_INPUTS: usize = 16;
+
 /// Work that waits for the current system turn to end.
 #[derive(Debug, Clone)]
 enum Pending {
@@ -417,18 +424,18 @@ impl TurnMachine {
                     u.listen_deadline = None;
                 }
             }
-            Input::Text { text, mode } => self.text(now, text, mode),
+            Input::Text { text, mode } => self.text(now, text, mode)?,
             Input::SpeechTrigger(mode) => self.speech_trigger = mode,
             Input::TriggerInference {
                 instructions,
                 flush_vad,
-            } => self.trigger(now, instructions, flush_vad),
+            } => self.trigger(now, instructions, flush_vad)?,
             Input::Abort => self.abort(now),
             Input::DirectSpeech {
                 text,
                 include_in_history,
                 uninterruptible,
-            } => self.direct_speech(now, text, include_in_history, uninterruptible),
+            } => self.direct_speech(now, text, include_in_history, uninterruptible)?,
             Input::ResponseStarted { turn } => {
                 if let Some(r) = self.current_mut(turn) {
                     r.started_at.get_or_insert(now);
@@ -827,13 +834,30 @@ impl TurnMachine {
 
     // ---- client commands -------------------------------------------------------------------
 
-    fn text(&mut self, now: Instant, text: String, mode: TriggerMode) {
+    /// Queues `pending` behind the current system turn, within [`MAX_QUEUED_INPUTS`].
+    fn enqueue(&mut self, pending: Pending) -> Result<(), InputError> {
+        if self.queue.len() >= MAX_QUEUED_INPUTS {
+            return Err(InputError::QueueFull {
+                limit: MAX_QUEUED_INPUTS,
+            });
+        }
+        self.queue.push_back(pending);
+        Ok(())
+    }
+
+    fn text(&mut self, now: Instant, text: String, mode: TriggerMode) -> Result<(), InputError> {
         match (mode, self.state) {
             (TriggerMode::NoTrigger, _) => {
                 self.record_text(text);
             }
             (_, State::Listening) => {
                 if let Some(u) = &mut self.user {
+                    // A held push-to-talk turn never ends on its own: bound what it collects.
+                    if u.texts.len() >= MAX_QUEUED_INPUTS {
+                        return Err(InputError::QueueFull {
+                            limit: MAX_QUEUED_INPUTS,
+                        });
+                    }
                     u.texts.push(text);
                     u.active = true;
                     u.listen_deadline = None;
@@ -853,8 +877,9 @@ impl TurnMachine {
                 let user = self.record_text(text);
                 self.request_response(now, ResponseCause::User(user), None, now, None);
             }
-            _ => self.queue.push_back(Pending::Text(text)),
+            _ => self.enqueue(Pending::Text(text))?,
         }
+        Ok(())
     }
 
     /// Drops the pending candidate; speech held by its trigger mode (`QUEUE`/`NO_TRIGGER`)
@@ -885,7 +910,12 @@ impl TurnMachine {
         turn
     }
 
-    fn trigger(&mut self, now: Instant, instructions: Option<String>, flush_vad: bool) {
+    fn trigger(
+        &mut self,
+        now: Instant,
+        instructions: Option<String>,
+        flush_vad: bool,
+    ) -> Result<(), InputError> {
         match self.state {
             State::Idle => {
                 self.request_response(now, ResponseCause::Trigger, instructions, now, None);
@@ -896,8 +926,9 @@ impl TurnMachine {
                     u.trigger = Some(instructions);
                 }
             }
-            _ => self.queue.push_back(Pending::Trigger(instructions)),
+            _ => self.enqueue(Pending::Trigger(instructions))?,
         }
+        Ok(())
     }
 
     fn abort(&mut self, now: Instant) {
@@ -933,15 +964,14 @@ impl TurnMachine {
         text: String,
         include_in_history: bool,
         uninterruptible: bool,
-    ) {
+    ) -> Result<(), InputError> {
         if self.response.is_some() {
             if !self.interruptible() {
-                self.queue.push_back(Pending::Direct {
+                return self.enqueue(Pending::Direct {
                     text,
                     include_in_history,
                     uninterruptible,
                 });
-                return;
             }
             self.interrupt(now, Interruption::DirectSpeech);
         }
@@ -963,6 +993,7 @@ impl TurnMachine {
             }
         }
         self.speak(now, text, include_in_history, uninterruptible);
+        Ok(())
     }
 
     fn speak(
@@ -1232,5 +1263,93 @@ impl TurnMachine {
         self.user_speaking = false;
         self.speech_trigger = TriggerMode::Immediate;
         self.set_state(State::NotConnected);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Harness;
+
+    fn text(text: &str, mode: TriggerMode) -> Input {
+        Input::Text {
+            text: text.into(),
+            mode,
+        }
+    }
+
+    #[test]
+    fn queue_behind_a_reply_is_bounded_for_every_kind_of_input() {
+        let mut h = Harness::connected(Config::default(), Instant::now());
+        h.input(text("hi", TriggerMode::Immediate)).unwrap();
+        assert_eq!(h.state(), State::Processing);
+        for n in 0..MAX_QUEUED_INPUTS {
+            let input = match n % 3 {
+                0 => text("later", TriggerMode::Queue),
+                1 => Input::TriggerInference {
+                    instructions: None,
+                    flush_vad: false,
+                },
+                _ => text("and this", TriggerMode::Queue),
+            };
+            h.input(input).unwrap();
+        }
+        assert_eq!(h.machine().queue.len(), MAX_QUEUED_INPUTS);
+        let full = Err(InputError::QueueFull {
+            limit: MAX_QUEUED_INPUTS,
+        });
+        assert_eq!(h.input(text("one too many", TriggerMode::Queue)), full);
+        let trigger = Input::TriggerInference {
+            instructions: Some("x".into()),
+            flush_vad: false,
+        };
+        assert_eq!(h.input(trigger), full);
+        assert_eq!(h.machine().queue.len(), MAX_QUEUED_INPUTS);
+    }
+
+    #[test]
+    fn uninterruptible_direct_speech_queue_is_bounded() {
+        let mut h = Harness::connected(Config::default(), Instant::now());
+        let direct = || Input::DirectSpeech {
+            text: "Please hold.".into(),
+            include_in_history: true,
+            uninterruptible: true,
+        };
+        h.input(direct()).unwrap();
+        for _ in 0..MAX_QUEUED_INPUTS {
+            h.input(direct()).unwrap();
+        }
+        assert_eq!(
+            h.input(direct()),
+            Err(InputError::QueueFull {
+                limit: MAX_QUEUED_INPUTS
+            })
+        );
+        assert_eq!(h.machine().queue.len(), MAX_QUEUED_INPUTS);
+    }
+
+    #[test]
+    fn texts_joining_a_held_push_to_talk_turn_are_bounded() {
+        let mut h = Harness::connected(Config::default(), Instant::now());
+        h.input(Input::StartCapture).unwrap();
+        assert_eq!(h.state(), State::Listening);
+        for _ in 0..MAX_QUEUED_INPUTS {
+            h.input(text("more", TriggerMode::Immediate)).unwrap();
+        }
+        assert!(matches!(
+            h.input(text("too much", TriggerMode::Immediate)),
+            Err(InputError::QueueFull { .. })
+        ));
+        let texts = h.machine().user.as_ref().map(|u| u.texts.len());
+        assert_eq!(texts, Some(MAX_QUEUED_INPUTS));
+        // The turn still ends normally with what it kept.
+        let outs = h.input(Input::StopCapture).unwrap();
+        let mut outs = outs;
+        outs.extend(h.advance(Duration::from_secs(5)));
+        let typed = outs
+            .iter()
+            .filter(|o| matches!(o, Output::UserTurn(u) if u.source == UserSource::Text))
+            .count();
+        assert_eq!(typed, MAX_QUEUED_INPUTS);
     }
 }

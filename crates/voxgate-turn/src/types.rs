@@ -432,4 +432,12 @@ pub enum InputError {
         /// The unknown id.
         call_id: String,
     },
+    /// Typed text, a trigger or direct speech would wait for the current system turn (or join
+    /// the user's turn) beyond [`crate::MAX_QUEUED_INPUTS`]: refused so a client cannot grow
+    /// the queue without bound. Nothing was queued.
+    #[error("too many inputs waiting for the current turn (at most {limit})")]
+    QueueFull {
+        /// The bound that was reached.
+        limit: usize,
+    },
 }

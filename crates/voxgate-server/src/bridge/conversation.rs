@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use voxgate_engine::emotion::EmojiPolicy;
 use voxgate_engine::{ClientEvent, Engine, EngineConfig, Input, Output, State, TriggerMode};
-use voxgate_xiaozhi::emotion::EmojiPolicy;
 
 use crate::mcp_endpoint::hub::{McpHub, Scope};
 use crate::metrics::Metrics;

@@ -40,7 +40,7 @@ use axum::routing::{any, get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
-use voxgate_xiaozhi::emotion::EmojiPolicy;
+use voxgate_engine::emotion::EmojiPolicy;
 
 use crate::config::env::{EnvVars, Secret};
 use crate::config::{Config, ConfigError};

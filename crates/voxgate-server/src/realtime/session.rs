@@ -604,7 +604,7 @@ impl Session {
                 });
                 vec![ClientBoundMessage::tool_call_request(request)]
             }
-            ClientEvent::History(messages) => {
+            ClientEvent::History { messages, .. } => {
                 let messages = messages.iter().map(|m| self.chat_message(m)).collect();
                 vec![ClientBoundMessage::chat_history(messages)]
             }

@@ -31,7 +31,8 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use voxgate_audio::opus::{OpusApplication, OpusBackend};
-use voxgate_xiaozhi::emotion::{EmojiPolicy, Emotion};
+use voxgate_engine::emotion::EmojiPolicy;
+use voxgate_xiaozhi::emotion::Emotion;
 
 use crate::config::ConfigError;
 use crate::config::env::{EnvVars, Secret};

@@ -12,6 +12,7 @@
 //! The session itself lives in [`session`]; user documentation in `docs/doors/xiaozhi.md`.
 
 mod config;
+mod emotion;
 mod session;
 
 use std::hash::{BuildHasher, RandomState};

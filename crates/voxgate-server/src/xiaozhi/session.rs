@@ -650,7 +650,7 @@ impl Conn {
                 let llm = Llm {
                     session_id: Some(sid),
                     text: emoji,
-                    emotion,
+                    emotion: super::emotion::to_wire(emotion),
                 };
                 send(&self.out, llm).await;
             }

@@ -1,0 +1,401 @@
+//! The tools machine: which tools the model is offered (client and device), the device's MCP
+//! client, and the tool calls in flight with where each was sent.
+//!
+//! Bounded: calls come from the model (one per `ToolCall` event of a generation), never from
+//! the client, and each leaves the table when it is answered, cancelled by the turn machine or
+//! the session closes; a client answering an id not in the table is refused. The device's tool
+//! list is replaced, not appended, on each `tools/list`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
+
+use serde_json::Value;
+use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
+use voxgate_mcp::jsonrpc::ErrorObject;
+use voxgate_mcp::model::Tool;
+use voxgate_mcp::registry::{PreparedCall, ToolRegistry, ToolSource};
+
+use crate::provider::ToolSpec;
+use crate::types::{ClientEvent, ErrorCategory, InputError, ToolDefinition, TurnId};
+
+/// One call in flight.
+#[derive(Debug, Clone)]
+struct Call {
+    source: ToolSource,
+    device_call: Option<CallId>,
+}
+
+/// A model's tool call checked against the registry.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// The tool's own name (the model's name when the tool is unknown), for history.
+    pub(crate) name: String,
+    /// The arguments as validated (as the model sent them when refused), for history.
+    pub(crate) arguments: Value,
+    /// The call, or the JSON error payload the model gets as its result.
+    outcome: Result<PreparedCall, String>,
+}
+
+/// Where a call went.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Dispatch {
+    /// Send this to the client; its answer comes as `Input::ToolResult`.
+    Client(ClientEvent),
+    /// Sent to the device over MCP; its answer comes from [`Tools::poll`].
+    Device,
+    /// Not run: this error text is its result, given to the model once generation ends.
+    Refused(String),
+}
+
+/// What the tools machine reports.
+#[derive(Debug, PartialEq)]
+pub(crate) enum ToolsEvent {
+    /// Send to the client (device MCP traffic, errors).
+    Client(ClientEvent),
+    /// A device call answered.
+    Finished {
+        /// The model's call id.
+        call_id: String,
+        /// Its result text for history.
+        text: String,
+        /// Whether it succeeded.
+        ok: bool,
+    },
+}
+
+/// The tool registry, the device MCP client and the calls in flight.
+#[derive(Debug)]
+pub(crate) struct Tools {
+    registry: ToolRegistry,
+    mcp: Option<McpClient>,
+    calls: BTreeMap<String, Call>,
+    device_calls: BTreeMap<CallId, String>,
+    /// Events of one device output waiting for [`Tools::poll`] (errors of a tool listing).
+    queued: VecDeque<ToolsEvent>,
+}
+
+impl Tools {
+    /// No tools, no device.
+    pub(crate) fn new() -> Self {
+        Self {
+            registry: ToolRegistry::new(),
+            mcp: None,
+            calls: BTreeMap::new(),
+            device_calls: BTreeMap::new(),
+            queued: VecDeque::new(),
+        }
+    }
+
+    /// The tools offered to the model, with the names it sees.
+    pub(crate) fn llm_tools(&self) -> Vec<ToolSpec> {
+        self.registry
+            .llm_tools()
+            .map(|t| ToolSpec {
+                name: t.llm_name().to_owned(),
+                description: t.tool().description.clone(),
+                parameters: t.tool().input_schema.clone(),
+            })
+            .collect()
+    }
+
+    /// Replaces the client's tools; the errors report definitions the registry refused.
+    pub(crate) fn set_client_tools(&mut self, tools: Vec<ToolDefinition>) -> Vec<ClientEvent> {
+        let tools = tools
+            .into_iter()
+            .map(|t| Tool::new(t.name, t.description, t.parameters))
+            .collect();
+        self.registry
+            .set_source_tools(ToolSource::Client, tools)
+            .into_iter()
+            .map(|rejected| ClientEvent::Error {
+                category: ErrorCategory::Configuration,
+                message: rejected.to_string(),
+            })
+            .collect()
+    }
+
+    /// Starts a fresh device MCP client (`initialize`, then `tools/list`).
+    pub(crate) fn start_device(&mut self, now: Instant) {
+        let mut client = McpClient::new(ClientConfig::default());
+        // A fresh client cannot be started twice.
+        let _ = client.start(now);
+        self.mcp = Some(client);
+    }
+
+    /// A JSON-RPC payload from the device.
+    pub(crate) fn device_input(&mut self, now: Instant, payload: Value) -> Result<(), InputError> {
+        let Some(m) = &mut self.mcp else {
+            return Err(InputError::DeviceMcpNotStarted);
+        };
+        m.handle_input(now, voxgate_mcp::Input::Value(payload));
+        Ok(())
+    }
+
+    /// The device MCP client's next deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.mcp.as_ref().and_then(McpClient::poll_timeout)
+    }
+
+    /// Runs the device MCP client's timers.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if let Some(m) = &mut self.mcp {
+            m.handle_timeout(now);
+        }
+    }
+
+    /// Whether `call_id` is in flight (a model repeating an id is ignored).
+    pub(crate) fn contains(&self, call_id: &str) -> bool {
+        self.calls.contains_key(call_id)
+    }
+
+    /// Whether any call is in flight.
+    pub(crate) fn pending(&self) -> bool {
+        !self.calls.is_empty()
+    }
+
+    /// Checks a model's call against the registry.
+    pub(crate) fn prepare(&self, llm_name: &str, arguments: Value) -> Prepared {
+        match self.registry.prepare_call(llm_name, arguments.clone()) {
+            Ok(p) => Prepared {
+                name: p.name.clone(),
+                arguments: p.arguments.clone(),
+                outcome: Ok(p),
+            },
+            Err(e) => Prepared {
+                name: llm_name.to_owned(),
+                arguments,
+                outcome: Err(serde_json::to_string(&e.payload().to_value())
+                    .unwrap_or_else(|_| e.to_string())),
+            },
+        }
+    }
+
+    /// Sends a prepared call to its runner and tracks it until it is answered.
+    pub(crate) fn dispatch(
+        &mut self,
+        now: Instant,
+        call_id: &str,
+        prepared: Prepared,
+        turn: TurnId,
+    ) -> Dispatch {
+        let p = match prepared.outcome {
+            Ok(p) => p,
+            Err(payload) => {
+                self.track(call_id, ToolSource::Server, None);
+                return Dispatch::Refused(payload);
+            }
+        };
+        let source = p.source.clone();
+        let dispatch = match p.source {
+            ToolSource::Client => Dispatch::Client(ClientEvent::ToolCallRequest {
+                id: call_id.to_owned(),
+                name: p.name,
+                arguments: p.arguments,
+                turn,
+            }),
+            ToolSource::Device => {
+                let started = self
+                    .mcp
+                    .as_mut()
+                    .map(|m| m.call_tool(now, &p.name, p.arguments));
+                match started {
+                    Some(Ok(n)) => {
+                        self.device_calls.insert(n, call_id.to_owned());
+                        self.track(call_id, source, Some(n));
+                        return Dispatch::Device;
+                    }
+                    _ => Dispatch::Refused("the device is not connected".to_owned()),
+                }
+            }
+            _ => Dispatch::Refused("no runner for this tool".to_owned()),
+        };
+        self.track(call_id, source, None);
+        dispatch
+    }
+
+    fn track(&mut self, call_id: &str, source: ToolSource, device_call: Option<CallId>) {
+        self.calls.insert(
+            call_id.to_owned(),
+            Call {
+                source,
+                device_call,
+            },
+        );
+    }
+
+    /// Whether `id` is a client call awaiting the client's answer.
+    pub(crate) fn awaits_client(&self, id: &str) -> bool {
+        self.calls
+            .get(id)
+            .is_some_and(|c| c.source == ToolSource::Client)
+    }
+
+    /// Removes an answered call; false when it was not in flight.
+    pub(crate) fn finish(&mut self, call_id: &str) -> bool {
+        self.calls.remove(call_id).is_some()
+    }
+
+    /// Cancels a call the turn machine gave up on; false when it was not in flight.
+    pub(crate) fn cancel(&mut self, call_id: &str) -> bool {
+        let Some(call) = self.calls.remove(call_id) else {
+            return false;
+        };
+        if let (Some(m), Some(n)) = (&mut self.mcp, call.device_call) {
+            self.device_calls.remove(&n);
+            m.cancel(n, "the reply was cut off");
+        }
+        true
+    }
+
+    /// The session is over: forgets the device and returns the calls still in flight.
+    pub(crate) fn close(&mut self) -> Vec<String> {
+        self.device_calls.clear();
+        // The device is gone: its MCP client (and any cancel notices it queued) with it.
+        self.mcp = None;
+        std::mem::take(&mut self.calls).into_keys().collect()
+    }
+
+    /// The next thing the device MCP client has to report.
+    ///
+    /// The tool list is replaced whenever the device lists it: at start, and again after each
+    /// `notifications/tools/list_changed` (the client re-lists on its own); a failed re-list
+    /// keeps the previous tools. Every other notification (Xiaozhi's `state_changed`,
+    /// progress, logging) is ignored: nothing in a conversation depends on it. Requests from
+    /// the device (sampling, roots, elicitation) are answered "method not found", since the
+    /// engine offers none of them and the device must not wait for an answer. Protocol faults
+    /// and failed handshakes are reported as errors; the session goes on.
+    pub(crate) fn poll(&mut self) -> Option<ToolsEvent> {
+        let protocol = |message: String| {
+            Some(ToolsEvent::Client(ClientEvent::Error {
+                category: ErrorCategory::Protocol,
+                message,
+            }))
+        };
+        loop {
+            if let Some(event) = self.queued.pop_front() {
+                return Some(event);
+            }
+            let out = self.mcp.as_mut().and_then(McpClient::poll_output)?;
+            match out {
+                ClientOutput::Transmit(m) => {
+                    return Some(ToolsEvent::Client(ClientEvent::DeviceMcp(m)));
+                }
+                ClientOutput::ToolsListed(tools) => {
+                    // One error per refused tool; the rest of the list is in effect.
+                    let rejected = self.registry.set_source_tools(ToolSource::Device, tools);
+                    self.queued.extend(rejected.into_iter().map(|r| {
+                        ToolsEvent::Client(ClientEvent::Error {
+                            category: ErrorCategory::Protocol,
+                            message: r.to_string(),
+                        })
+                    }));
+                }
+                ClientOutput::ToolCallFinished { call, outcome, .. } => {
+                    let Some(call_id) = self.device_calls.remove(&call) else {
+                        continue;
+                    };
+                    let (text, ok) = match outcome {
+                        Ok(r) => (r.joined_text(), !r.is_error),
+                        Err(e) => (format!("the device tool failed: {e}"), false),
+                    };
+                    return Some(ToolsEvent::Finished { call_id, text, ok });
+                }
+                ClientOutput::Request(r) => {
+                    if let Some(m) = &mut self.mcp {
+                        m.respond(
+                            r.id,
+                            Err(ErrorObject::new(
+                                ErrorObject::METHOD_NOT_FOUND,
+                                format!("{} is not supported", r.method),
+                            )),
+                        );
+                    }
+                }
+                ClientOutput::InitializeFailed(e) => {
+                    return protocol(format!("device MCP initialize failed: {e}"));
+                }
+                ClientOutput::ListToolsFailed(e) => {
+                    return protocol(format!(
+                        "device MCP tools/list failed, keeping the old tools: {e}"
+                    ));
+                }
+                ClientOutput::PeerFault(f) => return protocol(format!("device MCP: {f}")),
+                // See above: notifications are ignored, and `Ready` / `Pong` need no action
+                // (the client lists tools on ready by itself; the engine sends no pings).
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lamp() -> ToolDefinition {
+        ToolDefinition {
+            name: "home.lamp".into(),
+            description: "Switch the lamp".into(),
+            parameters: json!({"type": "object", "properties": {"on": {"type": "boolean"}}}),
+        }
+    }
+
+    #[test]
+    fn client_calls_go_to_the_client_and_wait_for_its_answer() {
+        let now = Instant::now();
+        let mut tools = Tools::new();
+        assert!(tools.set_client_tools(vec![lamp()]).is_empty());
+        let llm_name = tools.llm_tools()[0].name.clone();
+        assert_ne!(llm_name, "home.lamp");
+        let p = tools.prepare(&llm_name, json!({"on": true}));
+        assert_eq!(p.name, "home.lamp");
+        let d = tools.dispatch(now, "c1", p, TurnId(2));
+        assert!(
+            matches!(d, Dispatch::Client(ClientEvent::ToolCallRequest { ref name, .. }) if name == "home.lamp")
+        );
+        assert!(tools.contains("c1") && tools.awaits_client("c1") && tools.pending());
+        assert!(tools.finish("c1"));
+        assert!(!tools.finish("c1"));
+        assert!(!tools.pending());
+    }
+
+    #[test]
+    fn unknown_and_unreachable_calls_are_refused_but_tracked() {
+        let now = Instant::now();
+        let mut tools = Tools::new();
+        let p = tools.prepare("no_such_tool", json!({}));
+        assert_eq!(p.name, "no_such_tool");
+        assert!(matches!(
+            tools.dispatch(now, "c1", p, TurnId(2)),
+            Dispatch::Refused(_)
+        ));
+        // Refused calls stay until generation ends, but never wait for the client.
+        assert!(tools.contains("c1") && !tools.awaits_client("c1"));
+        assert!(tools.cancel("c1"));
+        assert!(!tools.cancel("c1"));
+        assert_eq!(
+            tools.device_input(now, json!({})),
+            Err(InputError::DeviceMcpNotStarted)
+        );
+    }
+
+    #[test]
+    fn close_returns_every_call_in_flight_and_forgets_the_device() {
+        let now = Instant::now();
+        let mut tools = Tools::new();
+        tools.start_device(now);
+        assert!(matches!(
+            tools.poll(),
+            Some(ToolsEvent::Client(ClientEvent::DeviceMcp(_)))
+        ));
+        for id in ["a", "b"] {
+            let p = tools.prepare("x", json!({}));
+            tools.dispatch(now, id, p, TurnId(1));
+        }
+        assert_eq!(tools.close(), ["a", "b"]);
+        assert!(!tools.pending());
+        assert_eq!(tools.poll(), None);
+        assert_eq!(tools.poll_timeout(), None);
+    }
+}
