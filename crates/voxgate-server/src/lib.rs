@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod admission;
 mod bridge;
 pub mod config;
 mod door;
@@ -46,8 +47,8 @@ mod xiaozhi;
 
 pub use config::AcpBrainConfig;
 pub use config::{
-    BridgeConfig, Config, ConfigError, DownlinkApplication, GeminiConfig, McpEndpointConfig,
-    OpusBackendChoice, RetellAgentSettings, RetellConfig, XiaozhiConfig,
+    BridgeConfig, Config, ConfigError, DownlinkApplication, GeminiConfig, LimitsConfig,
+    McpEndpointConfig, OpusBackendChoice, RetellAgentSettings, RetellConfig, XiaozhiConfig,
 };
 pub use metrics::Metrics;
 pub use providers::Providers;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -50,6 +50,8 @@ pub(crate) struct App {
     pub(crate) shared: crate::bridge::Shared,
     /// Open WebSocket sessions of every door; shutdown waits for them.
     pub(crate) sessions: Arc<crate::door::Sessions>,
+    /// Admission control every door's upgrade handler asks before the handshake.
+    pub(crate) admission: crate::admission::Admission,
 }
 
 impl App {
@@ -131,6 +133,8 @@ impl Server {
             });
         }
         let (stop, shutdown) = watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
+        let admission = crate::admission::Admission::new(&config.limits, Arc::clone(&metrics));
         Ok(Self {
             listener,
             addr,
@@ -139,9 +143,10 @@ impl Server {
                 shared: crate::bridge::Shared::new(&config),
                 config,
                 providers,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 shutdown,
                 sessions: Arc::default(),
+                admission,
             }),
             stop,
         })
@@ -178,6 +183,8 @@ impl Server {
         let router = router(Arc::clone(&self.app));
         let app = Arc::clone(&self.app);
         let stop = self.stop;
+        // The overload guard measures the runtime while the server runs.
+        let guard = tokio::spawn(self.app.admission.clone().monitor(stop.subscribe()));
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {
             tracing::info!(addr = %l.addr, listener = l.name, "door listener");
@@ -231,6 +238,8 @@ impl Server {
                 tracing::warn!(error = %e, "door listener failed");
             }
         }
+        // It has seen `stop` (or its sender go) by now; abort in case it is between samples.
+        guard.abort();
         result?;
         Ok(())
     }
@@ -329,9 +338,14 @@ fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
 
 async fn realtime_upgrade(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let permit = match app.admission.try_admit(Door::Realtime, peer.ip()) {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
     if !authorized(&app.config.realtime.api_keys, &headers) {
         return (
             StatusCode::UNAUTHORIZED,
@@ -350,7 +364,10 @@ async fn realtime_upgrade(
     };
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)
-        .on_upgrade(move |socket| realtime::serve(socket, ctx))
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            realtime::serve(socket, ctx).await;
+        })
 }
 
 #[cfg(test)]
