@@ -242,10 +242,10 @@ impl Admission {
                 }
             }
             let e = state.ips.entry(peer).or_insert_with(|| IpEntry::new(now));
-            if let Some(cost) = limits.handshake_cost {
-                if !e.take(cost, now) {
-                    return Err(RefusalReason::HandshakeRate);
-                }
+            if let Some(cost) = limits.handshake_cost
+                && !e.take(cost, now)
+            {
+                return Err(RefusalReason::HandshakeRate);
             }
             if limits.per_ip > 0 && e.sessions >= limits.per_ip {
                 return Err(RefusalReason::PerIp);
@@ -364,15 +364,15 @@ impl Drop for Permit {
         state.total = state.total.saturating_sub(1);
         let d = &mut state.per_door[self.door.index()];
         *d = d.saturating_sub(1);
-        if let Some(ip) = self.ip {
-            if let Some(e) = state.ips.get_mut(&ip) {
-                e.sessions = e.sessions.saturating_sub(1);
-                // Without a rate limit an address with no session holds nothing worth keeping;
-                // with one, its bucket must outlive the session (or closing and reconnecting
-                // would refill it), so the prune removes it once full.
-                if e.sessions == 0 && limits.handshake_cost.is_none() {
-                    state.ips.remove(&ip);
-                }
+        if let Some(ip) = self.ip
+            && let Some(e) = state.ips.get_mut(&ip)
+        {
+            e.sessions = e.sessions.saturating_sub(1);
+            // Without a rate limit an address with no session holds nothing worth keeping;
+            // with one, its bucket must outlive the session (or closing and reconnecting
+            // would refill it), so the prune removes it once full.
+            if e.sessions == 0 && limits.handshake_cost.is_none() {
+                state.ips.remove(&ip);
             }
         }
     }
@@ -468,10 +468,7 @@ mod tests {
     }
 
     fn reason(r: Result<Permit, Refusal>) -> RefusalReason {
-        match r {
-            Err(refusal) => refusal.reason(),
-            Ok(_) => panic!("expected a refusal"),
-        }
+        r.expect_err("expected a refusal").reason()
     }
 
     #[test]

@@ -137,7 +137,7 @@ async fn streaming_device(
 ) -> (Vec<String>, usize) {
     let mut enc = OpusEncoder::new(OpusEncoderConfig::voice(16_000)).unwrap();
     let silence = vec![0_i16; enc.frame_samples()];
-    let mut codec = FrameCodec::new(ProtocolVersion::V1);
+    let codec = FrameCodec::new(ProtocolVersion::V1);
     let hello = json!({
         "type": "hello", "version": 1, "transport": "websocket",
         "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}
