@@ -35,6 +35,11 @@
 //! env = { MY_KEY = "..." }       # values are masked by --print-config
 //! allow = ["kind:read"]          # permission rules; default: deny everything
 //! deny = ["title:*rm *"]
+//!
+//! [limits]                       # admission and session timeouts (docs/limits.md); 0: off
+//! max_sessions = 800             # default: 400 per core
+//! max_sessions_per_ip = 50
+//! max_handshakes_per_sec_per_ip = 20
 //! ```
 //!
 //! # Environment overrides
@@ -51,6 +56,11 @@
 //! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
 //! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
 //! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
+//! | `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`, `VOXGATE_MAX_SESSIONS_PER_IP` | `limits.max_sessions*` (0: unlimited) |
+//! | `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP` | `limits.max_handshakes_per_sec_per_ip` (0: unlimited) |
+//! | `VOXGATE_MAX_SCHEDULING_DELAY_MS` | `limits.max_scheduling_delay_ms` (0: overload guard off) |
+//! | `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
+//! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //!
 //! Setting a section's `*_BASE_URL` creates the section with default model names (`gpt-4o-mini`,
@@ -64,6 +74,7 @@ use serde::{Deserialize, Serialize};
 
 use self::env::{EnvVars, Secret};
 
+pub use self::limits::LimitsConfig;
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
@@ -71,6 +82,7 @@ pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
 pub(crate) mod env;
+pub mod limits;
 
 /// The whole server configuration. See the [module docs](self) for the file format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +106,8 @@ pub struct Config {
     pub bridge: BridgeConfig,
     /// The MCP endpoint for external tool servers.
     pub mcp: McpEndpointConfig,
+    /// Admission limits and session timeouts, for every door (`docs/limits.md`).
+    pub limits: LimitsConfig,
     /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmConfig>,
@@ -315,6 +329,7 @@ impl Default for Config {
             gemini: GeminiConfig::default(),
             bridge: BridgeConfig::default(),
             mcp: McpEndpointConfig::default(),
+            limits: LimitsConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -403,6 +418,7 @@ impl Config {
         self.gemini.apply_env(&var)?;
         self.bridge.apply_env(&var)?;
         self.mcp.apply_env(&var)?;
+        self.limits.apply_env(&var)?;
         AcpBrainConfig::apply_env(&mut self.acp, vars);
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {

@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod admission;
 mod bridge;
 pub mod config;
 #[allow(dead_code, reason = "the doors are moving onto the driver one by one")]
@@ -47,8 +48,8 @@ mod xiaozhi;
 
 pub use config::AcpBrainConfig;
 pub use config::{
-    BridgeConfig, Config, ConfigError, DownlinkApplication, GeminiConfig, McpEndpointConfig,
-    OpusBackendChoice, RetellAgentSettings, RetellConfig, XiaozhiConfig,
+    BridgeConfig, Config, ConfigError, DownlinkApplication, GeminiConfig, LimitsConfig,
+    McpEndpointConfig, OpusBackendChoice, RetellAgentSettings, RetellConfig, XiaozhiConfig,
 };
 pub use metrics::Metrics;
 pub use providers::Providers;

@@ -53,7 +53,7 @@ impl Direction {
 }
 
 /// How many doors there are (the length of the per-door counter arrays).
-const DOORS: usize = 5;
+pub(crate) const DOORS: usize = 5;
 
 impl Door {
     /// Every door, in the order they are rendered.
@@ -77,13 +77,66 @@ impl Door {
         }
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             Self::Realtime => 0,
             Self::Xiaozhi => 1,
             Self::Gemini => 2,
             Self::Retell => 3,
             Self::Mcp => 4,
+        }
+    }
+}
+
+/// Why a session was refused before its WebSocket handshake (see `crate::admission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefusalReason {
+    /// The whole server holds `max_sessions`.
+    CapacityServer,
+    /// The door holds `max_sessions_per_door`.
+    CapacityDoor,
+    /// The peer's address holds `max_sessions_per_ip`.
+    PerIp,
+    /// The peer's address attempts handshakes faster than `max_handshakes_per_sec_per_ip`.
+    HandshakeRate,
+    /// The runtime is late (scheduling delay over `max_scheduling_delay_ms`), or too many
+    /// addresses are being tracked at once.
+    Overload,
+}
+
+/// How many refusal reasons there are.
+const REASONS: usize = 5;
+
+impl RefusalReason {
+    /// Every reason, in the order they are rendered.
+    pub const ALL: [Self; REASONS] = [
+        Self::CapacityServer,
+        Self::CapacityDoor,
+        Self::PerIp,
+        Self::HandshakeRate,
+        Self::Overload,
+    ];
+
+    /// The `reason` label value in `/metrics`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::CapacityServer => "capacity_server",
+            Self::CapacityDoor => "capacity_door",
+            Self::PerIp => "per_ip",
+            Self::HandshakeRate => "handshake_rate",
+            Self::Overload => "overload",
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Self::CapacityServer => 0,
+            Self::CapacityDoor => 1,
+            Self::PerIp => 2,
+            Self::HandshakeRate => 3,
+            Self::Overload => 4,
         }
     }
 }
@@ -136,6 +189,10 @@ pub struct Metrics {
     errors: [AtomicU64; DOORS],
     /// Indexed by [`Direction::index`], then door.
     dropped_frames: [[AtomicU64; DOORS]; 2],
+    /// Indexed by [`RefusalReason::index`], then door.
+    refused: [[AtomicU64; DOORS]; REASONS],
+    /// The overload guard's current figure, in microseconds.
+    scheduling_delay_micros: AtomicU64,
     latency: [Latency; 3],
 }
 
@@ -189,6 +246,30 @@ impl Metrics {
     #[must_use]
     pub fn dropped_frames(&self, door: Door, direction: Direction) -> u64 {
         self.dropped_frames[direction.index()][door.index()].load(Ordering::Relaxed)
+    }
+
+    /// Counts a session refused before its handshake.
+    pub fn refused(&self, door: Door, reason: RefusalReason) {
+        self.refused[reason.index()][door.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sessions refused so far at one door for one reason.
+    #[must_use]
+    pub fn refused_sessions(&self, door: Door, reason: RefusalReason) -> u64 {
+        self.refused[reason.index()][door.index()].load(Ordering::Relaxed)
+    }
+
+    /// Sets the runtime's scheduling delay as the overload guard measures it.
+    pub fn set_scheduling_delay(&self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.scheduling_delay_micros
+            .store(micros, Ordering::Relaxed);
+    }
+
+    /// The runtime's scheduling delay as last measured.
+    #[must_use]
+    pub fn scheduling_delay(&self) -> Duration {
+        Duration::from_micros(self.scheduling_delay_micros.load(Ordering::Relaxed))
     }
 
     /// Records one provider latency.
@@ -274,6 +355,31 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP voxgate_sessions_refused_total Sessions refused before the WebSocket \
+             handshake, by door and reason.\n# TYPE voxgate_sessions_refused_total counter"
+        );
+        for door in Door::ALL {
+            for reason in RefusalReason::ALL {
+                let _ = writeln!(
+                    out,
+                    "voxgate_sessions_refused_total{{door=\"{}\",reason=\"{}\"}} {}",
+                    door.label(),
+                    reason.label(),
+                    self.refused_sessions(door, reason)
+                );
+            }
+        }
+        #[allow(clippy::cast_precision_loss, reason = "seconds for display")]
+        let delay = self.scheduling_delay_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_scheduling_delay_seconds How late the runtime wakes a timer \
+             (smoothed), the overload guard's figure.\n\
+             # TYPE voxgate_scheduling_delay_seconds gauge\n\
+             voxgate_scheduling_delay_seconds {delay}"
+        );
+        let _ = writeln!(
+            out,
             "# HELP voxgate_provider_latency_seconds Time to the first answer of a provider request.\n\
              # TYPE voxgate_provider_latency_seconds summary"
         );
@@ -333,5 +439,37 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
+    }
+
+    #[test]
+    fn refusals_and_scheduling_delay_render() {
+        let m = Metrics::new();
+        m.refused(Door::Xiaozhi, RefusalReason::CapacityDoor);
+        m.refused(Door::Xiaozhi, RefusalReason::CapacityDoor);
+        m.refused(Door::Mcp, RefusalReason::HandshakeRate);
+        m.set_scheduling_delay(Duration::from_micros(12_500));
+        assert_eq!(
+            m.refused_sessions(Door::Xiaozhi, RefusalReason::CapacityDoor),
+            2
+        );
+        assert_eq!(m.scheduling_delay(), Duration::from_micros(12_500));
+        let text = m.render();
+        for line in [
+            "# TYPE voxgate_sessions_refused_total counter",
+            "voxgate_sessions_refused_total{door=\"xiaozhi\",reason=\"capacity_door\"} 2",
+            "voxgate_sessions_refused_total{door=\"mcp\",reason=\"handshake_rate\"} 1",
+            "voxgate_sessions_refused_total{door=\"realtime\",reason=\"overload\"} 0",
+            "voxgate_sessions_refused_total{door=\"gemini\",reason=\"per_ip\"} 0",
+            "voxgate_sessions_refused_total{door=\"retell\",reason=\"capacity_server\"} 0",
+            "# TYPE voxgate_scheduling_delay_seconds gauge",
+            "voxgate_scheduling_delay_seconds 0.0125",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("voxgate_sessions_refused_total{"))
+            .count();
+        assert_eq!(series, Door::ALL.len() * RefusalReason::ALL.len());
     }
 }

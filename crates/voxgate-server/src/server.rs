@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -49,6 +49,8 @@ pub(crate) struct App {
     pub(crate) shared: crate::bridge::Shared,
     /// Open WebSocket sessions of every door; shutdown waits for them.
     pub(crate) sessions: Arc<crate::door::Sessions>,
+    /// Admission control every door's upgrade handler asks before the handshake.
+    pub(crate) admission: crate::admission::Admission,
 }
 
 impl App {
@@ -59,7 +61,7 @@ impl App {
             door,
             metrics: Arc::clone(&self.metrics),
             providers: self.providers.clone(),
-            limits: crate::door::SessionLimits::default(),
+            limits: crate::door::SessionLimits::from_config(&self.config.limits),
             max_frame_bytes: self.config.max_frame_bytes,
             shutdown: self.shutdown.clone(),
             sessions: Arc::clone(&self.sessions),
@@ -130,6 +132,8 @@ impl Server {
             });
         }
         let (stop, shutdown) = watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
+        let admission = crate::admission::Admission::new(&config.limits, Arc::clone(&metrics));
         Ok(Self {
             listener,
             addr,
@@ -138,9 +142,10 @@ impl Server {
                 shared: crate::bridge::Shared::new(&config),
                 config,
                 providers,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 shutdown,
                 sessions: Arc::default(),
+                admission,
             }),
             stop,
         })
@@ -177,6 +182,8 @@ impl Server {
         let router = router(Arc::clone(&self.app));
         let app = Arc::clone(&self.app);
         let stop = self.stop;
+        // The overload guard measures the runtime while the server runs.
+        let guard = tokio::spawn(self.app.admission.clone().monitor(stop.subscribe()));
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {
             tracing::info!(addr = %l.addr, listener = l.name, "door listener");
@@ -230,6 +237,8 @@ impl Server {
                 tracing::warn!(error = %e, "door listener failed");
             }
         }
+        // It has seen `stop` (or its sender go) by now; abort in case it is between samples.
+        guard.abort();
         result?;
         Ok(())
     }
@@ -328,9 +337,14 @@ fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
 
 async fn realtime_upgrade(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let permit = match app.admission.try_admit(Door::Realtime, peer.ip()) {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
     if !authorized(&app.config.realtime.api_keys, &headers) {
         return (
             StatusCode::UNAUTHORIZED,
@@ -341,7 +355,10 @@ async fn realtime_upgrade(
     let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)
-        .on_upgrade(move |socket| crate::realtime::serve(socket, app))
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            crate::realtime::serve(socket, app).await;
+        })
 }
 
 #[cfg(test)]

@@ -588,6 +588,7 @@ mod tests {
         let (stop, shutdown) = watch::channel(false);
         let app = App {
             shared: Shared::new(&config),
+            admission: crate::admission::Admission::new(&config.limits, Arc::default()),
             config,
             providers: Providers::embedded(),
             metrics: Arc::new(Metrics::new()),

@@ -266,6 +266,19 @@ impl Default for SessionLimits {
     }
 }
 
+impl SessionLimits {
+    /// The server-wide `[limits]`; a door applies its own overrides on top.
+    pub(crate) fn from_config(c: &crate::config::limits::LimitsConfig) -> Self {
+        Self {
+            init_timeout: c.init_timeout(),
+            idle_timeout: c.idle_timeout(),
+            ping_interval: c.ping_interval(),
+            write_timeout: c.write_timeout(),
+            shutdown_grace: c.shutdown_grace(),
+        }
+    }
+}
+
 /// Sessions open across every door, so a shutdown can wait for them to close.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {

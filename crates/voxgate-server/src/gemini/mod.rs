@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::ws::{Message, WebSocket};
-use axum::extract::{State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::response::Response;
 use axum::routing::get;
 use futures::{SinkExt, StreamExt};
@@ -50,7 +50,11 @@ pub(crate) fn listeners(config: &crate::Config) -> Vec<DoorListener> {
     }]
 }
 
-async fn upgrade(State(app): State<Arc<App>>, ws: WebSocketUpgrade) -> Response {
+async fn upgrade(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    ws: WebSocketUpgrade,
+) -> Response {
     use axum::response::IntoResponse;
     if !app.config.gemini.enabled {
         return (
@@ -59,6 +63,10 @@ async fn upgrade(State(app): State<Arc<App>>, ws: WebSocketUpgrade) -> Response 
         )
             .into_response();
     }
+    let permit = match app.admission.try_admit(Door::Gemini, peer.ip()) {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
     let config = app.config.gemini.clone();
     let hard_limit = config.max_frame_bytes.saturating_mul(2);
     let ctx = Ctx {
@@ -69,7 +77,10 @@ async fn upgrade(State(app): State<Arc<App>>, ws: WebSocketUpgrade) -> Response 
     };
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)
-        .on_upgrade(move |socket| serve(socket, ctx))
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            serve(socket, ctx).await;
+        })
 }
 
 /// What a connection needs from the server.

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::ws::{Message, WebSocket};
-use axum::extract::{Query, State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Query, State, WebSocketUpgrade};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -129,9 +129,14 @@ struct TokenQuery {
 
 async fn upgrade(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Query(q): Query<TokenQuery>,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let permit = match app.admission.try_admit(Door::Mcp, peer.ip()) {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
     let token = q.token.unwrap_or_default();
     let tokens = &app.config.mcp.tokens;
     if !tokens.is_empty() && !tokens.contains(&token) {
@@ -141,7 +146,10 @@ async fn upgrade(
     let limit = app.config.mcp.max_message_bytes;
     ws.max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| serve(socket, app, token))
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            serve(socket, app, token).await;
+        })
 }
 
 /// Serves one bridge connection until it closes or the server shuts down.

@@ -47,7 +47,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Json, Path, State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Json, Path, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -237,6 +237,7 @@ fn json_error(status: StatusCode, message: impl Into<String>) -> Response {
 
 async fn upgrade(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Extension(registry): Extension<Arc<Registry>>,
     Path(call_id): Path<String>,
     ws: WebSocketUpgrade,
@@ -244,6 +245,13 @@ async fn upgrade(
     if !app.config.retell.enabled {
         return json_error(StatusCode::NOT_FOUND, "the Retell door is disabled");
     }
+    let permit = match app
+        .admission
+        .try_admit(crate::metrics::Door::Retell, peer.ip())
+    {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
     if call_id.is_empty() || call_id.len() > 256 {
         return json_error(StatusCode::BAD_REQUEST, "call_id must be 1 to 256 bytes");
     }
@@ -256,7 +264,10 @@ async fn upgrade(
     let max = app.config.retell.max_frame_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| session::serve(socket, app, registry, call_id))
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            session::serve(socket, app, registry, call_id).await;
+        })
 }
 
 /// Whether a control request may proceed.

@@ -21,7 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -179,10 +179,18 @@ const READ_BUFFER_BYTES: usize = 4 * 1024;
 
 async fn upgrade(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     headers: HeaderMap,
     uri: Uri,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let permit = match app
+        .admission
+        .try_admit(crate::metrics::Door::Xiaozhi, peer.ip())
+    {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
     let config = &app.config.xiaozhi;
     let params = ConnectParams::from_headers(header_pairs(&headers))
         .or(ConnectParams::from_query(uri.query().unwrap_or("")));
@@ -226,7 +234,10 @@ async fn upgrade(
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)
         .read_buffer_size(READ_BUFFER_BYTES)
-        .on_upgrade(move |socket| session::serve(socket, app, info))
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            session::serve(socket, app, info).await;
+        })
 }
 
 fn issue_token(config: &XiaozhiConfig, client_id: &str, device_id: &str) -> String {
