@@ -82,8 +82,9 @@ fn limits(config: &XiaozhiConfig, server: SessionLimits) -> SessionLimits {
 /// A device frame, decoded in the driver's reader task.
 #[derive(Debug)]
 pub(crate) enum In {
-    /// A JSON control message.
-    Message(DeviceMessage),
+    /// A JSON control message (boxed: the reader's queue holds 32 slots of this type per
+    /// session from the start, and audio frames are the common case).
+    Message(Box<DeviceMessage>),
     /// A binary (audio) frame, decoded by the session's framing.
     Audio(Bytes),
     /// A text frame that is not a device message.
@@ -137,7 +138,7 @@ impl Translator for Conn {
             ClientFrame::Text(t) if t.len() > max => oversized(t.len(), false),
             ClientFrame::Binary(b) => Inbound::Droppable(In::Audio(b)),
             ClientFrame::Text(t) => match DeviceMessage::from_slice(t.as_bytes()) {
-                Ok(m) => Inbound::Keep(In::Message(m)),
+                Ok(m) => Inbound::Keep(In::Message(Box::new(m))),
                 Err(e) => Inbound::Keep(In::Unparsable(e.to_string())),
             },
         }
@@ -153,7 +154,7 @@ impl Translator for Conn {
             }
             In::Unparsable(e) => self.bad(&format!("unparsable JSON ignored: {e}")),
             In::Audio(b) => self.audio(now, &b),
-            In::Message(m) => self.message(now, m, out),
+            In::Message(m) => self.message(now, *m, out),
         }
         self.settle(now, out);
     }
@@ -840,7 +841,7 @@ mod tests {
         let text = |s: &str| ClientFrame::Text(s.to_owned().into());
         assert!(matches!(
             Conn::decode(text(r#"{"type":"abort"}"#), 100),
-            Inbound::Keep(In::Message(DeviceMessage::Abort(_)))
+            Inbound::Keep(In::Message(m)) if matches!(*m, DeviceMessage::Abort(_))
         ));
         assert!(matches!(
             Conn::decode(text("{nope"), 100),
@@ -1121,12 +1122,12 @@ mod tests {
         let mut out = Out::new();
         d.conn.on_client(
             d.now,
-            In::Message(
+            In::Message(Box::new(
                 DeviceMessage::from_slice(
                     br#"{"type":"hello","version":1,"transport":"websocket","features":{"mcp":true}}"#,
                 )
                 .unwrap(),
-            ),
+            )),
             &mut out,
         );
         let frames = out.take_frames();
