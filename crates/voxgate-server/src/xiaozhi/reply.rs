@@ -341,11 +341,16 @@ mod tests {
         }
     }
 
+    /// A square wave of about 440 Hz at `rate`.
     fn tone(n: usize, rate: u32) -> Vec<i16> {
+        let half = (rate / 880) as usize;
         (0..n)
             .map(|i| {
-                let t = i as f32 / rate as f32;
-                (f32::sin(t * 440.0 * std::f32::consts::TAU) * 8000.0) as i16
+                if (i / half).is_multiple_of(2) {
+                    6000
+                } else {
+                    -6000
+                }
             })
             .collect()
     }

@@ -64,18 +64,18 @@ pub(crate) struct ConnInfo {
 /// Serves one upgraded connection until the device leaves, a timeout, or shutdown.
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
     let mut cx = app.driver(Door::Xiaozhi);
-    cx.limits = limits(&app.config.xiaozhi, cx.limits);
+    cx.limits = limits(&app.config.xiaozhi, &cx.limits);
     door::run(socket, Conn::new(app, info), cx).await;
 }
 
 /// The door's overrides of the server-wide lifecycle limits: `hello_timeout_ms` is the
 /// initialization timeout, `idle_timeout_secs` the idle timeout (0: none).
-fn limits(config: &XiaozhiConfig, server: SessionLimits) -> SessionLimits {
+fn limits(config: &XiaozhiConfig, server: &SessionLimits) -> SessionLimits {
     SessionLimits {
         init_timeout: Some(Duration::from_millis(config.hello_timeout_ms)),
         idle_timeout: (config.idle_timeout_secs > 0)
             .then(|| Duration::from_secs(config.idle_timeout_secs)),
-        ..server
+        ..server.clone()
     }
 }
 
@@ -458,7 +458,8 @@ impl Conn {
         let sid = s.id.clone();
         match event {
             ClientEvent::ResponseBegin { .. } => {
-                if s.speech.begin() {
+                let starts = s.speech.begin();
+                if starts {
                     s.reply.restart_pacing();
                     if !s.speech.hears_uplink() {
                         // Half duplex: no uplink audio until the reply is over.
@@ -768,12 +769,12 @@ mod tests {
             }
         }
 
-        fn send(&mut self, v: Value) -> Vec<Ev> {
+        fn send(&mut self, v: &Value) -> Vec<Ev> {
             self.frame(ClientFrame::Text(v.to_string().into()))
         }
 
         fn hello(&mut self, mcp: bool) -> Value {
-            let evs = self.send(json!({"type":"hello","version":1,"transport":"websocket",
+            let evs = self.send(&json!({"type":"hello","version":1,"transport":"websocket",
                 "features":{"mcp":mcp},"audio_params":{"format":"opus","sample_rate":16000,
                 "channels":1,"frame_duration":60}}));
             match &evs[0] {
@@ -807,7 +808,7 @@ mod tests {
                     ProviderRequest::Generate { id, .. } => Some(id),
                     _ => None,
                 })
-                .last()
+                .next_back()
                 .expect("a generate request");
             let mut evs = self.provider(ProviderEvent::TextDelta {
                 id,
@@ -867,17 +868,19 @@ mod tests {
 
     #[test]
     fn the_door_overrides_init_and_idle_timeouts() {
-        let mut c = XiaozhiConfig::default();
-        c.hello_timeout_ms = 300;
-        c.idle_timeout_secs = 7;
+        let mut c = XiaozhiConfig {
+            hello_timeout_ms: 300,
+            idle_timeout_secs: 7,
+            ..XiaozhiConfig::default()
+        };
         let base = SessionLimits::default();
-        let l = limits(&c, base.clone());
+        let l = limits(&c, &base);
         assert_eq!(l.init_timeout, Some(300 * MS));
         assert_eq!(l.idle_timeout, Some(Duration::from_secs(7)));
         assert_eq!(l.ping_interval, base.ping_interval);
         assert_eq!(l.write_timeout, base.write_timeout);
         c.idle_timeout_secs = 0;
-        assert_eq!(limits(&c, base).idle_timeout, None);
+        assert_eq!(limits(&c, &base).idle_timeout, None);
     }
 
     #[test]
@@ -889,18 +892,21 @@ mod tests {
                 .is_empty()
         );
         assert!(
-            d.send(json!({"type":"listen","state":"start","mode":"auto"}))
+            d.send(&json!({"type":"listen","state":"start","mode":"auto"}))
                 .is_empty()
         );
         assert!(d.frame(ClientFrame::Text("{not json".into())).is_empty());
-        assert!(d.send(json!({"type":"abort"})).is_empty());
+        assert!(d.send(&json!({"type":"abort"})).is_empty());
         assert_eq!(errors(&d.app), 4);
         assert!(!d.conn.initialized());
         assert_eq!(d.conn.poll_timeout(), None);
         assert!(d.conn.is_idle());
         assert_eq!(d.closed, None);
         // A hello for another transport does not count.
-        assert!(d.send(json!({"type":"hello","transport":"udp"})).is_empty());
+        assert!(
+            d.send(&json!({"type":"hello","transport":"udp"}))
+                .is_empty()
+        );
         assert!(!d.conn.initialized());
         let hello = d.hello(false);
         assert!(d.conn.initialized());
@@ -919,7 +925,7 @@ mod tests {
         let mut d = Dev::new(Config::default());
         d.hello(false);
         assert!(
-            d.send(json!({"type":"goodbye","session_id":"x"}))
+            d.send(&json!({"type":"goodbye","session_id":"x"}))
                 .is_empty()
         );
         assert_eq!(d.closed, Some(door::close_code::NORMAL));
@@ -930,12 +936,12 @@ mod tests {
         let mut d = Dev::new(Config::default());
         d.hello(false);
         let before = errors(&d.app);
-        assert!(d.send(json!({"type":"frobnicate"})).is_empty());
+        assert!(d.send(&json!({"type":"frobnicate"})).is_empty());
         assert!(
-            d.send(json!({"type":"listen","state":"sideways"}))
+            d.send(&json!({"type":"listen","state":"sideways"}))
                 .is_empty()
         );
-        assert!(d.send(json!({"type":"iot","descriptors":[]})).is_empty());
+        assert!(d.send(&json!({"type":"iot","descriptors":[]})).is_empty());
         assert!(
             d.frame(ClientFrame::Binary(Bytes::from(vec![0; 5000])))
                 .is_empty()
@@ -953,7 +959,7 @@ mod tests {
         let mut d = Dev::new(Config::default());
         let hello = d.hello(false);
         let sid = hello["session_id"].clone();
-        let evs = d.send(json!({"type":"listen","state":"detect","text":"hello there"}));
+        let evs = d.send(&json!({"type":"listen","state":"detect","text":"hello there"}));
         assert_eq!(labels(&evs), ["stt"]);
         let (evs, tts) = d.generate("🙂 Hello there.");
         assert_eq!(labels(&evs), ["tts start", "llm"]);
@@ -1021,10 +1027,10 @@ mod tests {
         for (mode, heard) in [("auto", false), ("manual", false), ("realtime", true)] {
             let mut d = Dev::new(Config::default());
             d.hello(false);
-            d.send(json!({"type":"listen","state":"start","mode":mode}));
+            d.send(&json!({"type":"listen","state":"start","mode":mode}));
             // Push to talk: the button is released before the text turn.
-            d.send(json!({"type":"listen","state":"stop"}));
-            d.send(json!({"type":"listen","state":"detect","text":"hi"}));
+            d.send(&json!({"type":"listen","state":"stop"}));
+            d.send(&json!({"type":"listen","state":"detect","text":"hi"}));
             d.generate("Sure.");
             let before = errors(&d.app);
             // An undecodable packet is only noticed (and counted) when it is listened to.
@@ -1037,12 +1043,12 @@ mod tests {
     fn abort_is_answered_once_whether_speaking_or_not() {
         let mut d = Dev::new(Config::default());
         d.hello(false);
-        d.send(json!({"type":"listen","state":"detect","text":"read me something long"}));
+        d.send(&json!({"type":"listen","state":"detect","text":"read me something long"}));
         let (_, tts) = d.generate("Once upon a time.");
         let evs = d.synthesized(tts, FRAME * 30);
         assert_eq!(evs.iter().filter(|e| matches!(e, Ev::Audio(_))).count(), 5);
         d.tick();
-        let evs = d.send(json!({"type":"abort"}));
+        let evs = d.send(&json!({"type":"abort"}));
         assert_eq!(labels(&evs), ["tts stop"]);
         assert!(d.conn.is_idle());
         // The rest of the reply is gone: no frame and no second stop later.
@@ -1053,10 +1059,10 @@ mod tests {
             }
         }
         // Idle: answered anyway.
-        let evs = d.send(json!({"type":"abort","reason":"wake_word_detected"}));
+        let evs = d.send(&json!({"type":"abort","reason":"wake_word_detected"}));
         assert_eq!(labels(&evs), ["tts stop"]);
         // And the next turn is spoken again, from a fresh lead.
-        d.send(json!({"type":"listen","state":"detect","text":"still there"}));
+        d.send(&json!({"type":"listen","state":"detect","text":"still there"}));
         let (evs, tts) = d.generate("Yes.");
         assert_eq!(labels(&evs), ["tts start", "llm"]);
         let evs = d.synthesized(tts, FRAME * 6);
@@ -1068,7 +1074,7 @@ mod tests {
         let mut d = Dev::new(Config::default());
         d.hello(false);
         assert!(
-            d.send(json!({"type":"listen","state":"detect","text":"你好，小智"}))
+            d.send(&json!({"type":"listen","state":"detect","text":"你好，小智"}))
                 .is_empty()
         );
         assert!(matches!(d.take_request(), ProviderRequest::Generate { .. }));
@@ -1076,7 +1082,7 @@ mod tests {
         config.xiaozhi.greet_on_wake = false;
         let mut d = Dev::new(config);
         d.hello(false);
-        let evs = d.send(json!({"type":"listen","state":"detect","text":"Hi ESP"}));
+        let evs = d.send(&json!({"type":"listen","state":"detect","text":"Hi ESP"}));
         assert_eq!(labels(&evs), ["stt", "tts stop"]);
         assert!(d.requests.is_empty());
     }
@@ -1148,7 +1154,7 @@ mod tests {
     fn closing_cancels_provider_work() {
         let mut d = Dev::new(Config::default());
         d.hello(false);
-        d.send(json!({"type":"listen","state":"detect","text":"hello"}));
+        d.send(&json!({"type":"listen","state":"detect","text":"hello"}));
         let ProviderRequest::Generate { id, .. } = d.take_request() else {
             panic!()
         };

@@ -83,7 +83,9 @@ mod tests {
     fn packet(rate: u32) -> Vec<u8> {
         let mut enc = OpusEncoder::new(OpusEncoderConfig::voice(rate)).unwrap();
         let n = enc.frame_samples();
-        let pcm: Vec<i16> = (0..n).map(|i| ((i % 64) as i16 - 32) * 200).collect();
+        let pcm: Vec<i16> = (0..n)
+            .map(|i| if i % 64 < 32 { 6000 } else { -6000 })
+            .collect();
         enc.encode(&pcm).unwrap().to_vec()
     }
 
