@@ -65,7 +65,7 @@ pub(crate) struct ConnInfo {
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
     let mut cx = app.driver(Door::Xiaozhi);
     cx.limits = limits(&app.config.xiaozhi, &cx.limits);
-    door::run(socket, Conn::new(app, info), cx).await;
+    door::run(socket, XiaozhiDoor::new(app, info), cx).await;
 }
 
 /// The door's overrides of the server-wide lifecycle limits: `hello_timeout_ms` is the
@@ -85,7 +85,7 @@ pub(crate) enum In {
     /// A JSON control message (boxed: the reader's queue holds 32 slots of this type per
     /// session from the start, and audio frames are the common case).
     Message(Box<DeviceMessage>),
-    /// A binary (audio) frame, decoded by the session's framing.
+    /// A binary (audio) frame, still in the connection's framing.
     Audio(Bytes),
     /// A text frame that is not a device message.
     Unparsable(String),
@@ -101,7 +101,7 @@ pub(crate) enum In {
 }
 
 /// One device connection.
-pub(crate) struct Conn {
+pub(crate) struct XiaozhiDoor {
     app: Arc<App>,
     info: ConnInfo,
     /// Present after the hello.
@@ -121,7 +121,7 @@ struct Session {
     frame_ms: u32,
 }
 
-impl Translator for Conn {
+impl Translator for XiaozhiDoor {
     type In = In;
     type Event = ();
 
@@ -217,7 +217,7 @@ impl Translator for Conn {
     }
 }
 
-impl Conn {
+impl XiaozhiDoor {
     /// A connection waiting for its hello.
     pub(crate) fn new(app: Arc<App>, info: ConnInfo) -> Self {
         Self {
@@ -713,7 +713,7 @@ mod tests {
     /// A connection driven by hand on a virtual clock.
     struct Dev {
         app: Arc<App>,
-        conn: Conn,
+        conn: XiaozhiDoor,
         t0: Instant,
         now: Instant,
         requests: Vec<ProviderRequest>,
@@ -731,7 +731,7 @@ mod tests {
             };
             let t0 = Instant::now();
             Self {
-                conn: Conn::new(Arc::clone(&app), info),
+                conn: XiaozhiDoor::new(Arc::clone(&app), info),
                 app,
                 t0,
                 now: t0,
@@ -744,7 +744,7 @@ mod tests {
             self.now - self.t0
         }
 
-        fn step(&mut self, f: impl FnOnce(&mut Conn, Instant, &mut Out)) -> Vec<Ev> {
+        fn step(&mut self, f: impl FnOnce(&mut XiaozhiDoor, Instant, &mut Out)) -> Vec<Ev> {
             let mut out = Out::new();
             f(&mut self.conn, self.now, &mut out);
             if let Some(c) = out.closing() {
@@ -761,7 +761,7 @@ mod tests {
         }
 
         fn frame(&mut self, frame: ClientFrame) -> Vec<Ev> {
-            match Conn::decode(frame, 4096) {
+            match XiaozhiDoor::decode(frame, 4096) {
                 Inbound::Keep(m) | Inbound::Droppable(m) => {
                     self.step(|c, now, out| c.on_client(now, m, out))
                 }
@@ -841,19 +841,19 @@ mod tests {
     fn frames_are_decoded_in_the_reader() {
         let text = |s: &str| ClientFrame::Text(s.to_owned().into());
         assert!(matches!(
-            Conn::decode(text(r#"{"type":"abort"}"#), 100),
+            XiaozhiDoor::decode(text(r#"{"type":"abort"}"#), 100),
             Inbound::Keep(In::Message(m)) if matches!(*m, DeviceMessage::Abort(_))
         ));
         assert!(matches!(
-            Conn::decode(text("{nope"), 100),
+            XiaozhiDoor::decode(text("{nope"), 100),
             Inbound::Keep(In::Unparsable(_))
         ));
         assert!(matches!(
-            Conn::decode(ClientFrame::Binary(Bytes::from_static(&[1, 2])), 100),
+            XiaozhiDoor::decode(ClientFrame::Binary(Bytes::from_static(&[1, 2])), 100),
             Inbound::Droppable(In::Audio(_))
         ));
         assert!(matches!(
-            Conn::decode(ClientFrame::Binary(Bytes::from(vec![0; 101])), 100),
+            XiaozhiDoor::decode(ClientFrame::Binary(Bytes::from(vec![0; 101])), 100),
             Inbound::Keep(In::Oversized {
                 len: 101,
                 binary: true,
@@ -861,7 +861,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            Conn::decode(text(&"x".repeat(101)), 100),
+            XiaozhiDoor::decode(text(&"x".repeat(101)), 100),
             Inbound::Keep(In::Oversized { binary: false, .. })
         ));
     }
