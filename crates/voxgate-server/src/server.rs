@@ -54,6 +54,21 @@ pub(crate) struct App {
 }
 
 impl App {
+    /// An app over `config` with the embedded providers and fresh metrics (unit tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(config: Config, shutdown: watch::Receiver<bool>) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        Self {
+            shared: crate::bridge::Shared::new(&config),
+            admission: crate::admission::Admission::new(&config.limits, Arc::clone(&metrics)),
+            config,
+            providers: Providers::embedded(),
+            metrics,
+            shutdown,
+            sessions: Arc::default(),
+        }
+    }
+
     /// What the door driver needs for one session of `door`, with the server's lifecycle
     /// limits (a door adjusts them for its own overrides).
     pub(crate) fn driver(&self, door: Door) -> crate::door::DriverContext {

@@ -959,3 +959,90 @@ async fn a_silent_device_is_closed_after_the_idle_timeout() {
     server.sessions_drain(Door::Xiaozhi).await;
     server.stop().await;
 }
+
+/// Reads until the server's close frame and returns its code; `None` when the connection
+/// ended without one (a dropped TCP connection, 1006).
+async fn close_code(ws: &mut Ws) -> Option<u16> {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("the server closes in time")
+        {
+            Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_hello_closes_with_a_close_frame_after_the_hello_timeout() {
+    let mut config = Config::default();
+    config.xiaozhi.hello_timeout_ms = 400;
+    let server = Running::start_with(config, providers()).await;
+    let mut silent = Device::connect(server.addr, ProtocolVersion::V1).await;
+    let t0 = Instant::now();
+    // Policy violation: no initialization in time.
+    assert_eq!(close_code(&mut silent.ws).await, Some(1008));
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    // Frames that are not a hello do not count as one.
+    let mut chatty = Device::connect(server.addr, ProtocolVersion::V1).await;
+    chatty.listen_start("auto").await;
+    chatty.send_opus(&[0xf8, 0xff, 0xfe]).await;
+    assert_eq!(close_code(&mut chatty.ws).await, Some(1008));
+    server.sessions_drain(Door::Xiaozhi).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goodbye_and_a_device_close_end_with_a_normal_close_frame() {
+    let server = Running::start_with(Config::default(), providers()).await;
+    // `goodbye` mid-session: the server closes with 1000.
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V2).await;
+    dev.hello(ProtocolVersion::V2, false).await;
+    dev.detect("hello").await;
+    dev.until_tts_stop().await;
+    dev.send(json!({"session_id":"s","type":"goodbye"})).await;
+    assert_eq!(close_code(&mut dev.ws).await, Some(1000));
+
+    // The device closes (mid-reply): the server answers its close frame with 1000.
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    dev.hello(ProtocolVersion::V1, false).await;
+    dev.detect(LONG).await;
+    while !matches!(dev.next().await.unwrap(), Ev::Audio(_)) {}
+    dev.ws
+        .send(Message::Close(Some(
+            tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: 1000.into(),
+                reason: "bye".into(),
+            },
+        )))
+        .await
+        .unwrap();
+    assert_eq!(close_code(&mut dev.ws).await, Some(1000));
+    server.sessions_drain(Door::Xiaozhi).await;
+    assert_eq!(server.metrics.active_sessions(Door::Xiaozhi), 0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_over_the_hard_limit_closes_with_1009() {
+    let config = Config {
+        max_frame_bytes: 4096,
+        ..Config::default()
+    };
+    let server = Running::start_with(config, providers()).await;
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    dev.hello(ProtocolVersion::V1, false).await;
+    // Over the limit: ignored. Over four times the limit: the connection cannot go on.
+    dev.send_raw(Message::Binary(vec![0u8; 5000].into())).await;
+    dev.send_raw(Message::Binary(vec![0u8; 20_000].into()))
+        .await;
+    assert_eq!(close_code(&mut dev.ws).await, Some(1009));
+    server.sessions_drain(Door::Xiaozhi).await;
+    server.stop().await;
+}

@@ -9,8 +9,8 @@
 //! auth = false                     # check device tokens on upgrade
 //! token_secret = ""                # HMAC key for tokens; empty: random per process
 //! allowed_devices = []             # device ids (MACs) that skip the token check
-//! hello_timeout_ms = 10000         # close a connection without a valid hello by then
-//! idle_timeout_secs = 120          # close a connection silent for this long (0: never)
+//! hello_timeout_ms = 10000         # close (1008) a connection without a valid hello by then
+//! idle_timeout_secs = 120          # close (1000) a connection silent for this long (0: never)
 //! output_sample_rate = 24000       # downlink Opus rate (8000/12000/16000/24000/48000)
 //! output_frame_ms = 60             # downlink frame length (20, 40 or 60)
 //! lead_frames = 5                  # frames sent at once before real-time pacing
@@ -162,9 +162,13 @@ pub struct XiaozhiConfig {
     pub token_secret: String,
     /// Device ids that connect without a token when `auth` is on.
     pub allowed_devices: Vec<String>,
-    /// A connection that has not sent a valid `hello` after this many milliseconds is closed.
+    /// A connection that has not sent a valid `hello` after this many milliseconds is closed
+    /// with 1008. This is the door's own initialization timeout: it replaces the server-wide
+    /// one of the shared door driver for device sessions.
     pub hello_timeout_ms: u64,
-    /// A connection with no frame from the device for this many seconds is closed (0: never).
+    /// A connection with no frame from the device for this many seconds is closed with 1000
+    /// (0: never). This is the door's own idle timeout: it replaces the server-wide one of the
+    /// shared door driver for device sessions (WebSocket keepalive pings still run).
     pub idle_timeout_secs: u64,
     /// The downlink Opus sample rate announced in the server hello.
     pub output_sample_rate: u32,

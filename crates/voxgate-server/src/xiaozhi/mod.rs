@@ -9,11 +9,17 @@
 //! | `POST /xiaozhi/ota/activate` | `200`: no activation is needed |
 //! | `POST /xiaozhi/vision/explain` | the MCP `vision.url`: answers that no vision model is configured |
 //!
-//! The session itself lives in [`session`]; user documentation in `docs/doors/xiaozhi.md`.
+//! The session itself lives in [`session`], a translator run by the shared door driver, with its
+//! decisions in [`speech`] (`tts` state, half duplex), [`reply`] (encoding and pacing of reply
+//! audio), [`uplink`] and [`text`]; user documentation in `docs/doors/xiaozhi.md`.
 
 mod config;
 mod emotion;
+mod reply;
 mod session;
+mod speech;
+mod text;
+mod uplink;
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, OnceLock};

@@ -1,54 +1,52 @@
-//! One Xiaozhi device connection.
+//! One Xiaozhi device connection: a [`Translator`] between the device protocol and one
+//! [`Engine`], run by the shared door driver ([`crate::door`]), which owns the socket, the
+//! queues, the providers and the init/idle/keepalive timers.
 //!
-//! Like the realtime door, one task owns one [`Engine`]: a reader task turns WebSocket messages
-//! into a bounded queue (uplink audio is dropped and counted when it is full, JSON waits), a
-//! writer task sends from another bounded queue (reply audio is dropped and counted when the
-//! device does not keep up, JSON waits). The session loop feeds device messages, provider
-//! events and deadlines into the engine and turns its outputs into the device protocol:
+//! The mapping, with the decisions in their own modules:
 //!
-//! - `ResponseBegin` → `tts start`; `Emotion` → `llm`; `UserTranscription` → `stt`;
-//! - `SentenceStart` + `AudioChunk`s → the sentence's `tts sentence_start` followed by its Opus
-//!   frames (resampled to the announced rate, cut into announced-length frames and encoded as
-//!   they arrive), released by a [`Pacer`] (a lead burst, then real time) and framed by the
-//!   device's protocol version on release. The subtitle rides with the first frame of its audio
-//!   so it shows when the sentence plays;
+//! - `hello` → the server hello and a session (engine, [`Uplink`], [`Reply`], [`Speech`]);
+//!   a repeated hello is answered again; `goodbye` closes with 1000;
+//! - binary frames → [`Uplink`] → engine audio, unless [`Speech`] says the half-duplex device
+//!   is speaking; `listen` / `abort` / `mcp` → engine inputs;
+//! - `ResponseBegin` → `tts start`; `Emotion` → `llm`; `UserTranscription` → `stt` (without
+//!   NoAsr's markers, [`text`](super::text));
+//! - `SentenceStart` + `AudioChunk`s → [`Reply`] (encoded, paced, framed on release; the
+//!   subtitle rides with the first frame of its audio);
 //! - `ResponseFinished` → `tts stop` once the paced audio has played out; `ClearPlayback`
 //!   (barge-in, abort, manual listen) → queued audio dropped and `tts stop` at once;
 //! - `DeviceMcp` → an `mcp` envelope (`initialize` gains the `vision` capability).
 //!
 //! The Xiaozhi protocol has no error message: malformed, unknown, out-of-order and oversized
 //! frames are logged, counted in `voxgate_errors_total{door="xiaozhi"}` and ignored, and the
-//! session goes on. A connection without a valid `hello` within `hello_timeout_ms`, or silent
-//! for `idle_timeout_secs`, is closed.
+//! session goes on (a frame over the hard limit, four times `max_frame_bytes`, closes with
+//! 1009). `[xiaozhi] hello_timeout_ms` and `idle_timeout_secs` are this door's initialization
+//! and idle timeouts ([`limits`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::ws::{Message, WebSocket};
+use axum::extract::ws::WebSocket;
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
-use voxgate_audio::format::{f32_to_i16, i16_to_f32};
-use voxgate_audio::opus::{
-    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig, OpusError,
-};
-use voxgate_audio::pacer::{Pacer, PacerConfig};
-use voxgate_audio::resample::Resampler;
+use voxgate_audio::opus::{FrameDuration, OpusEncoderConfig};
 use voxgate_engine::{
-    ClientEvent, Engine, EngineConfig, Input, Output, ProviderEvent, TriggerMode,
+    ClientEvent, Engine, EngineConfig, Input, Output, ProviderEvent, State, TriggerMode,
 };
 use voxgate_xiaozhi::control::{
     AudioParams, DeviceHello, DeviceMessage, Listen, ListenMode, ListenState, Llm, Mcp,
     ServerHello, ServerMessage, Stt, Tts,
 };
-use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
+use voxgate_xiaozhi::frame::ProtocolVersion;
 
+use crate::door::{self, ClientFrame, Inbound, Out, ServerFrame, SessionLimits, Translator};
 use crate::metrics::{Direction, Door, Metrics};
-use crate::providers::Runner;
 use crate::server::App;
 
 use super::XiaozhiConfig;
+use super::reply::{Reply, ReplySettings};
+use super::speech::Speech;
+use super::text::{is_wake_word, without_no_asr_markers};
+use super::uplink::{INPUT_RATE, Uplink};
 
 /// What the upgrade request told us about the device.
 #[derive(Debug, Clone)]
@@ -63,409 +61,249 @@ pub(crate) struct ConnInfo {
     pub(crate) vision_token: String,
 }
 
-enum Incoming {
-    Text(String),
-    Binary(Bytes),
-    Oversized { len: usize, binary: bool },
-}
-
-const IN_QUEUE: usize = 64;
-const OUT_QUEUE: usize = 256;
-/// Reply frames held by the pacer: 2 minutes of 60 ms frames.
-const PACER_CAPACITY: usize = 2_000;
-/// Reply audio is converted and resampled this many samples at a time.
-const PUSH_SLICE: usize = 1024;
-/// Uplink Opus is always decoded at the VAD's rate (Opus decodes to any rate).
-const INPUT_RATE: u32 = 16_000;
-
 /// Serves one upgraded connection until the device leaves, a timeout, or shutdown.
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
-    let metrics = Arc::clone(&app.metrics);
-    let _active = metrics.session(Door::Xiaozhi);
-    let (mut sink, mut stream) = socket.split();
-    let (in_tx, in_rx) = mpsc::channel::<Incoming>(IN_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(OUT_QUEUE);
-
-    let reader_metrics = Arc::clone(&metrics);
-    let max = app.config.max_frame_bytes;
-    let reader = tokio::spawn(async move {
-        // Errors (a dropped TCP connection, code 1006) end the session like a close.
-        while let Some(Ok(msg)) = stream.next().await {
-            let incoming = match msg {
-                Message::Binary(b) if b.len() > max => Incoming::Oversized {
-                    len: b.len(),
-                    binary: true,
-                },
-                Message::Text(t) if t.len() > max => Incoming::Oversized {
-                    len: t.len(),
-                    binary: false,
-                },
-                Message::Binary(b) => {
-                    match in_tx.try_send(Incoming::Binary(b)) {
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            reader_metrics.dropped(Door::Xiaozhi, Direction::Uplink, 1);
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => break,
-                        Ok(()) => {}
-                    }
-                    continue;
-                }
-                Message::Text(t) => Incoming::Text(t.as_str().to_owned()),
-                Message::Close(_) => break,
-                Message::Ping(_) | Message::Pong(_) => continue,
-            };
-            if in_tx.send(incoming).await.is_err() {
-                break;
-            }
-        }
-    });
-    let writer = tokio::spawn(async move {
-        while let Some(msg) = out_rx.recv().await {
-            if sink.send(msg).await.is_err() {
-                return;
-            }
-        }
-        let _ = sink.close().await;
-    });
-
-    let (runner, provider_rx) = Runner::new(app.providers.clone(), Arc::clone(&metrics));
-    let now = Instant::now();
-    let mut conn = Conn {
-        config: Arc::clone(&app),
-        out: out_tx,
-        metrics: Arc::clone(&metrics),
-        runner,
-        info,
-        session: None,
-        hello_deadline: now + Duration::from_millis(app.config.xiaozhi.hello_timeout_ms),
-        last_rx: now,
-        stops: 0,
-    };
-    conn.run(in_rx, provider_rx, app.shutdown.clone()).await;
-    // Dropping the connection aborts provider work and closes the writer's queue, which
-    // closes the socket.
-    drop(conn);
-    reader.abort();
-    let _ = writer.await;
+    let mut cx = app.driver(Door::Xiaozhi);
+    cx.limits = limits(&app.config.xiaozhi, &cx.limits);
+    door::run(socket, XiaozhiDoor::new(app, info), cx).await;
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Close,
-}
-
-struct Conn {
-    config: Arc<App>,
-    out: mpsc::Sender<Message>,
-    metrics: Arc<Metrics>,
-    runner: Runner,
-    info: ConnInfo,
-    session: Option<Session>,
-    hello_deadline: Instant,
-    last_rx: Instant,
-    /// `tts stop` messages sent, so an abort answered by the engine's stop is not answered twice.
-    stops: u64,
-}
-
-/// A paced downlink item: a frame, and the subtitle to show when it starts playing.
-///
-/// Frames are queued encoded: a reply synthesized faster than real time waits in the pacer as
-/// Opus packets (about 180 bytes per 60 ms at 24 kbit/s) rather than PCM (2.9 KB), which keeps a
-/// long reply from costing hundreds of kilobytes per session. The framing (and the v2 timestamp)
-/// is added on release, so audio dropped by a barge-in leaves no gap in the timestamps.
-struct Paced {
-    subtitle: Option<String>,
-    /// One Opus packet of the announced frame length; `None` for a subtitle without audio.
-    packet: Option<Bytes>,
-}
-
-/// What turns reply audio into Opus packets: it exists only from a response's first audio to
-/// its end. The pure-Rust encoder alone holds about 310 KB of fixed buffers, and replies are
-/// encoded as fast as the TTS delivers them (the pacer then holds packets), so keeping it only
-/// for that stretch is most of the difference between an idle and a speaking session's memory.
-struct Downlink {
-    encoder: OpusEncoder,
-    resampler: Option<(u32, Resampler)>,
-    /// Reply audio at the announced rate not yet a whole frame.
-    pcm: Vec<f32>,
-    scratch: Vec<f32>,
-    /// One frame converted to 16-bit for the encoder.
-    frame_pcm: Vec<i16>,
-}
-
-impl Downlink {
-    fn new(config: OpusEncoderConfig) -> Result<Self, OpusError> {
-        let encoder = OpusEncoder::new(config)?;
-        let n = encoder.frame_samples();
-        Ok(Self {
-            encoder,
-            resampler: None,
-            pcm: Vec::with_capacity(n * 2),
-            scratch: Vec::new(),
-            frame_pcm: Vec::with_capacity(n),
-        })
+/// The door's overrides of the server-wide lifecycle limits: `hello_timeout_ms` is the
+/// initialization timeout, `idle_timeout_secs` the idle timeout (0: none).
+fn limits(config: &XiaozhiConfig, server: &SessionLimits) -> SessionLimits {
+    SessionLimits {
+        init_timeout: Some(Duration::from_millis(config.hello_timeout_ms)),
+        idle_timeout: (config.idle_timeout_secs > 0)
+            .then(|| Duration::from_secs(config.idle_timeout_secs)),
+        ..server.clone()
     }
+}
+
+/// A device frame, decoded in the driver's reader task.
+#[derive(Debug)]
+pub(crate) enum In {
+    /// A JSON control message (boxed: the reader's queue holds 32 slots of this type per
+    /// session from the start, and audio frames are the common case).
+    Message(Box<DeviceMessage>),
+    /// A binary (audio) frame, still in the connection's framing.
+    Audio(Bytes),
+    /// A text frame that is not a device message.
+    Unparsable(String),
+    /// A frame over `max_frame_bytes`.
+    Oversized {
+        /// Its length.
+        len: usize,
+        /// Binary or text.
+        binary: bool,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// One device connection.
+pub(crate) struct XiaozhiDoor {
+    app: Arc<App>,
+    info: ConnInfo,
+    /// Present after the hello.
+    session: Option<Session>,
 }
 
 /// A session after the hello.
 struct Session {
     id: String,
     engine: Engine,
-    codec: FrameCodec,
-    backend: OpusBackend,
-    /// The uplink decoder, built at the first audio frame and dropped while a half-duplex
-    /// device speaks (it sends no audio then).
-    decoder: Option<OpusDecoder>,
-    encoder_config: OpusEncoderConfig,
-    /// Reply encoding state, present only while reply audio is arriving.
-    downlink: Option<Downlink>,
+    uplink: Uplink,
+    reply: Reply,
+    speech: Speech,
+    /// The last `listen start` mode: manual is push to talk.
+    mode: ListenMode,
     out_rate: u32,
     frame_ms: u32,
-    frame_samples: usize,
-    frame_buf: Vec<u8>,
-    pacer: Pacer<Paced>,
-    /// A `sentence_start` waiting for the first frame of its audio.
-    subtitle: Option<String>,
-    mode: ListenMode,
-    /// `tts start` was sent and `tts stop` not yet.
-    speaking: bool,
-    /// The response finished; `tts stop` goes out once the paced audio has played.
-    stop_pending: bool,
-    /// Audio of a cleared response is dropped until the next response begins.
-    muted: bool,
-    /// v2 downlink timestamp, milliseconds of audio sent.
-    timestamp: u32,
 }
 
-impl Conn {
-    fn xcfg(&self) -> &XiaozhiConfig {
-        &self.config.config.xiaozhi
-    }
+impl Translator for XiaozhiDoor {
+    type In = In;
+    type Event = ();
 
-    async fn run(
-        &mut self,
-        mut in_rx: mpsc::Receiver<Incoming>,
-        mut provider_rx: mpsc::Receiver<ProviderEvent>,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        if *shutdown.borrow() {
-            return;
-        }
-        loop {
-            let deadline = self.deadline();
-            let flow = tokio::select! {
-                incoming = in_rx.recv() => match incoming {
-                    None => break,
-                    Some(i) => {
-                        self.last_rx = Instant::now();
-                        self.incoming(i).await
-                    }
-                },
-                Some(event) = provider_rx.recv() => {
-                    self.runner.finished(&event);
-                    if let Some(s) = &mut self.session {
-                        let _ = s.engine.handle_input(Instant::now(), Input::Provider(event));
-                    }
-                    Flow::Continue
-                }
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
-                    self.tick(Instant::now())
-                }
-                _ = shutdown.changed() => Flow::Close,
-            };
-            self.drain().await;
-            self.pace().await;
-            if flow == Flow::Close {
-                break;
-            }
-        }
-        if let Some(s) = &mut self.session {
-            let _ = s.engine.handle_input(Instant::now(), Input::Close);
-            while let Some(out) = s.engine.poll_output() {
-                if let Output::Provider(r) = out {
-                    self.runner.start(r);
-                }
-            }
-        }
-    }
-
-    /// The earliest instant something is due.
-    fn deadline(&self) -> Instant {
-        let now = Instant::now();
-        let far = now + Duration::from_secs(3600);
-        let mut d = far;
-        let idle = self.xcfg().idle_timeout_secs;
-        if idle > 0 {
-            d = d.min(self.last_rx + Duration::from_secs(idle));
-        }
-        match &self.session {
-            None => d.min(self.hello_deadline),
-            Some(s) => {
-                for t in [
-                    s.engine.poll_timeout(),
-                    s.pacer.poll_timeout(),
-                    s.stop_at(now),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    d = d.min(t);
-                }
-                d
-            }
-        }
-    }
-
-    fn tick(&mut self, now: Instant) -> Flow {
-        let idle = self.xcfg().idle_timeout_secs;
-        if idle > 0 && now >= self.last_rx + Duration::from_secs(idle) {
-            tracing::info!(device = ?self.info.device_id, "xiaozhi session idle, closing");
-            return Flow::Close;
-        }
-        match &mut self.session {
-            None => {
-                if now >= self.hello_deadline {
-                    tracing::info!(device = ?self.info.device_id, "no hello in time, closing");
-                    self.metrics.error(Door::Xiaozhi);
-                    return Flow::Close;
-                }
-            }
-            Some(s) => {
-                if s.engine.poll_timeout().is_some_and(|t| t <= now) {
-                    s.engine.handle_timeout(now);
-                }
-            }
-        }
-        Flow::Continue
-    }
-
-    async fn incoming(&mut self, incoming: Incoming) -> Flow {
-        match incoming {
-            Incoming::Oversized { len, binary } => {
-                let kind = if binary { "binary" } else { "text" };
-                bad(
-                    &self.metrics,
-                    &format!(
-                        "{kind} frame of {len} bytes over the limit of {} bytes ignored",
-                        self.config.config.max_frame_bytes
-                    ),
-                );
-                Flow::Continue
-            }
-            Incoming::Binary(b) => {
-                self.audio(&b);
-                Flow::Continue
-            }
-            Incoming::Text(t) => match DeviceMessage::from_slice(t.as_bytes()) {
-                Ok(m) => self.message(m).await,
-                Err(e) => {
-                    bad(&self.metrics, &format!("unparsable JSON ignored: {e}"));
-                    Flow::Continue
-                }
+    fn decode(frame: ClientFrame, max: usize) -> Inbound<In> {
+        let oversized = |len, binary| {
+            Inbound::Keep(In::Oversized {
+                len,
+                binary,
+                limit: max,
+            })
+        };
+        match frame {
+            ClientFrame::Binary(b) if b.len() > max => oversized(b.len(), true),
+            ClientFrame::Text(t) if t.len() > max => oversized(t.len(), false),
+            ClientFrame::Binary(b) => Inbound::Droppable(In::Audio(b)),
+            ClientFrame::Text(t) => match DeviceMessage::from_slice(t.as_bytes()) {
+                Ok(m) => Inbound::Keep(In::Message(Box::new(m))),
+                Err(e) => Inbound::Keep(In::Unparsable(e.to_string())),
             },
         }
     }
 
-    fn audio(&mut self, frame: &[u8]) {
+    fn on_client(&mut self, now: Instant, msg: In, out: &mut Out) {
+        match msg {
+            In::Oversized { len, binary, limit } => {
+                let kind = if binary { "binary" } else { "text" };
+                self.bad(&format!(
+                    "{kind} frame of {len} bytes over the limit of {limit} bytes ignored"
+                ));
+            }
+            In::Unparsable(e) => self.bad(&format!("unparsable JSON ignored: {e}")),
+            In::Audio(b) => self.audio(now, &b),
+            In::Message(m) => self.message(now, *m, out),
+        }
+        self.settle(now, out);
+    }
+
+    fn on_provider(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
+        if let Some(s) = &mut self.session {
+            let _ = s.engine.handle_input(now, Input::Provider(event));
+        }
+        self.settle(now, out);
+    }
+
+    fn on_timeout(&mut self, now: Instant, out: &mut Out) {
+        if let Some(s) = &mut self.session
+            && s.engine.poll_timeout().is_some_and(|t| t <= now)
+        {
+            s.engine.handle_timeout(now);
+        }
+        self.settle(now, out);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        let s = self.session.as_ref()?;
+        [
+            s.engine.poll_timeout(),
+            s.reply.poll_timeout(),
+            s.speech.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn initialized(&self) -> bool {
+        self.session.is_some()
+    }
+
+    fn on_init_timeout(&mut self, _now: Instant, _out: &mut Out) {
+        // The protocol has no error message: the driver closes with 1008.
+        tracing::info!(device = ?self.info.device_id, "no hello in time, closing");
+    }
+
+    fn is_idle(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| {
+            !s.speech.speaking()
+                && !matches!(
+                    s.engine.state(),
+                    State::Processing | State::Speaking | State::Action
+                )
+        })
+    }
+
+    fn on_close(&mut self, now: Instant, out: &mut Out) {
+        let Some(s) = &mut self.session else { return };
+        let _ = s.engine.handle_input(now, Input::Close);
+        while let Some(o) = s.engine.poll_output() {
+            if let Output::Provider(r) = o {
+                out.provider(r);
+            }
+        }
+    }
+}
+
+impl XiaozhiDoor {
+    /// A connection waiting for its hello.
+    pub(crate) fn new(app: Arc<App>, info: ConnInfo) -> Self {
+        Self {
+            app,
+            info,
+            session: None,
+        }
+    }
+
+    fn xcfg(&self) -> &XiaozhiConfig {
+        &self.app.config.xiaozhi
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.app.metrics
+    }
+
+    /// Counts and logs a device frame that is ignored (the protocol has no error message).
+    fn bad(&self, what: &str) {
+        self.metrics().error(Door::Xiaozhi);
+        tracing::debug!("xiaozhi: {what}");
+    }
+
+    fn audio(&mut self, now: Instant, frame: &[u8]) {
         let Some(s) = &mut self.session else {
-            bad(&self.metrics, "binary frame before hello ignored");
+            self.bad("binary frame before hello ignored");
             return;
         };
-        if s.speaking && s.mode != ListenMode::Realtime {
+        if !s.speech.hears_uplink() {
             // Half duplex: the device's own reply would come back as user speech.
             return;
         }
-        let payload = match s.codec.decode(frame) {
-            Ok(f) => f.payload,
+        match s.uplink.decode(frame) {
+            Ok(Some(pcm)) => s.engine.handle_audio(now, pcm),
+            Ok(None) => {}
             Err(e) => {
-                self.metrics.error(Door::Xiaozhi);
-                tracing::debug!("xiaozhi: bad binary frame: {e}");
-                return;
-            }
-        };
-        if payload.is_empty() {
-            return;
-        }
-        if s.decoder.is_none() {
-            match OpusDecoder::new(INPUT_RATE, s.backend) {
-                Ok(d) => s.decoder = Some(d),
-                Err(e) => {
-                    self.metrics.error(Door::Xiaozhi);
-                    tracing::warn!(%e, "cannot build the uplink decoder");
-                    return;
-                }
-            }
-        }
-        let Some(decoder) = &mut s.decoder else {
-            return;
-        };
-        match decoder.decode_f32(payload) {
-            Ok(pcm) => s.engine.handle_audio(Instant::now(), pcm),
-            Err(e) => {
-                self.metrics.error(Door::Xiaozhi);
-                tracing::debug!("xiaozhi: undecodable Opus packet: {e}");
+                self.metrics().error(Door::Xiaozhi);
+                tracing::debug!("xiaozhi: {e}");
             }
         }
     }
 
-    async fn message(&mut self, m: DeviceMessage) -> Flow {
-        let now = Instant::now();
+    fn message(&mut self, now: Instant, m: DeviceMessage, out: &mut Out) {
         if let DeviceMessage::Hello(h) = m {
-            return self.hello(h, now).await;
+            self.hello(now, &h, out);
+            return;
         }
-        if self.session.is_none() {
-            bad(
-                &self.metrics,
-                &format!("{} before hello ignored", m.message_type()),
-            );
-            return Flow::Continue;
-        }
+        let Some(s) = &mut self.session else {
+            self.bad(&format!("{} before hello ignored", m.message_type()));
+            return;
+        };
         match m {
-            DeviceMessage::Listen(l) => self.listen(l, now).await,
-            DeviceMessage::Abort(_) => {
-                self.abort(now).await;
-                Flow::Continue
-            }
-            DeviceMessage::Mcp(env) => {
-                match env.payload_value() {
-                    Ok(v) => {
-                        if let Some(s) = &mut self.session
-                            && let Err(e) = s.engine.handle_input(now, Input::DeviceMcp(v))
-                        {
-                            bad(&self.metrics, &format!("mcp message refused: {e}"));
-                        }
+            DeviceMessage::Listen(l) => self.listen(now, l, out),
+            DeviceMessage::Abort(_) => self.abort(now, out),
+            DeviceMessage::Mcp(env) => match env.payload_value() {
+                Ok(v) => {
+                    if let Err(e) = s.engine.handle_input(now, Input::DeviceMcp(v)) {
+                        self.bad(&format!("mcp message refused: {e}"));
                     }
-                    Err(e) => bad(&self.metrics, &format!("mcp payload: {e}")),
                 }
-                Flow::Continue
-            }
+                Err(e) => self.bad(&format!("mcp payload: {e}")),
+            },
             // Legacy IoT descriptors and perception events carry nothing a turn needs.
-            DeviceMessage::Iot(_) | DeviceMessage::Event(_) => Flow::Continue,
-            DeviceMessage::Unknown(u) if u.message_type == "goodbye" => Flow::Close,
-            other => {
-                bad(
-                    &self.metrics,
-                    &format!("unknown message type {:?} ignored", other.message_type()),
-                );
-                Flow::Continue
+            DeviceMessage::Iot(_) | DeviceMessage::Event(_) => {}
+            DeviceMessage::Unknown(u) if u.message_type == "goodbye" => {
+                out.close(door::close_code::NORMAL, "goodbye");
             }
+            other => self.bad(&format!(
+                "unknown message type {:?} ignored",
+                other.message_type()
+            )),
         }
     }
 
-    async fn hello(&mut self, h: DeviceHello, now: Instant) -> Flow {
+    fn hello(&mut self, now: Instant, h: &DeviceHello, out: &mut Out) {
         if let Some(s) = &self.session {
             // A repeated hello is answered again; the session goes on.
-            let hello = s.server_hello();
-            send(&self.out, hello).await;
-            return Flow::Continue;
+            send(out, s.server_hello());
+            return;
         }
         if h.transport
             .as_ref()
             .is_some_and(|t| t.as_str() != "websocket")
         {
-            bad(&self.metrics, "hello for another transport ignored");
-            return Flow::Continue;
+            self.bad("hello for another transport ignored");
+            return;
         }
         // The upgrade header fixes the framing; a browser client without headers may say it in
         // the hello; otherwise version 1.
@@ -477,12 +315,13 @@ impl Conn {
                     .and_then(|v| ProtocolVersion::from_number(u64::from(v)).ok())
             })
             .unwrap_or(ProtocolVersion::V1);
-        let session = match Session::new(self.xcfg(), version, now) {
+        let mut session = match Session::new(self.xcfg(), version, now) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "xiaozhi session setup failed");
-                self.metrics.error(Door::Xiaozhi);
-                return Flow::Close;
+                self.metrics().error(Door::Xiaozhi);
+                out.close(door::close_code::INTERNAL, "session setup failed");
+                return;
             }
         };
         tracing::info!(
@@ -492,29 +331,24 @@ impl Conn {
             mcp = ?h.features.mcp,
             "xiaozhi hello"
         );
-        let hello = session.server_hello();
-        self.session = Some(session);
-        send(&self.out, hello).await;
-        if h.features.mcp == Some(true)
-            && let Some(s) = &mut self.session
-        {
-            let _ = s.engine.handle_input(now, Input::DeviceMcpStart);
+        send(out, session.server_hello());
+        if h.features.mcp == Some(true) {
+            let _ = session.engine.handle_input(now, Input::DeviceMcpStart);
         }
-        Flow::Continue
+        self.session = Some(session);
     }
 
-    async fn listen(&mut self, l: Listen, now: Instant) -> Flow {
-        let Some(s) = &mut self.session else {
-            return Flow::Continue;
-        };
+    fn listen(&mut self, now: Instant, l: Listen, out: &mut Out) {
+        let Some(s) = &mut self.session else { return };
         match l.state {
             ListenState::Start => {
                 let mode = l.mode.unwrap_or(ListenMode::Auto);
-                s.mode = mode.clone();
-                if mode == ListenMode::Manual
+                s.speech.listen(&mode);
+                s.mode = mode;
+                if s.mode == ListenMode::Manual
                     && let Err(e) = s.engine.handle_input(now, Input::StartCapture)
                 {
-                    bad(&self.metrics, &format!("listen start refused: {e}"));
+                    self.bad(&format!("listen start refused: {e}"));
                 }
             }
             ListenState::Stop => {
@@ -522,7 +356,7 @@ impl Conn {
                     // The device stops streaming at once, mid-utterance: cut the utterance
                     // now and end the push-to-talk turn as soon as its transcripts are in
                     // (no endpointing wait, and late words cannot count as a barge-in).
-                    let input = if s.engine.state() == voxgate_engine::State::Listening {
+                    let input = if s.engine.state() == State::Listening {
                         Input::TriggerInference {
                             instructions: None,
                             flush_vad: true,
@@ -531,119 +365,107 @@ impl Conn {
                         Input::StopCapture
                     };
                     if let Err(e) = s.engine.handle_input(now, input) {
-                        bad(&self.metrics, &format!("listen stop refused: {e}"));
+                        self.bad(&format!("listen stop refused: {e}"));
                     }
                 }
             }
             ListenState::Detect => {
                 let text = l.text.unwrap_or_default();
-                self.detect(text.trim(), now).await;
+                self.detect(now, text.trim(), out);
             }
-            _ => bad(&self.metrics, "unknown listen state ignored"),
+            _ => self.bad("unknown listen state ignored"),
         }
-        Flow::Continue
     }
 
     /// `listen detect`: a wake word, or a text turn.
-    async fn detect(&mut self, text: &str, now: Instant) {
-        let wake = is_wake_word(text, &self.xcfg().wake_words) || text.is_empty();
+    fn detect(&mut self, now: Instant, text: &str, out: &mut Out) {
+        let wake = text.is_empty() || is_wake_word(text, &self.xcfg().wake_words);
         let greet = self.xcfg().greet_on_wake;
         let Some(s) = &mut self.session else { return };
-        let sid = s.id.clone();
-        if wake {
-            if greet {
-                let r = s.engine.handle_input(
-                    now,
-                    Input::TriggerInference {
-                        instructions: Some(
-                            "The user just woke the device with its wake word: greet them \
-                             in one short sentence."
-                                .to_owned(),
-                        ),
-                        flush_vad: false,
-                    },
-                );
-                if let Err(e) = r {
-                    bad(&self.metrics, &format!("wake word refused: {e}"));
-                }
-            } else {
-                send(&self.out, with_sid(Stt::new(text), &sid)).await;
-                send(&self.out, {
-                    self.stops += 1;
-                    with_sid(Tts::stop(), &sid)
-                })
-                .await;
-            }
+        let result = if !wake {
+            s.engine.handle_input(
+                now,
+                Input::Text {
+                    text: text.to_owned(),
+                    mode: TriggerMode::Immediate,
+                },
+            )
+        } else if greet {
+            s.engine.handle_input(
+                now,
+                Input::TriggerInference {
+                    instructions: Some(
+                        "The user just woke the device with its wake word: greet them in one \
+                         short sentence."
+                            .to_owned(),
+                    ),
+                    flush_vad: false,
+                },
+            )
+        } else {
+            // Acknowledged: the device goes back to listening.
+            send(out, with_sid(Stt::new(text), &s.id));
+            send(out, with_sid(Tts::stop(), &s.id));
             return;
-        }
-        let r = s.engine.handle_input(
-            now,
-            Input::Text {
-                text: text.to_owned(),
-                mode: TriggerMode::Immediate,
-            },
-        );
-        match r {
-            Ok(()) => send(&self.out, with_sid(Stt::new(text), &sid)).await,
-            Err(e) => bad(&self.metrics, &format!("text turn refused: {e}")),
+        };
+        match result {
+            Ok(()) if !wake => send(out, with_sid(Stt::new(text), &s.id)),
+            Ok(()) => {}
+            Err(e) if wake => self.bad(&format!("wake word refused: {e}")),
+            Err(e) => self.bad(&format!("text turn refused: {e}")),
         }
     }
 
     /// `abort`: stop the reply and answer with `tts stop` at once, whatever the state.
-    async fn abort(&mut self, now: Instant) {
+    fn abort(&mut self, now: Instant, out: &mut Out) {
         let Some(s) = &mut self.session else { return };
         if let Err(e) = s.engine.handle_input(now, Input::Abort) {
             tracing::debug!("xiaozhi abort: {e}");
         }
         // The engine's ClearPlayback (if a reply was in progress) stops the audio; the device
         // waits for `tts stop` either way.
-        let stops = self.stops;
-        self.drain().await;
-        if let Some(s) = &mut self.session {
-            s.clear();
-            s.speaking = false;
-            s.stop_pending = false;
-            let sid = s.id.clone();
-            if self.stops == stops {
-                self.stops += 1;
-                send(&self.out, with_sid(Tts::stop(), &sid)).await;
-            }
+        let mark = s.speech.abort();
+        self.drain(now, out);
+        let Some(s) = &mut self.session else { return };
+        s.reply.clear();
+        if s.speech.aborted(mark) {
+            send(out, with_sid(Tts::stop(), &s.id));
         }
     }
 
-    /// Sends every pending engine output.
-    async fn drain(&mut self) {
+    /// After every step: the engine's outputs, then the reply frames that are due.
+    fn settle(&mut self, now: Instant, out: &mut Out) {
+        self.drain(now, out);
+        self.pace(now, out);
+    }
+
+    /// Maps every pending engine output.
+    fn drain(&mut self, now: Instant, out: &mut Out) {
         loop {
             let Some(s) = &mut self.session else { return };
-            let Some(out) = s.engine.poll_output() else {
-                return;
-            };
-            match out {
-                Output::Provider(r) => self.runner.start(r),
-                Output::Client(event) => self.client_event(event).await,
-                _ => {}
+            match s.engine.poll_output() {
+                None => return,
+                Some(Output::Provider(r)) => out.provider(r),
+                Some(Output::Client(event)) => self.client_event(now, event, out),
+                Some(_) => {}
             }
         }
     }
 
-    async fn client_event(&mut self, event: ClientEvent) {
-        let now = Instant::now();
-        let metrics = Arc::clone(&self.metrics);
+    fn client_event(&mut self, now: Instant, event: ClientEvent, out: &mut Out) {
+        let metrics = Arc::clone(&self.app.metrics);
         let Some(s) = &mut self.session else { return };
         let sid = s.id.clone();
         match event {
             ClientEvent::ResponseBegin { .. } => {
-                s.muted = false;
-                s.stop_pending = false;
-                if !s.speaking {
-                    s.speaking = true;
-                    s.pacer.clear();
-                    if s.mode != ListenMode::Realtime {
-                        // Half duplex: no uplink audio until the reply is over, and the next
-                        // utterance starts a fresh stream.
-                        s.decoder = None;
+                let starts = s.speech.begin();
+                if starts {
+                    s.reply.restart_pacing();
+                    if !s.speech.hears_uplink() {
+                        // Half duplex: no uplink audio until the reply is over.
+                        s.uplink.end_stream();
                     }
-                    send(&self.out, with_sid(Tts::start(), &sid)).await;
+                    send(out, with_sid(Tts::start(), &sid));
                 }
             }
             ClientEvent::Emotion { emoji, emotion, .. } => {
@@ -652,45 +474,35 @@ impl Conn {
                     text: emoji,
                     emotion: super::emotion::to_wire(emotion),
                 };
-                send(&self.out, llm).await;
+                send(out, llm);
             }
-            ClientEvent::SentenceStart { text, .. } if !s.muted => {
+            ClientEvent::SentenceStart { text, .. } if !s.speech.muted() => {
                 let msg = ServerMessage::from(with_sid(Tts::sentence_start(text), &sid));
-                s.subtitle = Some(msg.to_json());
+                s.reply.sentence(msg.to_json());
             }
             ClientEvent::AudioChunk {
                 samples,
                 sample_rate,
                 ..
-            } if !s.muted => s.push_audio(now, &samples, sample_rate, &metrics),
-            ClientEvent::ResponseEnd { .. } if !s.muted => s.flush_audio(now, &metrics),
+            } if !s.speech.muted() => {
+                let dropped = s.reply.push_audio(now, &samples, sample_rate);
+                metrics.dropped(Door::Xiaozhi, Direction::Downlink, dropped);
+            }
+            ClientEvent::ResponseEnd { .. } if !s.speech.muted() => {
+                let dropped = s.reply.flush(now);
+                metrics.dropped(Door::Xiaozhi, Direction::Downlink, dropped);
+            }
             ClientEvent::ResponseFinished { interrupted, .. } => {
                 metrics.turn(Door::Xiaozhi);
-                if interrupted {
-                    if s.speaking {
-                        s.clear();
-                        s.speaking = false;
-                        send(&self.out, {
-                            self.stops += 1;
-                            with_sid(Tts::stop(), &sid)
-                        })
-                        .await;
-                    }
-                } else if s.speaking {
-                    s.stop_pending = true;
+                if s.speech.finished(interrupted) {
+                    s.reply.clear();
+                    send(out, with_sid(Tts::stop(), &sid));
                 }
             }
             ClientEvent::ClearPlayback => {
-                s.clear();
-                s.muted = true;
-                if s.speaking {
-                    s.speaking = false;
-                    s.stop_pending = false;
-                    send(&self.out, {
-                        self.stops += 1;
-                        with_sid(Tts::stop(), &sid)
-                    })
-                    .await;
+                s.reply.clear();
+                if s.speech.clear() {
+                    send(out, with_sid(Tts::stop(), &sid));
                 }
             }
             ClientEvent::UserTranscription { text, .. } => {
@@ -698,7 +510,7 @@ impl Conn {
                 // is told, the device's screen is not.
                 let shown = without_no_asr_markers(&text);
                 if !shown.is_empty() {
-                    send(&self.out, with_sid(Stt::new(shown), &sid)).await;
+                    send(out, with_sid(Stt::new(shown), &sid));
                 }
             }
             ClientEvent::DeviceMcp(m) => {
@@ -706,7 +518,7 @@ impl Conn {
                 if v.get("method").and_then(Value::as_str) == Some("initialize") {
                     add_vision(&mut v, &self.info.vision_url, &self.info.vision_token);
                 }
-                send(&self.out, Mcp::wrap(v).with_session_id(sid)).await;
+                send(out, Mcp::wrap(v).with_session_id(sid));
             }
             ClientEvent::Error { category, message } => {
                 metrics.error(Door::Xiaozhi);
@@ -718,42 +530,21 @@ impl Conn {
         }
     }
 
-    /// Releases due frames to the writer and sends `tts stop` once playback is over.
-    async fn pace(&mut self) {
-        let now = Instant::now();
+    /// Releases due reply frames and sends `tts stop` once playback is over.
+    fn pace(&mut self, now: Instant, out: &mut Out) {
         let Some(s) = &mut self.session else { return };
-        s.pacer.handle_timeout(now);
-        let mut due = Vec::new();
-        while let Some(p) = s.pacer.poll_output() {
-            due.push(p);
-        }
-        let due: Vec<(Option<String>, Option<Bytes>)> = due
-            .into_iter()
-            .map(|p| (p.subtitle, p.packet.and_then(|packet| s.frame(&packet))))
-            .collect();
-        let sid = s.id.clone();
-        let stop = s.stop_at(now).is_some_and(|t| t <= now);
-        if stop {
-            s.stop_pending = false;
-            s.speaking = false;
-            s.pacer.clear();
-        }
-        for (subtitle, frame) in due {
-            if let Some(subtitle) = subtitle {
-                let _ = self.out.send(Message::Text(subtitle.into())).await;
+        s.reply.handle_timeout(now);
+        while let Some(r) = s.reply.poll_output() {
+            if let Some(subtitle) = r.subtitle {
+                out.send(ServerFrame::Text(subtitle));
             }
-            if let Some(frame) = frame
-                && self.out.try_send(Message::Binary(frame)).is_err()
-            {
-                self.metrics.dropped(Door::Xiaozhi, Direction::Downlink, 1);
+            if let Some(frame) = r.frame {
+                out.send_droppable(ServerFrame::Binary(frame));
             }
         }
-        if stop {
-            send(&self.out, {
-                self.stops += 1;
-                with_sid(Tts::stop(), &sid)
-            })
-            .await;
+        if s.speech.played(now, s.reply.queued(), s.reply.drained_at()) {
+            s.reply.restart_pacing();
+            send(out, with_sid(Tts::stop(), &s.id));
         }
     }
 }
@@ -774,7 +565,7 @@ impl Session {
         let frame_duration = FrameDuration::from_millis(config.output_frame_ms)
             .ok_or_else(|| format!("frame length {} ms", config.output_frame_ms))?;
         let backend = config.opus_backend.resolve();
-        let encoder_config = OpusEncoderConfig {
+        let encoder = OpusEncoderConfig {
             frame_duration,
             bitrate: config.opus_bitrate,
             complexity: config.opus_complexity,
@@ -782,35 +573,22 @@ impl Session {
             backend,
             ..OpusEncoderConfig::voice(config.output_sample_rate)
         };
-        // Built once here so a setting the codec refuses fails the hello, not the first reply;
-        // the codecs themselves are built when they are needed.
-        let frame_samples = OpusEncoder::new(encoder_config)
-            .map_err(|e| e.to_string())?
-            .frame_samples();
-        OpusDecoder::new(INPUT_RATE, backend).map_err(|e| e.to_string())?;
+        let reply = Reply::new(ReplySettings {
+            encoder,
+            lead_frames: config.lead_frames,
+            version,
+        })
+        .map_err(|e| e.to_string())?;
+        let uplink = Uplink::new(version, backend).map_err(|e| e.to_string())?;
         Ok(Self {
             id: super::new_session_id(),
             engine,
-            codec: FrameCodec::new(version),
-            backend,
-            decoder: None,
-            encoder_config,
-            downlink: None,
+            uplink,
+            reply,
+            speech: Speech::new(),
+            mode: ListenMode::Auto,
             out_rate: config.output_sample_rate,
             frame_ms: config.output_frame_ms,
-            frame_samples,
-            frame_buf: Vec::new(),
-            pacer: Pacer::new(PacerConfig::new(
-                Duration::from_millis(u64::from(config.output_frame_ms)),
-                config.lead_frames,
-                PACER_CAPACITY,
-            )),
-            subtitle: None,
-            mode: ListenMode::Auto,
-            speaking: false,
-            stop_pending: false,
-            muted: false,
-            timestamp: 0,
         })
     }
 
@@ -824,158 +602,11 @@ impl Session {
             ..ServerHello::new(self.id.clone())
         }
     }
-
-    /// When `tts stop` is due: after the finished response's paced audio has played out.
-    fn stop_at(&self, now: Instant) -> Option<Instant> {
-        if !self.stop_pending || self.pacer.queued() > 0 {
-            return None;
-        }
-        Some(
-            self.pacer
-                .drained_at()
-                .unwrap_or(now)
-                .min(now + Duration::from_secs(60)),
-        )
-    }
-
-    /// Drops every queued and partial reply frame.
-    fn clear(&mut self) {
-        self.pacer.clear();
-        self.downlink = None;
-        self.subtitle = None;
-    }
-
-    /// Reply audio in: resample to the announced rate and cut into frames.
-    fn push_audio(&mut self, now: Instant, samples: &[i16], rate: u32, metrics: &Metrics) {
-        if rate == 0 {
-            return;
-        }
-        // A TTS chunk can be a whole sentence (seconds of audio). Taking it a slice at a time
-        // keeps the conversion and resampling buffers at a few kilobytes for the session's
-        // life instead of growing to the longest sentence ever spoken.
-        for slice in samples.chunks(PUSH_SLICE) {
-            self.push_slice(now, slice, rate, metrics);
-        }
-    }
-
-    fn push_slice(&mut self, now: Instant, samples: &[i16], rate: u32, metrics: &Metrics) {
-        if self.downlink.is_none() {
-            match Downlink::new(self.encoder_config) {
-                Ok(d) => self.downlink = Some(d),
-                Err(e) => {
-                    tracing::warn!(%e, "cannot build the reply encoder");
-                    return;
-                }
-            }
-        }
-        let out_rate = self.out_rate;
-        let Some(d) = &mut self.downlink else { return };
-        d.scratch.clear();
-        d.scratch.extend(samples.iter().map(|&s| i16_to_f32(s)));
-        if rate == out_rate {
-            d.pcm.extend_from_slice(&d.scratch);
-        } else {
-            if d.resampler.as_ref().is_none_or(|(from, _)| *from != rate) {
-                match Resampler::new(rate, out_rate) {
-                    Ok(r) => d.resampler = Some((rate, r)),
-                    Err(e) => {
-                        tracing::warn!(%e, rate, "cannot resample reply audio");
-                        return;
-                    }
-                }
-            }
-            if let Some((_, r)) = &mut d.resampler {
-                r.process(&d.scratch, &mut d.pcm);
-            }
-        }
-        self.encode_frames(now, metrics);
-    }
-
-    /// The end of a response's audio: the resampler's tail and a last, zero-padded frame.
-    /// The encoder goes with it; what is left of the reply waits in the pacer as packets.
-    fn flush_audio(&mut self, now: Instant, metrics: &Metrics) {
-        let n = self.frame_samples;
-        if let Some(d) = &mut self.downlink {
-            if let Some((_, r)) = &mut d.resampler {
-                r.flush(&mut d.pcm);
-            }
-            if !d.pcm.is_empty() {
-                let pad = n - d.pcm.len() % n;
-                if pad < n {
-                    d.pcm.extend(std::iter::repeat_n(0.0, pad));
-                }
-            }
-        }
-        self.encode_frames(now, metrics);
-        self.downlink = None;
-        if let Some(subtitle) = self.subtitle.take() {
-            // A sentence with no audio at all still gets its subtitle, in order.
-            let _ = self.pacer.handle_input(
-                now,
-                Paced {
-                    subtitle: Some(subtitle),
-                    packet: None,
-                },
-            );
-        }
-    }
-
-    /// Encodes every whole frame of reply audio and queues it with the pacer.
-    fn encode_frames(&mut self, now: Instant, metrics: &Metrics) {
-        let n = self.frame_samples;
-        let Some(d) = &mut self.downlink else { return };
-        let mut start = 0;
-        while d.pcm.len() - start >= n {
-            let Some(chunk) = d.pcm.get(start..start + n) else {
-                break;
-            };
-            start += n;
-            d.frame_pcm.clear();
-            d.frame_pcm.extend(chunk.iter().map(|&x| f32_to_i16(x)));
-            let packet = match d.encoder.encode(&d.frame_pcm) {
-                Ok(p) => Bytes::copy_from_slice(p),
-                Err(e) => {
-                    tracing::warn!(%e, "opus encode failed");
-                    continue;
-                }
-            };
-            let paced = Paced {
-                subtitle: self.subtitle.take(),
-                packet: Some(packet),
-            };
-            if self.pacer.handle_input(now, paced).is_err() {
-                metrics.dropped(Door::Xiaozhi, Direction::Downlink, 1);
-            }
-        }
-        d.pcm.drain(..start);
-    }
-
-    /// One Opus packet in the device's framing, stamped with the audio time sent so far.
-    fn frame(&mut self, packet: &[u8]) -> Option<Bytes> {
-        self.frame_buf.clear();
-        let frame = if self.codec.version().has_timestamp() {
-            Frame::opus_at(self.timestamp, packet)
-        } else {
-            Frame::opus(packet)
-        };
-        if let Err(e) = self.codec.encode(&frame, &mut self.frame_buf) {
-            tracing::warn!(%e, "frame encode failed");
-            return None;
-        }
-        self.timestamp = self.timestamp.wrapping_add(self.frame_ms);
-        Some(Bytes::copy_from_slice(&self.frame_buf))
-    }
 }
 
-async fn send(out: &mpsc::Sender<Message>, msg: impl Into<ServerMessage>) {
-    let json = msg.into().to_json();
-    let _ = out.send(Message::Text(json.into())).await;
-}
-
-/// Counts and logs a device frame that is ignored (the protocol has no error message).
-fn bad(metrics: &Metrics, what: &str) {
-    metrics.error(Door::Xiaozhi);
-    tracing::debug!("xiaozhi: {what}");
+/// Queues a control message.
+fn send(out: &mut Out, msg: impl Into<ServerMessage>) {
+    out.send(ServerFrame::Text(msg.into().to_json()));
 }
 
 fn with_sid<T: HasSessionId>(mut msg: T, sid: &str) -> T {
@@ -1022,64 +653,511 @@ fn add_vision(request: &mut Value, url: &str, token: &str) {
     }
 }
 
-/// `text` without NoAsr's markers (an utterance the VAD split in parts has one per part).
-fn without_no_asr_markers(text: &str) -> String {
-    let marker = voxgate_providers::no_asr_marker(0.0);
-    let Some((prefix, suffix)) = marker.split_once("0.0") else {
-        return text.trim().to_owned();
-    };
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(prefix) {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + prefix.len()..];
-        match after.find(suffix) {
-            Some(j) => rest = &after[j + suffix.len()..],
-            None => {
-                rest = &rest[i..];
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tokio::sync::watch;
+    use voxgate_engine::{ProviderRequest, RequestId, TurnId};
+
+    use super::*;
+    use crate::config::Config;
+
+    const MS: Duration = Duration::from_millis(1);
+    /// 60 ms at 24 kHz, the default downlink frame.
+    const FRAME: usize = 1440;
+
+    fn app(config: Config) -> Arc<App> {
+        let (_stop, shutdown) = watch::channel(false);
+        Arc::new(App::for_test(config, shutdown))
+    }
+
+    fn errors(app: &App) -> u64 {
+        app.metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("voxgate_errors_total{door=\"xiaozhi\"} "))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Json(Value),
+        Audio(Bytes),
+    }
+
+    impl Ev {
+        fn label(&self) -> String {
+            match self {
+                Ev::Audio(_) => "audio".into(),
+                Ev::Json(v) => match (v["type"].as_str(), v["state"].as_str()) {
+                    (Some(t), Some(s)) => format!("{t} {s}"),
+                    (Some(t), None) => t.to_owned(),
+                    _ => "?".into(),
+                },
+            }
+        }
+    }
+
+    fn labels(evs: &[Ev]) -> Vec<String> {
+        evs.iter().map(Ev::label).collect()
+    }
+
+    /// A connection driven by hand on a virtual clock.
+    struct Dev {
+        app: Arc<App>,
+        conn: XiaozhiDoor,
+        t0: Instant,
+        now: Instant,
+        requests: Vec<ProviderRequest>,
+        closed: Option<u16>,
+    }
+
+    impl Dev {
+        fn new(config: Config) -> Self {
+            let app = app(config);
+            let info = ConnInfo {
+                framing: Some(ProtocolVersion::V1),
+                device_id: Some("aa:bb:cc:dd:ee:ff".into()),
+                vision_url: "http://h/xiaozhi/vision/explain".into(),
+                vision_token: "tok".into(),
+            };
+            let t0 = Instant::now();
+            Self {
+                conn: XiaozhiDoor::new(Arc::clone(&app), info),
+                app,
+                t0,
+                now: t0,
+                requests: Vec::new(),
+                closed: None,
+            }
+        }
+
+        fn at(&self) -> Duration {
+            self.now - self.t0
+        }
+
+        fn step(&mut self, f: impl FnOnce(&mut XiaozhiDoor, Instant, &mut Out)) -> Vec<Ev> {
+            let mut out = Out::new();
+            f(&mut self.conn, self.now, &mut out);
+            if let Some(c) = out.closing() {
+                self.closed = Some(c.code);
+            }
+            self.requests.extend(out.take_requests());
+            out.take_frames()
+                .into_iter()
+                .map(|f| match f {
+                    ServerFrame::Text(t) => Ev::Json(serde_json::from_str(&t).unwrap()),
+                    ServerFrame::Binary(b) => Ev::Audio(b),
+                })
+                .collect()
+        }
+
+        fn frame(&mut self, frame: ClientFrame) -> Vec<Ev> {
+            match XiaozhiDoor::decode(frame, 4096) {
+                Inbound::Keep(m) | Inbound::Droppable(m) => {
+                    self.step(|c, now, out| c.on_client(now, m, out))
+                }
+                Inbound::Skip => Vec::new(),
+            }
+        }
+
+        fn send(&mut self, v: &Value) -> Vec<Ev> {
+            self.frame(ClientFrame::Text(v.to_string().into()))
+        }
+
+        fn hello(&mut self, mcp: bool) -> Value {
+            let evs = self.send(&json!({"type":"hello","version":1,"transport":"websocket",
+                "features":{"mcp":mcp},"audio_params":{"format":"opus","sample_rate":16000,
+                "channels":1,"frame_duration":60}}));
+            match &evs[0] {
+                Ev::Json(v) => v.clone(),
+                Ev::Audio(_) => panic!("no hello: {evs:?}"),
+            }
+        }
+
+        fn provider(&mut self, event: ProviderEvent) -> Vec<Ev> {
+            self.step(|c, now, out| c.on_provider(now, event, out))
+        }
+
+        /// Advances the clock to the translator's next deadline and runs it.
+        fn tick(&mut self) -> Option<Vec<Ev>> {
+            let due = self.conn.poll_timeout()?;
+            self.now = self.now.max(due);
+            Some(self.step(|c, now, out| c.on_timeout(now, out)))
+        }
+
+        fn take_request(&mut self) -> ProviderRequest {
+            assert!(!self.requests.is_empty(), "a provider request");
+            self.requests.remove(0)
+        }
+
+        /// Answers the latest LLM request with `reply` and returns the synthesis request's id.
+        fn generate(&mut self, reply: &str) -> (Vec<Ev>, RequestId) {
+            let id = self
+                .requests
+                .drain(..)
+                .filter_map(|r| match r {
+                    ProviderRequest::Generate { id, .. } => Some(id),
+                    _ => None,
+                })
+                .next_back()
+                .expect("a generate request");
+            let mut evs = self.provider(ProviderEvent::TextDelta {
+                id,
+                delta: reply.into(),
+            });
+            evs.extend(self.provider(ProviderEvent::Done { id }));
+            let tts = self
+                .requests
+                .drain(..)
+                .find_map(|r| match r {
+                    ProviderRequest::Synthesize { id, .. } => Some(id),
+                    _ => None,
+                })
+                .expect("a synthesize request");
+            (evs, tts)
+        }
+
+        fn synthesized(&mut self, id: RequestId, samples: usize) -> Vec<Ev> {
+            let mut evs = self.provider(ProviderEvent::Audio {
+                id,
+                samples: vec![1000; samples],
+                sample_rate: 24_000,
+            });
+            evs.extend(self.provider(ProviderEvent::Done { id }));
+            evs
+        }
+    }
+
+    #[test]
+    fn frames_are_decoded_in_the_reader() {
+        let text = |s: &str| ClientFrame::Text(s.to_owned().into());
+        assert!(matches!(
+            XiaozhiDoor::decode(text(r#"{"type":"abort"}"#), 100),
+            Inbound::Keep(In::Message(m)) if matches!(*m, DeviceMessage::Abort(_))
+        ));
+        assert!(matches!(
+            XiaozhiDoor::decode(text("{nope"), 100),
+            Inbound::Keep(In::Unparsable(_))
+        ));
+        assert!(matches!(
+            XiaozhiDoor::decode(ClientFrame::Binary(Bytes::from_static(&[1, 2])), 100),
+            Inbound::Droppable(In::Audio(_))
+        ));
+        assert!(matches!(
+            XiaozhiDoor::decode(ClientFrame::Binary(Bytes::from(vec![0; 101])), 100),
+            Inbound::Keep(In::Oversized {
+                len: 101,
+                binary: true,
+                limit: 100
+            })
+        ));
+        assert!(matches!(
+            XiaozhiDoor::decode(text(&"x".repeat(101)), 100),
+            Inbound::Keep(In::Oversized { binary: false, .. })
+        ));
+    }
+
+    #[test]
+    fn the_door_overrides_init_and_idle_timeouts() {
+        let mut c = XiaozhiConfig {
+            hello_timeout_ms: 300,
+            idle_timeout_secs: 7,
+            ..XiaozhiConfig::default()
+        };
+        let base = SessionLimits::default();
+        let l = limits(&c, &base);
+        assert_eq!(l.init_timeout, Some(300 * MS));
+        assert_eq!(l.idle_timeout, Some(Duration::from_secs(7)));
+        assert_eq!(l.ping_interval, base.ping_interval);
+        assert_eq!(l.write_timeout, base.write_timeout);
+        c.idle_timeout_secs = 0;
+        assert_eq!(limits(&c, &base).idle_timeout, None);
+    }
+
+    #[test]
+    fn before_the_hello_everything_is_counted_and_ignored() {
+        let mut d = Dev::new(Config::default());
+        assert!(!d.conn.initialized());
+        assert!(
+            d.frame(ClientFrame::Binary(Bytes::from_static(&[0xf8, 0xff])))
+                .is_empty()
+        );
+        assert!(
+            d.send(&json!({"type":"listen","state":"start","mode":"auto"}))
+                .is_empty()
+        );
+        assert!(d.frame(ClientFrame::Text("{not json".into())).is_empty());
+        assert!(d.send(&json!({"type":"abort"})).is_empty());
+        assert_eq!(errors(&d.app), 4);
+        assert!(!d.conn.initialized());
+        assert_eq!(d.conn.poll_timeout(), None);
+        assert!(d.conn.is_idle());
+        assert_eq!(d.closed, None);
+        // A hello for another transport does not count.
+        assert!(
+            d.send(&json!({"type":"hello","transport":"udp"}))
+                .is_empty()
+        );
+        assert!(!d.conn.initialized());
+        let hello = d.hello(false);
+        assert!(d.conn.initialized());
+        assert_eq!(hello["type"], "hello");
+        assert_eq!(hello["session_id"].as_str().unwrap().len(), 36);
+        assert_eq!(hello["audio_params"]["sample_rate"], 24_000);
+        assert_eq!(
+            d.hello(false)["session_id"],
+            hello["session_id"],
+            "answered again"
+        );
+    }
+
+    #[test]
+    fn goodbye_closes_normally() {
+        let mut d = Dev::new(Config::default());
+        d.hello(false);
+        assert!(
+            d.send(&json!({"type":"goodbye","session_id":"x"}))
+                .is_empty()
+        );
+        assert_eq!(d.closed, Some(door::close_code::NORMAL));
+    }
+
+    #[test]
+    fn bad_frames_after_the_hello_are_counted_and_the_session_goes_on() {
+        let mut d = Dev::new(Config::default());
+        d.hello(false);
+        let before = errors(&d.app);
+        assert!(d.send(&json!({"type":"frobnicate"})).is_empty());
+        assert!(
+            d.send(&json!({"type":"listen","state":"sideways"}))
+                .is_empty()
+        );
+        assert!(d.send(&json!({"type":"iot","descriptors":[]})).is_empty());
+        assert!(
+            d.frame(ClientFrame::Binary(Bytes::from(vec![0; 5000])))
+                .is_empty()
+        );
+        assert!(
+            d.frame(ClientFrame::Binary(Bytes::from_static(&[0xff; 40])))
+                .is_empty()
+        );
+        assert_eq!(errors(&d.app), before + 4, "iot is accepted");
+        assert_eq!(d.closed, None);
+    }
+
+    #[test]
+    fn a_text_turn_is_paced_and_stopped_after_playout() {
+        let mut d = Dev::new(Config::default());
+        let hello = d.hello(false);
+        let sid = hello["session_id"].clone();
+        let evs = d.send(&json!({"type":"listen","state":"detect","text":"hello there"}));
+        assert_eq!(labels(&evs), ["stt"]);
+        let (evs, tts) = d.generate("🙂 Hello there.");
+        assert_eq!(labels(&evs), ["tts start", "llm"]);
+        let Ev::Json(llm) = &evs[1] else { panic!() };
+        assert_eq!(
+            llm,
+            &json!({"type":"llm","session_id":sid,"text":"🙂","emotion":"happy"})
+        );
+        assert!(!d.conn.is_idle(), "a reply is under way");
+        // 480 ms of audio: 8 frames; five at once, then one per 60 ms.
+        let t_audio = d.at();
+        let mut log: Vec<(Duration, Ev)> = d
+            .synthesized(tts, FRAME * 8)
+            .into_iter()
+            .map(|e| (t_audio, e))
+            .collect();
+        while !log.iter().any(|(_, e)| e.label() == "tts stop") {
+            assert!(d.at() < Duration::from_secs(10), "{log:?}");
+            let evs = d.tick().expect("a deadline while speaking");
+            let at = d.at();
+            log.extend(evs.into_iter().map(|e| (at, e)));
+        }
+        let l: Vec<String> = log.iter().map(|(_, e)| e.label()).collect();
+        let mut expected = vec!["tts sentence_start".to_owned()];
+        expected.extend(std::iter::repeat_n("audio".to_owned(), 8));
+        expected.push("tts stop".into());
+        assert_eq!(l, expected);
+        let audio_at: Vec<Duration> = log
+            .iter()
+            .filter(|(_, e)| matches!(e, Ev::Audio(_)))
+            .map(|(t, _)| *t - t_audio)
+            .collect();
+        assert_eq!(
+            audio_at,
+            [0, 0, 0, 0, 0, 60, 120, 180].map(|ms| ms * MS),
+            "a lead of five, then real time"
+        );
+        let (stop_at, _) = log.last().unwrap();
+        assert!(
+            *stop_at - t_audio >= 480 * MS,
+            "stop after playout: {stop_at:?}"
+        );
+        assert!(*stop_at - t_audio < 600 * MS, "{stop_at:?}");
+        assert!(d.conn.is_idle());
+        // Every frame is one 60 ms packet (v1 framing: the bare packet).
+        let mut dec =
+            voxgate_audio::opus::OpusDecoder::new(24_000, voxgate_audio::opus::OpusBackend::Pure)
+                .unwrap();
+        for (_, e) in &log {
+            if let Ev::Audio(packet) = e {
+                assert_eq!(dec.decode(packet).unwrap().len(), FRAME);
+            }
+        }
+        // Nothing else comes: no second stop.
+        while let Some(evs) = d.tick() {
+            assert!(evs.is_empty(), "{evs:?}");
+            if d.at() > Duration::from_secs(5) {
                 break;
             }
         }
-        if !rest.starts_with(prefix) && out.is_empty() {
-            rest = rest.trim_start();
+    }
+
+    #[test]
+    fn half_duplex_ignores_uplink_while_speaking_unless_realtime() {
+        for (mode, heard) in [("auto", false), ("manual", false), ("realtime", true)] {
+            let mut d = Dev::new(Config::default());
+            d.hello(false);
+            d.send(&json!({"type":"listen","state":"start","mode":mode}));
+            // Push to talk: the button is released before the text turn.
+            d.send(&json!({"type":"listen","state":"stop"}));
+            d.send(&json!({"type":"listen","state":"detect","text":"hi"}));
+            d.generate("Sure.");
+            let before = errors(&d.app);
+            // An undecodable packet is only noticed (and counted) when it is listened to.
+            d.frame(ClientFrame::Binary(Bytes::from_static(&[0xff; 40])));
+            assert_eq!(errors(&d.app) - before, u64::from(heard), "{mode}");
         }
     }
-    out.push_str(rest);
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Whether `text` is one of the wake words, ignoring case, spaces and punctuation.
-fn is_wake_word(text: &str, words: &[String]) -> bool {
-    let norm = |s: &str| -> String {
-        s.chars()
-            .filter(|c| c.is_alphanumeric())
-            .flat_map(char::to_lowercase)
-            .collect()
-    };
-    let t = norm(text);
-    !t.is_empty() && words.iter().any(|w| norm(w) == t)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
-    fn no_asr_markers_are_not_shown() {
-        let m = voxgate_providers::no_asr_marker(1.5);
-        assert_eq!(without_no_asr_markers(&m), "");
-        assert_eq!(without_no_asr_markers(&format!("{m} {m}")), "");
-        assert_eq!(without_no_asr_markers(&format!("hi {m} there")), "hi there");
-        assert_eq!(without_no_asr_markers("plain words"), "plain words");
+    fn abort_is_answered_once_whether_speaking_or_not() {
+        let mut d = Dev::new(Config::default());
+        d.hello(false);
+        d.send(&json!({"type":"listen","state":"detect","text":"read me something long"}));
+        let (_, tts) = d.generate("Once upon a time.");
+        let evs = d.synthesized(tts, FRAME * 30);
+        assert_eq!(evs.iter().filter(|e| matches!(e, Ev::Audio(_))).count(), 5);
+        d.tick();
+        let evs = d.send(&json!({"type":"abort"}));
+        assert_eq!(labels(&evs), ["tts stop"]);
+        assert!(d.conn.is_idle());
+        // The rest of the reply is gone: no frame and no second stop later.
+        while let Some(evs) = d.tick() {
+            assert!(evs.is_empty(), "{:?}", labels(&evs));
+            if d.at() > Duration::from_secs(5) {
+                break;
+            }
+        }
+        // Idle: answered anyway.
+        let evs = d.send(&json!({"type":"abort","reason":"wake_word_detected"}));
+        assert_eq!(labels(&evs), ["tts stop"]);
+        // And the next turn is spoken again, from a fresh lead.
+        d.send(&json!({"type":"listen","state":"detect","text":"still there"}));
+        let (evs, tts) = d.generate("Yes.");
+        assert_eq!(labels(&evs), ["tts start", "llm"]);
+        let evs = d.synthesized(tts, FRAME * 6);
+        assert_eq!(evs.iter().filter(|e| matches!(e, Ev::Audio(_))).count(), 5);
     }
 
     #[test]
-    fn wake_words_match_loosely() {
-        let words = vec!["你好小智".to_owned(), "Hi ESP".to_owned()];
-        assert!(is_wake_word("你好，小智！", &words));
-        assert!(is_wake_word("hi esp", &words));
-        assert!(!is_wake_word("what time is it", &words));
-        assert!(!is_wake_word("", &words));
+    fn wake_words_greet_or_are_acknowledged() {
+        let mut d = Dev::new(Config::default());
+        d.hello(false);
+        assert!(
+            d.send(&json!({"type":"listen","state":"detect","text":"你好，小智"}))
+                .is_empty()
+        );
+        assert!(matches!(d.take_request(), ProviderRequest::Generate { .. }));
+        let mut config = Config::default();
+        config.xiaozhi.greet_on_wake = false;
+        let mut d = Dev::new(config);
+        d.hello(false);
+        let evs = d.send(&json!({"type":"listen","state":"detect","text":"Hi ESP"}));
+        assert_eq!(labels(&evs), ["stt", "tts stop"]);
+        assert!(d.requests.is_empty());
+    }
+
+    #[test]
+    fn no_asr_markers_never_reach_the_screen() {
+        let mut d = Dev::new(Config::default());
+        d.hello(false);
+        let marker = voxgate_providers::no_asr_marker(2.4);
+        let evs = d.step(|c, now, out| {
+            let text = marker.clone();
+            c.client_event(
+                now,
+                ClientEvent::UserTranscription {
+                    turn: TurnId(1),
+                    text,
+                    language: String::new(),
+                },
+                out,
+            );
+        });
+        assert!(evs.is_empty(), "{evs:?}");
+        let evs = d.step(|c, now, out| {
+            let text = format!("lights {marker} on");
+            c.client_event(
+                now,
+                ClientEvent::UserTranscription {
+                    turn: TurnId(2),
+                    text,
+                    language: String::new(),
+                },
+                out,
+            );
+        });
+        let Ev::Json(stt) = &evs[0] else { panic!() };
+        assert_eq!(stt["type"], "stt");
+        assert_eq!(stt["text"], "lights on");
+    }
+
+    #[test]
+    fn device_mcp_initialize_carries_vision() {
+        let mut d = Dev::new(Config::default());
+        let mut out = Out::new();
+        d.conn.on_client(
+            d.now,
+            In::Message(Box::new(
+                DeviceMessage::from_slice(
+                    br#"{"type":"hello","version":1,"transport":"websocket","features":{"mcp":true}}"#,
+                )
+                .unwrap(),
+            )),
+            &mut out,
+        );
+        let frames = out.take_frames();
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        let ServerFrame::Text(t) = &frames[1] else {
+            panic!()
+        };
+        let v: Value = serde_json::from_str(t).unwrap();
+        assert_eq!(v["type"], "mcp");
+        assert_eq!(v["payload"]["method"], "initialize");
+        assert_eq!(
+            v["payload"]["params"]["capabilities"]["vision"],
+            json!({"url":"http://h/xiaozhi/vision/explain","token":"tok"})
+        );
+    }
+
+    #[test]
+    fn closing_cancels_provider_work() {
+        let mut d = Dev::new(Config::default());
+        d.hello(false);
+        d.send(&json!({"type":"listen","state":"detect","text":"hello"}));
+        let ProviderRequest::Generate { id, .. } = d.take_request() else {
+            panic!()
+        };
+        d.step(|c, now, out| c.on_close(now, out));
+        assert!(
+            d.requests
+                .iter()
+                .any(|r| matches!(r, ProviderRequest::Cancel { id: c } if *c == id)),
+            "{:?}",
+            d.requests
+        );
     }
 
     #[test]
