@@ -5,17 +5,19 @@
 //! read inside `CONTENT_MESSAGE`: `modelTurn` text or 24 kHz `inlineData` audio,
 //! `inputTranscription`/`outputTranscription`, `interrupted` and `turnComplete` (each followed
 //! by its own `INTERRUPTED`/`TURN_COMPLETE`), and `TOOL_CALL`/`TOOL_CALL_CANCELLATION`.
+//!
+//! No I/O: the session takes the time as a value and writes frames and provider requests into
+//! the door driver's [`Out`]; provider events come back through [`EngineSession::provider_event`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::resample::Resampler;
 use voxgate_engine::{
-    ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, State,
-    ToolDefinition, TriggerMode, TurnId,
+    ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, ProviderRequest,
+    RequestId, State, ToolDefinition, TriggerMode, TurnId,
 };
 use voxgate_gemini::live::{INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE};
 use voxgate_gemini::{
@@ -23,8 +25,9 @@ use voxgate_gemini::{
     ServerContent, ServerMessage, ToolCall, ToolCallCancellation, ToolResponse, Transcription,
 };
 
+use super::emit;
+use crate::door::Out;
 use crate::metrics::{Door, Metrics};
-use crate::providers::{Providers, Runner};
 
 /// Per-connection output options from the door's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -36,17 +39,132 @@ pub(super) struct Flags {
 /// Ids of cancelled calls remembered so a late `SEND_TOOL_RESPONSE` for one is ignored quietly.
 const CANCELLED_MEMORY: usize = 64;
 
-/// One bridge session driven by an [`Engine`]. Dropping it aborts its provider work.
+/// Request ids as the driver's runner sees them: the runner serves the whole connection while
+/// every session's engine counts its ids from 1, so each session tags its ids with its own
+/// generation in the high bits. An event of a replaced session (already queued when it was
+/// cancelled) then matches no request of the new one and is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ids {
+    generation: u32,
+}
+
+/// Bits of a runner id that hold the engine's own id.
+const ID_BITS: u32 = 32;
+
+impl Ids {
+    /// The ids of the session numbered `generation` on its connection.
+    pub(super) fn new(generation: u32) -> Self {
+        Self { generation }
+    }
+
+    fn base(self) -> u64 {
+        u64::from(self.generation) << ID_BITS
+    }
+
+    /// The engine's request with its id in the runner's space; `None` for an id or request
+    /// kind that cannot be mapped (four billion requests in one session, a request kind
+    /// added to the engine later).
+    fn outgoing(self, mut request: ProviderRequest) -> Option<ProviderRequest> {
+        let id = match &mut request {
+            ProviderRequest::Transcribe { id, .. }
+            | ProviderRequest::Generate { id, .. }
+            | ProviderRequest::Query { id, .. }
+            | ProviderRequest::Synthesize { id, .. }
+            | ProviderRequest::Cancel { id } => id,
+            other => {
+                tracing::warn!(request = ?other, "gemini door: provider request not mapped");
+                return None;
+            }
+        };
+        if id.0 >> ID_BITS != 0 {
+            return None;
+        }
+        *id = RequestId(id.0 | self.base());
+        Some(request)
+    }
+
+    /// A runner event with its id back in the engine's space; `None` when it belongs to
+    /// another session.
+    fn incoming(self, mut event: ProviderEvent) -> Option<ProviderEvent> {
+        if event.id().0 >> ID_BITS != u64::from(self.generation) {
+            return None;
+        }
+        let id = match &mut event {
+            ProviderEvent::Transcript { id, .. }
+            | ProviderEvent::TextDelta { id, .. }
+            | ProviderEvent::ToolCall { id, .. }
+            | ProviderEvent::Audio { id, .. }
+            | ProviderEvent::Done { id }
+            | ProviderEvent::Failed { id, .. } => id,
+            _ => return None,
+        };
+        *id = RequestId(id.0 & ((1 << ID_BITS) - 1));
+        Some(event)
+    }
+}
+
+/// Mono audio at a source rate that may change between calls, converted to one fixed rate.
+///
+/// Kept apart so the rate-aware resampler planned for `voxgate_audio::resample` can replace it
+/// in one place.
+struct RateConverter {
+    to: u32,
+    state: Option<(u32, Resampler)>,
+}
+
+impl RateConverter {
+    fn new(to: u32) -> Self {
+        Self { to, state: None }
+    }
+
+    /// Appends `input` (at `from` Hz) converted to `out`; a source at the target rate is
+    /// copied. `Err` when `from` cannot be converted (nothing is appended).
+    fn process(&mut self, from: u32, input: &[f32], out: &mut Vec<f32>) -> Result<(), String> {
+        if from == self.to {
+            out.extend_from_slice(input);
+            return Ok(());
+        }
+        if self.state.as_ref().is_none_or(|(rate, _)| *rate != from) {
+            match Resampler::new(from, self.to) {
+                Ok(r) => self.state = Some((from, r)),
+                Err(e) => {
+                    self.state = None;
+                    return Err(e.to_string());
+                }
+            }
+        }
+        if let Some((_, r)) = &mut self.state {
+            r.process(input, out);
+        }
+        Ok(())
+    }
+
+    /// Appends what the resampler still holds (the end of a stream).
+    fn flush(&mut self, out: &mut Vec<f32>) {
+        if let Some((_, r)) = &mut self.state {
+            r.flush(out);
+        }
+    }
+
+    /// Forgets held samples (playback was cut).
+    fn reset(&mut self) {
+        if let Some((_, r)) = &mut self.state {
+            r.reset();
+        }
+    }
+}
+
+/// One bridge session driven by an [`Engine`]. Its provider work runs in the door driver;
+/// [`close`](Self::close) cancels it.
 pub(super) struct EngineSession {
     engine: Engine,
-    runner: Runner,
-    provider_rx: mpsc::Receiver<ProviderEvent>,
+    ids: Ids,
     metrics: Arc<Metrics>,
     flags: Flags,
     /// Replies are spoken (AUDIO modality) rather than written.
     audio_out: bool,
-    in_resampler: Option<(u32, Resampler)>,
-    out_resampler: Option<(u32, Resampler)>,
+    in_resampler: RateConverter,
+    out_resampler: RateConverter,
     samples: Vec<i16>,
     floats: Vec<f32>,
     /// A model turn is open: it still owes the client `turnComplete` or `interrupted`.
@@ -143,15 +261,15 @@ fn model_parts(parts: Vec<Part>) -> ServerContent {
 }
 
 impl EngineSession {
-    /// A session with `config`, and the messages its setup produced (tool declarations the
-    /// engine refused, as `GEMINI_ERROR`s).
+    /// A session with `config` whose requests carry `ids`; [`start`](Self::start) applies
+    /// its tools once the client was told the setup succeeded.
     pub(super) fn new(
         config: &LiveConfig,
-        providers: &Providers,
         metrics: Arc<Metrics>,
         flags: Flags,
+        ids: Ids,
         now: Instant,
-    ) -> Result<(Self, Vec<ServerMessage>), String> {
+    ) -> Result<Self, String> {
         let audio_out = wants_audio(config);
         let engine_config = EngineConfig {
             input_rate: INPUT_SAMPLE_RATE,
@@ -166,16 +284,14 @@ impl EngineSession {
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
-        let (runner, provider_rx) = Runner::new(providers.clone(), Arc::clone(&metrics));
-        let mut s = Self {
+        Ok(Self {
             engine,
-            runner,
-            provider_rx,
+            ids,
             metrics,
             flags,
             audio_out,
-            in_resampler: None,
-            out_resampler: None,
+            in_resampler: RateConverter::new(INPUT_SAMPLE_RATE),
+            out_resampler: RateConverter::new(OUTPUT_SAMPLE_RATE),
             samples: Vec::new(),
             floats: Vec::new(),
             turn_open: false,
@@ -184,28 +300,29 @@ impl EngineSession {
             pending_calls: Vec::new(),
             call_turns: Vec::new(),
             cancelled: Vec::new(),
-        };
-        let mut out = Vec::new();
-        s.input(now, Input::SetTools(tools(config)), &mut out);
-        Ok((s, out))
+        })
     }
 
-    pub(super) fn provider_rx(&mut self) -> &mut mpsc::Receiver<ProviderEvent> {
-        &mut self.provider_rx
+    /// Declares the config's tools (a refused declaration is answered with `GEMINI_ERROR`).
+    pub(super) fn start(&mut self, now: Instant, config: &LiveConfig, out: &mut Out) {
+        self.input(now, Input::SetTools(tools(config)), out);
     }
 
+    /// When [`timeout`](Self::timeout) is next due.
     pub(super) fn deadline(&self) -> Option<Instant> {
         self.engine.poll_timeout()
     }
 
-    pub(super) fn timeout(&mut self, out: &mut Vec<ServerMessage>) {
-        self.engine.handle_timeout(Instant::now());
+    pub(super) fn timeout(&mut self, now: Instant, out: &mut Out) {
+        self.engine.handle_timeout(now);
         self.drain(out);
     }
 
-    pub(super) fn provider_event(&mut self, event: ProviderEvent, out: &mut Vec<ServerMessage>) {
-        self.runner.finished(&event);
-        self.input(Instant::now(), Input::Provider(event), out);
+    /// A provider event; events of other sessions on the connection are dropped.
+    pub(super) fn provider_event(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
+        if let Some(event) = self.ids.incoming(event) {
+            self.input(now, Input::Provider(event), out);
+        }
     }
 
     /// `UPDATE_CONFIG` can be applied in place (keeping the conversation) unless it switches
@@ -214,8 +331,7 @@ impl EngineSession {
         wants_audio(config) == self.audio_out
     }
 
-    pub(super) fn reconfigure(&mut self, config: &LiveConfig, out: &mut Vec<ServerMessage>) {
-        let now = Instant::now();
+    pub(super) fn reconfigure(&mut self, now: Instant, config: &LiveConfig, out: &mut Out) {
         self.input(
             now,
             Input::Reconfigure {
@@ -228,19 +344,18 @@ impl EngineSession {
         self.input(now, Input::SetTools(tools(config)), out);
     }
 
-    /// Ends the session: the engine cancels its work, and dropping `self` aborts the tasks.
-    pub(super) fn close(&mut self) {
-        let _ = self.engine.handle_input(Instant::now(), Input::Close);
+    /// Ends the session: the engine's cancels of its work in flight go out; nothing else does.
+    pub(super) fn close(&mut self, now: Instant, out: &mut Out) {
+        let _ = self.engine.handle_input(now, Input::Close);
         while let Some(o) = self.engine.poll_output() {
             if let Output::Provider(r) = o {
-                self.runner.start(r);
+                self.request(r, out);
             }
         }
     }
 
     /// A session message (`SEND_MESSAGE`, `SEND_REALTIME_INPUT`, `SEND_TOOL_RESPONSE`).
-    pub(super) fn handle(&mut self, msg: ClientMessage, out: &mut Vec<ServerMessage>) {
-        let now = Instant::now();
+    pub(super) fn handle(&mut self, now: Instant, msg: ClientMessage, out: &mut Out) {
         match msg {
             ClientMessage::SendMessage {
                 parts,
@@ -269,7 +384,7 @@ impl EngineSession {
         }
     }
 
-    fn realtime_input(&mut self, now: Instant, r: RealtimeInput, out: &mut Vec<ServerMessage>) {
+    fn realtime_input(&mut self, now: Instant, r: RealtimeInput, out: &mut Out) {
         if r.activity_start {
             self.input(now, Input::StartCapture, out);
         }
@@ -295,12 +410,7 @@ impl EngineSession {
     /// The user's input is complete: a spoken turn still being captured is cut and answered.
     /// With `only_if_listening` false a reply is asked for even when nothing was captured (an
     /// empty `SEND_MESSAGE` with `turnComplete`, as upstream).
-    fn end_of_input(
-        &mut self,
-        now: Instant,
-        only_if_listening: bool,
-        out: &mut Vec<ServerMessage>,
-    ) {
+    fn end_of_input(&mut self, now: Instant, only_if_listening: bool, out: &mut Out) {
         if only_if_listening && self.engine.state() != State::Listening {
             return;
         }
@@ -314,13 +424,7 @@ impl EngineSession {
         );
     }
 
-    fn text(
-        &mut self,
-        now: Instant,
-        text: String,
-        turn_complete: bool,
-        out: &mut Vec<ServerMessage>,
-    ) {
+    fn text(&mut self, now: Instant, text: String, turn_complete: bool, out: &mut Out) {
         let mode = if turn_complete {
             // New content interrupts the model, as upstream: a turn waiting on tool results
             // is cancelled here (the engine does not report that as an interruption).
@@ -335,20 +439,23 @@ impl EngineSession {
     }
 
     /// Feeds an audio blob; true if it was a whole WAV file.
-    fn audio(&mut self, now: Instant, blob: &Blob, out: &mut Vec<ServerMessage>) -> bool {
+    fn audio(&mut self, now: Instant, blob: &Blob, out: &mut Out) -> bool {
         self.samples.clear();
         let info = match blob.decode_pcm(&mut self.samples) {
             Ok(info) => info,
             Err(e) => {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(format!(
-                    "Invalid audio in {}: {e}.",
-                    if blob.mime_type.is_empty() {
-                        "audio blob"
-                    } else {
-                        blob.mime_type.as_str()
-                    }
-                )));
+                emit(
+                    out,
+                    &ServerMessage::error(format!(
+                        "Invalid audio in {}: {e}.",
+                        if blob.mime_type.is_empty() {
+                            "audio blob"
+                        } else {
+                            blob.mime_type.as_str()
+                        }
+                    )),
+                );
                 return false;
             }
         };
@@ -365,28 +472,20 @@ impl EngineSession {
         if rate == INPUT_SAMPLE_RATE {
             self.engine.handle_audio(now, &self.floats);
         } else {
-            if self
-                .in_resampler
-                .as_ref()
-                .is_none_or(|(from, _)| *from != rate)
-            {
-                match Resampler::new(rate, INPUT_SAMPLE_RATE) {
-                    Ok(r) => self.in_resampler = Some((rate, r)),
-                    Err(e) => {
-                        self.metrics.error(Door::Gemini);
-                        out.push(ServerMessage::error(format!(
-                            "Unusable audio sample rate {rate} Hz: {e}."
-                        )));
-                        return false;
-                    }
-                }
-            }
             let mut converted = Vec::new();
-            if let Some((_, r)) = &mut self.in_resampler {
-                r.process(&self.floats, &mut converted);
-                if info.wav.is_some() {
-                    r.flush(&mut converted);
-                }
+            if let Err(e) = self
+                .in_resampler
+                .process(rate, &self.floats, &mut converted)
+            {
+                self.metrics.error(Door::Gemini);
+                emit(
+                    out,
+                    &ServerMessage::error(format!("Unusable audio sample rate {rate} Hz: {e}.")),
+                );
+                return false;
+            }
+            if info.wav.is_some() {
+                self.in_resampler.flush(&mut converted);
             }
             self.engine.handle_audio(now, &converted);
         }
@@ -394,7 +493,7 @@ impl EngineSession {
         info.wav.is_some()
     }
 
-    fn tool_response(&mut self, now: Instant, r: ToolResponse, out: &mut Vec<ServerMessage>) {
+    fn tool_response(&mut self, now: Instant, r: ToolResponse, out: &mut Out) {
         for fr in r.function_responses {
             let id = fr.id.clone().or_else(|| {
                 self.pending_calls
@@ -404,10 +503,10 @@ impl EngineSession {
             });
             let Some(id) = id else {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(format!(
-                    "No pending tool call named {:?}.",
-                    fr.name
-                )));
+                emit(
+                    out,
+                    &ServerMessage::error(format!("No pending tool call named {:?}.", fr.name)),
+                );
                 continue;
             };
             if let Some(pos) = self.pending_calls.iter().position(|(p, _)| *p == id) {
@@ -416,25 +515,32 @@ impl EngineSession {
                 self.input(now, Input::ToolResult { id, result }, out);
             } else if !self.cancelled.contains(&id) {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(format!(
-                    "No pending tool call with id {id:?}."
-                )));
+                emit(
+                    out,
+                    &ServerMessage::error(format!("No pending tool call with id {id:?}.")),
+                );
             }
         }
     }
 
-    fn input(&mut self, now: Instant, input: Input, out: &mut Vec<ServerMessage>) {
+    fn input(&mut self, now: Instant, input: Input, out: &mut Out) {
         if let Err(e) = self.engine.handle_input(now, input) {
             self.metrics.error(Door::Gemini);
-            out.push(ServerMessage::error(e.to_string()));
+            emit(out, &ServerMessage::error(e.to_string()));
         }
         self.drain(out);
     }
 
-    fn drain(&mut self, out: &mut Vec<ServerMessage>) {
+    fn request(&self, request: ProviderRequest, out: &mut Out) {
+        if let Some(r) = self.ids.outgoing(request) {
+            out.provider(r);
+        }
+    }
+
+    fn drain(&mut self, out: &mut Out) {
         while let Some(o) = self.engine.poll_output() {
             match o {
-                Output::Provider(r) => self.runner.start(r),
+                Output::Provider(r) => self.request(r, out),
                 Output::Client(event) => self.client_event(event, out),
                 _ => {}
             }
@@ -442,26 +548,30 @@ impl EngineSession {
     }
 
     /// Closes the open turn as interrupted, cancelling its pending tool calls.
-    fn interrupt(&mut self, out: &mut Vec<ServerMessage>) {
+    fn interrupt(&mut self, out: &mut Out) {
         if !self.turn_open && self.pending_calls.is_empty() {
             return;
         }
         if self.speaking && self.flags.assistant_speaking {
-            out.push(ServerMessage::AssistantSpeaking { speaking: false });
+            emit(out, &ServerMessage::AssistantSpeaking { speaking: false });
         }
-        out.push(content(ServerContent {
-            interrupted: true,
-            ..ServerContent::default()
-        }));
-        out.push(ServerMessage::Interrupted);
+        emit(
+            out,
+            &content(ServerContent {
+                interrupted: true,
+                ..ServerContent::default()
+            }),
+        );
+        emit(out, &ServerMessage::Interrupted);
         if !self.pending_calls.is_empty() {
             let ids: Vec<String> = self.pending_calls.drain(..).map(|(id, _)| id).collect();
             self.cancelled.extend(ids.iter().cloned());
             let excess = self.cancelled.len().saturating_sub(CANCELLED_MEMORY);
             self.cancelled.drain(..excess);
-            out.push(ServerMessage::ToolCallCancellation(ToolCallCancellation {
-                ids,
-            }));
+            emit(
+                out,
+                &ServerMessage::ToolCallCancellation(ToolCallCancellation { ids }),
+            );
         }
         self.end_turn();
     }
@@ -471,17 +581,15 @@ impl EngineSession {
         self.call_turns.clear();
         self.speaking = false;
         self.transcribed = false;
-        if let Some((_, r)) = &mut self.out_resampler {
-            r.reset();
-        }
+        self.out_resampler.reset();
     }
 
-    fn client_event(&mut self, event: ClientEvent, out: &mut Vec<ServerMessage>) {
+    fn client_event(&mut self, event: ClientEvent, out: &mut Out) {
         match event {
             ClientEvent::ResponseBegin { .. } => self.turn_open = true,
             ClientEvent::TextFragment { text, .. } => {
                 self.turn_open = true;
-                out.push(content(model_parts(vec![Part::text(text)])));
+                emit(out, &content(model_parts(vec![Part::text(text)])));
             }
             ClientEvent::AudioChunk {
                 samples,
@@ -497,13 +605,16 @@ impl EngineSession {
                         text
                     };
                     self.transcribed = true;
-                    out.push(content(ServerContent {
-                        output_transcription: Some(Transcription {
-                            text,
-                            finished: None,
+                    emit(
+                        out,
+                        &content(ServerContent {
+                            output_transcription: Some(Transcription {
+                                text,
+                                finished: None,
+                            }),
+                            ..ServerContent::default()
                         }),
-                        ..ServerContent::default()
-                    }));
+                    );
                 }
                 let audio = self.convert(&samples, sample_rate);
                 self.push_audio(&audio, out);
@@ -512,11 +623,7 @@ impl EngineSession {
                 let tail = self.flush_audio();
                 self.push_audio(&tail, out);
             }
-            ClientEvent::ClearPlayback => {
-                if let Some((_, r)) = &mut self.out_resampler {
-                    r.reset();
-                }
-            }
+            ClientEvent::ClearPlayback => self.out_resampler.reset(),
             ClientEvent::ResponseFinished { turn, interrupted } => {
                 self.metrics.turn(Door::Gemini);
                 let called = self.call_turns.iter().position(|t| *t == turn);
@@ -527,13 +634,16 @@ impl EngineSession {
                     self.call_turns.remove(i);
                 } else if self.pending_calls.is_empty() && self.turn_open {
                     if self.speaking && self.flags.assistant_speaking {
-                        out.push(ServerMessage::AssistantSpeaking { speaking: false });
+                        emit(out, &ServerMessage::AssistantSpeaking { speaking: false });
                     }
-                    out.push(content(ServerContent {
-                        turn_complete: true,
-                        ..ServerContent::default()
-                    }));
-                    out.push(ServerMessage::TurnComplete);
+                    emit(
+                        out,
+                        &content(ServerContent {
+                            turn_complete: true,
+                            ..ServerContent::default()
+                        }),
+                    );
+                    emit(out, &ServerMessage::TurnComplete);
                     self.end_turn();
                 }
                 // With calls pending the turn goes on once their results are in.
@@ -543,13 +653,16 @@ impl EngineSession {
                 if !self.pending_calls.is_empty() {
                     self.interrupt(out);
                 }
-                out.push(content(ServerContent {
-                    input_transcription: Some(Transcription {
-                        text,
-                        finished: Some(true),
+                emit(
+                    out,
+                    &content(ServerContent {
+                        input_transcription: Some(Transcription {
+                            text,
+                            finished: Some(true),
+                        }),
+                        ..ServerContent::default()
                     }),
-                    ..ServerContent::default()
-                }));
+                );
             }
             ClientEvent::ToolCallRequest {
                 id,
@@ -562,38 +675,41 @@ impl EngineSession {
                     self.call_turns.push(turn);
                 }
                 self.pending_calls.push((id.clone(), name.clone()));
-                out.push(ServerMessage::ToolCall(ToolCall {
-                    function_calls: vec![FunctionCall {
-                        id: Some(id),
-                        name,
-                        args: Some(arguments),
-                    }],
-                }));
+                emit(
+                    out,
+                    &ServerMessage::ToolCall(ToolCall {
+                        function_calls: vec![FunctionCall {
+                            id: Some(id),
+                            name,
+                            args: Some(arguments),
+                        }],
+                    }),
+                );
             }
             ClientEvent::Error { message, .. } => {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(message));
+                emit(out, &ServerMessage::error(message));
             }
             // VAD telemetry, subtitles, faces and device MCP have no bridge message.
             _ => {}
         }
     }
 
-    fn push_audio(&mut self, samples: &[i16], out: &mut Vec<ServerMessage>) {
+    fn push_audio(&mut self, samples: &[i16], out: &mut Out) {
         if samples.is_empty() {
             return;
         }
         if !self.speaking {
             self.speaking = true;
             if self.flags.assistant_speaking {
-                out.push(ServerMessage::AssistantSpeaking { speaking: true });
+                emit(out, &ServerMessage::AssistantSpeaking { speaking: true });
             }
         }
         let blob = Blob::pcm(samples, OUTPUT_SAMPLE_RATE);
         let data = self.flags.audio_chunks.then(|| blob.data.clone());
-        out.push(content(model_parts(vec![Part::inline(blob)])));
+        emit(out, &content(model_parts(vec![Part::inline(blob)])));
         if let Some(data) = data {
-            out.push(ServerMessage::AudioChunk { data });
+            emit(out, &ServerMessage::AudioChunk { data });
         }
     }
 
@@ -602,34 +718,18 @@ impl EngineSession {
         if rate == OUTPUT_SAMPLE_RATE {
             return samples.to_vec();
         }
-        if self
-            .out_resampler
-            .as_ref()
-            .is_none_or(|(from, _)| *from != rate)
-        {
-            match Resampler::new(rate, OUTPUT_SAMPLE_RATE) {
-                Ok(r) => self.out_resampler = Some((rate, r)),
-                Err(e) => {
-                    tracing::warn!(%e, rate, "cannot resample reply audio");
-                    self.out_resampler = None;
-                    return Vec::new();
-                }
-            }
-        }
         let floats: Vec<f32> = samples.iter().map(|&s| i16_to_f32(s)).collect();
         let mut converted = Vec::new();
-        if let Some((_, r)) = &mut self.out_resampler {
-            r.process(&floats, &mut converted);
+        if let Err(e) = self.out_resampler.process(rate, &floats, &mut converted) {
+            tracing::warn!(%e, rate, "cannot resample reply audio");
+            return Vec::new();
         }
         converted.into_iter().map(f32_to_i16).collect()
     }
 
     fn flush_audio(&mut self) -> Vec<i16> {
-        let Some((_, r)) = self.out_resampler.as_mut() else {
-            return Vec::new();
-        };
         let mut tail = Vec::new();
-        r.flush(&mut tail);
+        self.out_resampler.flush(&mut tail);
         tail.into_iter().map(f32_to_i16).collect()
     }
 }
