@@ -736,7 +736,412 @@ impl EngineSession {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::door::ServerFrame;
+
+    const FLAGS: Flags = Flags {
+        audio_chunks: false,
+        assistant_speaking: true,
+    };
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A session of generation 1 on a virtual clock; `config` is the wire `LiveConfig`.
+    struct Harness {
+        s: EngineSession,
+        now: Instant,
+        out: Out,
+    }
+
+    impl Harness {
+        fn new(config: Value) -> Self {
+            let config: LiveConfig = serde_json::from_value(config).unwrap();
+            let now = Instant::now();
+            let mut s =
+                EngineSession::new(&config, Arc::new(Metrics::new()), FLAGS, Ids::new(1), now)
+                    .unwrap();
+            let mut out = Out::new();
+            s.start(now, &config, &mut out);
+            assert!(out.frames().is_empty(), "{out:?}");
+            Self { s, now, out }
+        }
+
+        fn text_only() -> Self {
+            Self::new(json!({"generationConfig": {"responseModalities": ["TEXT"]}}))
+        }
+
+        fn client(&mut self, msg: Value) {
+            let m = ClientMessage::decode(&msg.to_string()).unwrap();
+            self.s.handle(self.now, m, &mut self.out);
+        }
+
+        fn say(&mut self, text: &str) {
+            self.client(json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": text}]}}));
+        }
+
+        fn provider(&mut self, event: ProviderEvent) {
+            self.s.provider_event(self.now, event, &mut self.out);
+        }
+
+        /// Moves the clock by `by`, firing the session's deadlines on the way.
+        fn advance(&mut self, by: Duration) {
+            let target = self.now + by;
+            while let Some(d) = self.s.deadline().filter(|d| *d <= target) {
+                self.now = self.now.max(d);
+                self.s.timeout(self.now, &mut self.out);
+            }
+            self.now = target;
+        }
+
+        /// The frames so far as JSON, with whether each may be dropped.
+        fn frames(&mut self) -> Vec<(Value, bool)> {
+            let frames = self
+                .out
+                .frames()
+                .iter()
+                .map(|(f, droppable)| match f {
+                    ServerFrame::Text(t) => (serde_json::from_str(t).unwrap(), *droppable),
+                    ServerFrame::Binary(_) => panic!("the bridge sends text"),
+                })
+                .collect();
+            self.out.take_frames();
+            frames
+        }
+
+        fn messages(&mut self) -> Vec<Value> {
+            self.frames().into_iter().map(|(v, _)| v).collect()
+        }
+
+        fn requests(&mut self) -> Vec<ProviderRequest> {
+            self.out.take_requests()
+        }
+
+        /// The one `Generate` request made since the last look.
+        fn generate(&mut self) -> RequestId {
+            let ids: Vec<RequestId> = self
+                .requests()
+                .into_iter()
+                .filter_map(|r| match r {
+                    ProviderRequest::Generate { id, .. } => Some(id),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(ids.len(), 1, "{ids:?}");
+            ids[0]
+        }
+    }
+
+    fn kinds(messages: &[Value]) -> Vec<&str> {
+        messages
+            .iter()
+            .map(|m| m["type"].as_str().unwrap())
+            .collect()
+    }
+
+    fn delta(id: RequestId, text: &str) -> ProviderEvent {
+        ProviderEvent::TextDelta {
+            id,
+            delta: text.into(),
+        }
+    }
+
+    fn weather_tools() -> Value {
+        json!({
+            "generationConfig": {"responseModalities": "TEXT"},
+            "tools": [{"functionDeclarations": [{"name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "OBJECT", "properties": {"city": {"type": "STRING"}}}}]}]
+        })
+    }
+
+    #[test]
+    fn ids_carry_the_session_generation_both_ways() {
+        let ids = Ids::new(3);
+        let r = ids
+            .outgoing(ProviderRequest::Cancel { id: RequestId(7) })
+            .unwrap();
+        assert_eq!(
+            r,
+            ProviderRequest::Cancel {
+                id: RequestId(3 << 32 | 7)
+            }
+        );
+        assert_eq!(
+            ids.incoming(ProviderEvent::Done {
+                id: RequestId(3 << 32 | 7)
+            }),
+            Some(ProviderEvent::Done { id: RequestId(7) })
+        );
+        // Another session's event (the one before, or a later one) is not ours.
+        for other in [2_u64 << 32 | 7, 4 << 32 | 7, 7] {
+            assert_eq!(
+                ids.incoming(ProviderEvent::Done {
+                    id: RequestId(other)
+                }),
+                None
+            );
+        }
+        assert_eq!(
+            ids.outgoing(ProviderRequest::Cancel {
+                id: RequestId(1 << 32)
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn a_text_turn_opens_with_its_first_text_and_closes_once() {
+        let mut h = Harness::text_only();
+        h.say("hi");
+        let id = h.generate();
+        assert_eq!(
+            id.0 >> 32,
+            1,
+            "the request carries the session's generation"
+        );
+        assert!(h.messages().is_empty());
+        h.provider(delta(id, "Hel"));
+        h.provider(delta(id, "lo"));
+        h.provider(ProviderEvent::Done { id });
+        let frames = h.frames();
+        assert!(
+            frames.iter().all(|(_, droppable)| !droppable),
+            "text is never dropped"
+        );
+        let messages: Vec<Value> = frames.into_iter().map(|(v, _)| v).collect();
+        assert_eq!(
+            kinds(&messages),
+            [
+                "CONTENT_MESSAGE",
+                "CONTENT_MESSAGE",
+                "CONTENT_MESSAGE",
+                "TURN_COMPLETE"
+            ]
+        );
+        let texts: Vec<&str> = messages[..2]
+            .iter()
+            .map(|m| {
+                m["payload"]["serverContent"]["modelTurn"]["parts"][0]["text"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(texts, ["Hel", "lo"]);
+        assert_eq!(
+            messages[2]["payload"]["serverContent"]["turnComplete"],
+            true
+        );
+        // A repeated end, or an event for an id of another session, changes nothing.
+        h.provider(ProviderEvent::Done { id });
+        h.provider(delta(RequestId(2 << 32 | (id.0 & 0xffff_ffff)), "stale"));
+        assert!(h.messages().is_empty());
+        assert!(h.requests().is_empty());
+    }
+
+    #[test]
+    fn tool_calls_keep_the_turn_open_until_the_answer_with_their_results() {
+        let mut h = Harness::new(weather_tools());
+        h.say("Weather in Paris?");
+        let id = h.generate();
+        h.provider(ProviderEvent::ToolCall {
+            id,
+            call_id: "c1".into(),
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}),
+        });
+        h.provider(ProviderEvent::Done { id });
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["TOOL_CALL"], "{m:?}");
+        assert_eq!(
+            m[0]["payload"]["toolCall"]["functionCalls"][0],
+            json!({"id": "c1", "name": "get_weather", "args": {"city": "Paris"}})
+        );
+        // A response for a call that was never made is refused; the pending one stays.
+        h.client(
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {
+            "functionResponses": [{"id": "nope", "name": "get_weather", "response": {}}]}}}),
+        );
+        let m = h.messages();
+        assert_eq!(
+            m[0]["payload"]["message"],
+            "No pending tool call with id \"nope\"."
+        );
+        assert!(h.requests().is_empty());
+        // Without an id the response is matched by name.
+        h.client(
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {
+            "functionResponses": [{"name": "get_weather", "response": {"sky": "sunny"}}]}}}),
+        );
+        assert!(h.messages().is_empty());
+        let id2 = h.generate();
+        h.provider(delta(id2, "Sunny."));
+        h.provider(ProviderEvent::Done { id: id2 });
+        let m = h.messages();
+        assert_eq!(
+            kinds(&m),
+            ["CONTENT_MESSAGE", "CONTENT_MESSAGE", "TURN_COMPLETE"],
+            "{m:?}"
+        );
+        assert_eq!(m[1]["payload"]["serverContent"]["turnComplete"], true);
+    }
+
+    #[test]
+    fn new_input_cancels_pending_calls_and_a_late_result_is_ignored() {
+        let mut h = Harness::new(weather_tools());
+        h.say("Weather?");
+        let id = h.generate();
+        h.provider(ProviderEvent::ToolCall {
+            id,
+            call_id: "c1".into(),
+            name: "get_weather".into(),
+            arguments: json!({}),
+        });
+        h.provider(ProviderEvent::Done { id });
+        assert_eq!(kinds(&h.messages()), ["TOOL_CALL"]);
+        h.say("never mind");
+        let m = h.messages();
+        assert_eq!(
+            kinds(&m),
+            ["CONTENT_MESSAGE", "INTERRUPTED", "TOOL_CALL_CANCELLATION"],
+            "{m:?}"
+        );
+        assert_eq!(m[0]["payload"]["serverContent"]["interrupted"], true);
+        assert_eq!(
+            m[2]["payload"]["toolCallCancellation"]["ids"],
+            json!(["c1"])
+        );
+        let id2 = h.generate();
+        // The app answers the cancelled call anyway: quietly ignored, nothing is asked of
+        // the model.
+        h.client(
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {
+            "functionResponses": [{"id": "c1", "name": "get_weather", "response": {}}]}}}),
+        );
+        assert!(h.messages().is_empty());
+        assert!(h.requests().is_empty());
+        h.provider(delta(id2, "OK."));
+        h.provider(ProviderEvent::Done { id: id2 });
+        assert_eq!(
+            kinds(&h.messages()),
+            ["CONTENT_MESSAGE", "CONTENT_MESSAGE", "TURN_COMPLETE"]
+        );
+    }
+
+    #[test]
+    fn a_spoken_reply_joins_its_sentence_transcripts_and_brackets_its_audio() {
+        let mut h = Harness::new(json!({}));
+        h.say("hi");
+        let id = h.generate();
+        h.provider(delta(id, "Hello there. How are you?"));
+        h.provider(ProviderEvent::Done { id });
+        let sentences: Vec<(RequestId, String)> = h
+            .requests()
+            .into_iter()
+            .filter_map(|r| match r {
+                ProviderRequest::Synthesize { id, text, .. } => Some((id, text)),
+                _ => None,
+            })
+            .collect();
+        let texts: Vec<&str> = sentences.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(texts, ["Hello there.", "How are you?"]);
+        for (id, _) in &sentences {
+            assert_eq!(id.0 >> 32, 1);
+            h.provider(ProviderEvent::Audio {
+                id: *id,
+                samples: vec![100; 2400],
+                sample_rate: OUTPUT_SAMPLE_RATE,
+            });
+            h.provider(ProviderEvent::Done { id: *id });
+        }
+        h.advance(2000 * MS);
+        let frames = h.frames();
+        let shape: Vec<String> = frames
+            .iter()
+            .map(|(m, droppable)| {
+                let c = &m["payload"]["serverContent"];
+                let what = match m["type"].as_str().unwrap() {
+                    "CONTENT_MESSAGE" if c["outputTranscription"].is_object() => {
+                        format!(
+                            "said {:?}",
+                            c["outputTranscription"]["text"].as_str().unwrap()
+                        )
+                    }
+                    "CONTENT_MESSAGE" if c["modelTurn"].is_object() => "audio".into(),
+                    "CONTENT_MESSAGE" if c["turnComplete"] == true => "turnComplete".into(),
+                    "ASSISTANT_SPEAKING" => format!("speaking {}", m["payload"]["speaking"]),
+                    other => other.into(),
+                };
+                if *droppable {
+                    format!("{what} (droppable)")
+                } else {
+                    what
+                }
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "said \"Hello there.\"",
+                "speaking true",
+                "audio (droppable)",
+                "said \" How are you?\"",
+                "audio (droppable)",
+                "speaking false",
+                "turnComplete",
+                "TURN_COMPLETE"
+            ]
+        );
+    }
+
+    #[test]
+    fn reply_audio_at_another_rate_is_resampled_to_24_khz() {
+        let mut h = Harness::new(json!({}));
+        h.say("hi");
+        let id = h.generate();
+        h.provider(delta(id, "One."));
+        h.provider(ProviderEvent::Done { id });
+        let synth: Vec<RequestId> = h
+            .requests()
+            .into_iter()
+            .filter_map(|r| match r {
+                ProviderRequest::Synthesize { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        h.provider(ProviderEvent::Audio {
+            id: synth[0],
+            samples: vec![1000; 16_000],
+            sample_rate: 16_000,
+        });
+        h.provider(ProviderEvent::Done { id: synth[0] });
+        h.advance(3000 * MS);
+        let mut samples = Vec::new();
+        for m in h.messages() {
+            let part = &m["payload"]["serverContent"]["modelTurn"]["parts"][0];
+            if let Some(blob) = part.get("inlineData") {
+                assert_eq!(blob["mimeType"], "audio/pcm;rate=24000");
+                let blob: Blob = serde_json::from_value(blob.clone()).unwrap();
+                blob.decode_pcm(&mut samples).unwrap();
+            }
+        }
+        // One second at 16 kHz is one second at 24 kHz (the tail flushed at the end).
+        assert!(
+            (23_500..=24_500).contains(&samples.len()),
+            "{}",
+            samples.len()
+        );
+    }
+
+    #[test]
+    fn close_cancels_the_work_in_flight_in_the_session_id_space() {
+        let mut h = Harness::text_only();
+        h.say("hi");
+        let id = h.generate();
+        h.s.close(h.now, &mut h.out);
+        assert_eq!(h.requests(), [ProviderRequest::Cancel { id }]);
+        assert!(h.messages().is_empty());
+    }
 
     #[test]
     fn openapi_types_become_json_schema() {

@@ -228,7 +228,10 @@ impl Translator for GeminiDoor {
     type Event = UpEvent;
 
     fn decode(frame: ClientFrame, max_frame_bytes: usize) -> Inbound<Incoming> {
-        let len = frame.len();
+        let len = match &frame {
+            ClientFrame::Text(t) => t.len(),
+            ClientFrame::Binary(b) => b.len(),
+        };
         if len > max_frame_bytes {
             return Inbound::Keep(Incoming::Bad(too_big(len, max_frame_bytes)));
         }
