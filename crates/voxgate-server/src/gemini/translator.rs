@@ -335,3 +335,450 @@ impl Translator for GeminiDoor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use serde_json::{Value, json};
+    use tokio::sync::mpsc;
+    use voxgate_engine::{ProviderRequest, RequestId};
+    use voxgate_gemini::LiveServerMessage;
+
+    use super::*;
+    use crate::door::ServerFrame;
+    use crate::gemini::passthrough::{self, Link};
+    use crate::metrics::Direction;
+
+    /// The far ends of the upstream connections a door opened: URL, `setup` frame, what the
+    /// door sends up, and where the test plays the upstream.
+    type Upstreams = Arc<Mutex<Vec<(String, String, mpsc::Receiver<String>, mpsc::Sender<UpEvent>)>>>;
+
+    struct Harness {
+        door: GeminiDoor,
+        metrics: Arc<Metrics>,
+        upstreams: Upstreams,
+        now: Instant,
+        out: Out,
+    }
+
+    impl Harness {
+        fn new(config: GeminiConfig) -> Self {
+            let upstreams: Upstreams = Arc::default();
+            let seen = Arc::clone(&upstreams);
+            let connect: Connector = Arc::new(move |url, setup| {
+                let (link, up_rx, ev_tx): (Link, _, _) = passthrough::test_link();
+                seen.lock().unwrap().push((url, setup, up_rx, ev_tx));
+                link
+            });
+            let metrics = Arc::new(Metrics::new());
+            let door = GeminiDoor::new(
+                config,
+                Arc::clone(&metrics),
+                connect,
+                Some(Duration::from_secs(10)),
+            );
+            Self {
+                door,
+                metrics,
+                upstreams,
+                now: Instant::now(),
+                out: Out::new(),
+            }
+        }
+
+        fn engine() -> Self {
+            Self::new(GeminiConfig::default())
+        }
+
+        fn passthrough() -> Self {
+            Self::new(GeminiConfig {
+                mode: GeminiMode::Passthrough,
+                api_key: Some("secret".into()),
+                base_url: "ws://127.0.0.1:9".into(),
+                ..GeminiConfig::default()
+            })
+        }
+
+        fn client(&mut self, msg: Value) {
+            let frame = ClientFrame::Text(msg.to_string().into());
+            match GeminiDoor::decode(frame, 1 << 20) {
+                Inbound::Keep(m) | Inbound::Droppable(m) => {
+                    self.door.on_client(self.now, m, &mut self.out);
+                }
+                Inbound::Skip => {}
+            }
+        }
+
+        fn connect(&mut self, config: Value) {
+            self.client(json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": config}}));
+        }
+
+        fn say(&mut self, text: &str) {
+            self.client(json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": text}]}}));
+        }
+
+        fn upstream(&mut self, event: UpEvent) {
+            self.door.on_event(self.now, Some(event), &mut self.out);
+        }
+
+        fn upstream_json(&mut self, v: Value) {
+            let m = LiveServerMessage::decode(&v.to_string()).unwrap();
+            self.upstream(UpEvent::Message(Box::new(m)));
+        }
+
+        fn messages(&mut self) -> Vec<Value> {
+            self.out
+                .take_frames()
+                .into_iter()
+                .map(|f| match f {
+                    ServerFrame::Text(t) => serde_json::from_str(&t).unwrap(),
+                    ServerFrame::Binary(_) => panic!("the bridge sends text"),
+                })
+                .collect()
+        }
+
+        fn requests(&mut self) -> Vec<ProviderRequest> {
+            self.out.take_requests()
+        }
+
+        /// What the door sent to the upstream of connection `n`.
+        fn sent_up(&self, n: usize) -> Vec<Value> {
+            let mut ups = self.upstreams.lock().unwrap();
+            let mut out = Vec::new();
+            while let Ok(f) = ups[n].2.try_recv() {
+                out.push(serde_json::from_str(&f).unwrap());
+            }
+            out
+        }
+    }
+
+    fn kinds(messages: &[Value]) -> Vec<&str> {
+        messages
+            .iter()
+            .map(|m| m["type"].as_str().unwrap())
+            .collect()
+    }
+
+    fn text_config() -> Value {
+        json!({"generationConfig": {"responseModalities": "TEXT"}})
+    }
+
+    fn generates(requests: &[ProviderRequest]) -> Vec<RequestId> {
+        requests
+            .iter()
+            .filter_map(|r| match r {
+                ProviderRequest::Generate { id, .. } => Some(*id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn decoded(text: &str, max: usize) -> &'static str {
+        match GeminiDoor::decode(ClientFrame::Text(text.to_owned().into()), max) {
+            Inbound::Keep(Incoming::Message(_)) => "keep",
+            Inbound::Droppable(Incoming::Message(_)) => "droppable",
+            Inbound::Keep(Incoming::Bad(_)) => "bad",
+            _ => "other",
+        }
+    }
+
+    #[test]
+    fn decode_marks_only_bare_microphone_audio_droppable() {
+        let audio = json!({"mimeType": "audio/pcm;rate=16000", "data": "AAAA"});
+        let msg = |payload: Value| json!({"type": "SEND_REALTIME_INPUT", "payload": payload}).to_string();
+        assert_eq!(decoded(&msg(json!({"audio": audio})), 4096), "droppable");
+        assert_eq!(
+            decoded(&msg(json!({"audio": audio, "audioStreamEnd": true})), 4096),
+            "keep"
+        );
+        assert_eq!(
+            decoded(&msg(json!({"audio": audio, "text": "hi"})), 4096),
+            "keep"
+        );
+        assert_eq!(decoded(r#"{"type":"DISCONNECT_GEMINI"}"#, 4096), "keep");
+        assert_eq!(decoded("{not json", 4096), "bad");
+        let big = msg(json!({"text": "x".repeat(100)}));
+        assert_eq!(decoded(&big, 64), "bad");
+        let Inbound::Keep(Incoming::Bad(reply)) =
+            GeminiDoor::decode(ClientFrame::Binary(big.into_bytes().into()), 64)
+        else {
+            panic!("an oversized frame is answered");
+        };
+        assert!(reply.encode().contains("exceeds the limit of 64 bytes"));
+    }
+
+    #[test]
+    fn the_session_is_initialized_by_a_successful_connect_only() {
+        let mut h = Harness::engine();
+        assert!(!h.door.initialized());
+        h.say("hello?");
+        let m = h.messages();
+        assert_eq!(
+            m[0]["payload"]["message"],
+            "Gemini not connected. Send CONNECT_GEMINI first."
+        );
+        h.client(json!({"type": "DISCONNECT_GEMINI"}));
+        assert_eq!(
+            h.messages()[0]["payload"]["reason"],
+            "No Gemini session was open."
+        );
+        assert!(!h.door.initialized());
+        assert_eq!(h.door.poll_timeout(), None);
+        h.connect(text_config());
+        assert_eq!(kinds(&h.messages()), ["GEMINI_CONNECTED", "SETUP_COMPLETE"]);
+        assert!(h.door.initialized());
+        // Disconnecting does not make the connection new again.
+        h.client(json!({"type": "DISCONNECT_GEMINI"}));
+        assert_eq!(
+            h.messages()[0]["payload"]["reason"],
+            "Disconnected by client request."
+        );
+        assert!(h.door.initialized());
+    }
+
+    #[test]
+    fn the_init_timeout_is_explained_before_the_driver_closes() {
+        let mut h = Harness::engine();
+        h.door.on_init_timeout(h.now, &mut h.out);
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["GEMINI_ERROR"]);
+        assert_eq!(
+            m[0]["payload"]["message"],
+            "No Gemini session was connected within 10 s: send CONNECT_GEMINI first. Closing."
+        );
+        // The driver closes; the translator asks for nothing itself.
+        assert!(h.out.closing().is_none());
+    }
+
+    #[test]
+    fn a_second_connect_replaces_the_session_and_drops_its_late_events() {
+        let mut h = Harness::engine();
+        h.connect(text_config());
+        h.messages();
+        h.say("first");
+        let old = generates(&h.requests());
+        assert_eq!(old.len(), 1);
+        h.connect(text_config());
+        // The old reply is cancelled before anything of the new session.
+        assert_eq!(h.requests(), [ProviderRequest::Cancel { id: old[0] }]);
+        assert_eq!(kinds(&h.messages()), ["GEMINI_CONNECTED", "SETUP_COMPLETE"]);
+        // Its text, already on the way, never reaches the client.
+        h.door.on_provider(
+            h.now,
+            ProviderEvent::TextDelta {
+                id: old[0],
+                delta: "late".into(),
+            },
+            &mut h.out,
+        );
+        h.door.on_provider(h.now, ProviderEvent::Done { id: old[0] }, &mut h.out);
+        assert!(h.messages().is_empty());
+        // The new session counts its ids from 1 too, in its own space.
+        h.say("second");
+        let new = generates(&h.requests());
+        assert_eq!(new.len(), 1);
+        assert_ne!(new[0], old[0]);
+        assert_eq!(new[0].0 & 0xffff_ffff, old[0].0 & 0xffff_ffff);
+        h.door.on_provider(
+            h.now,
+            ProviderEvent::TextDelta {
+                id: new[0],
+                delta: "fresh".into(),
+            },
+            &mut h.out,
+        );
+        h.door.on_provider(h.now, ProviderEvent::Done { id: new[0] }, &mut h.out);
+        let m = h.messages();
+        assert_eq!(
+            kinds(&m),
+            ["CONTENT_MESSAGE", "CONTENT_MESSAGE", "TURN_COMPLETE"]
+        );
+        assert_eq!(
+            m[0]["payload"]["serverContent"]["modelTurn"]["parts"][0]["text"],
+            "fresh"
+        );
+    }
+
+    #[test]
+    fn update_config_keeps_the_conversation_unless_the_modality_changes() {
+        let mut h = Harness::engine();
+        h.connect(text_config());
+        h.messages();
+        h.say("first");
+        let first = generates(&h.requests());
+        let system = json!({"systemInstruction": {"parts": [{"text": "Be brief."}]},
+            "generationConfig": {"responseModalities": ["text"]}});
+        h.client(json!({"type": "UPDATE_CONFIG", "payload": system}));
+        // In place: the reply in flight goes on, and no GEMINI_CONNECTED.
+        assert!(h.requests().is_empty());
+        assert_eq!(kinds(&h.messages()), ["SETUP_COMPLETE"]);
+        h.client(json!({"type": "UPDATE_CONFIG", "payload": {}}));
+        // Spoken replies now: a new session, the old one's work cancelled.
+        assert_eq!(h.requests(), [ProviderRequest::Cancel { id: first[0] }]);
+        assert_eq!(kinds(&h.messages()), ["SETUP_COMPLETE"]);
+        h.say("again");
+        let next = generates(&h.requests());
+        assert_eq!(next[0].0 >> 32, 2, "the second session's generation");
+    }
+
+    #[test]
+    fn shutdown_and_close_end_the_session() {
+        let mut h = Harness::engine();
+        h.connect(text_config());
+        h.messages();
+        h.say("hi");
+        let id = generates(&h.requests())[0];
+        h.door.on_shutdown(h.now, &mut h.out);
+        assert_eq!(h.requests(), [ProviderRequest::Cancel { id }]);
+        assert_eq!(
+            h.messages(),
+            [json!({"type": "GEMINI_DISCONNECTED", "payload": {"reason": "server shutting down"}})]
+        );
+        assert!(h.door.is_idle());
+        assert_eq!(h.door.poll_timeout(), None);
+        // Closing afterwards has nothing left to cancel.
+        h.door.on_close(h.now, &mut h.out);
+        assert!(h.requests().is_empty());
+
+        let mut h = Harness::engine();
+        h.connect(text_config());
+        h.say("hi");
+        let id = generates(&h.requests())[0];
+        h.door.on_close(h.now, &mut h.out);
+        assert_eq!(h.requests(), [ProviderRequest::Cancel { id }]);
+    }
+
+    #[test]
+    fn refused_and_unsupported_messages_are_answered_and_counted() {
+        let mut h = Harness::engine();
+        h.client(json!({"type": "WEBRTC_OFFER", "payload": {"sdp": "v=0"}}));
+        h.client(json!({"type": "FOO"}));
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["GEMINI_ERROR", "GEMINI_ERROR"]);
+        assert_eq!(m[1]["payload"]["message"], "Unknown message type: FOO");
+        h.connect(text_config());
+        h.messages();
+        h.client(json!({"type": "GENERATE_IMAGE", "payload": {"text": "a cat"}}));
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["IMAGE_GENERATION_RESULT"]);
+        assert_eq!(m[0]["payload"]["success"], false);
+        assert!(
+            h.metrics
+                .render()
+                .contains("voxgate_errors_total{door=\"gemini\"} 2")
+        );
+    }
+
+    #[test]
+    fn passthrough_is_initialized_when_the_upstream_opens() {
+        let mut h = Harness::passthrough();
+        h.connect(json!({"model": "gemini-live"}));
+        assert!(h.messages().is_empty(), "nothing until the upstream answers");
+        assert!(!h.door.initialized());
+        assert!(h.door.events().is_some());
+        {
+            let ups = h.upstreams.lock().unwrap();
+            assert_eq!(ups.len(), 1);
+            assert!(ups[0].0.starts_with("ws://127.0.0.1:9/ws/"), "{}", ups[0].0);
+            assert!(ups[0].0.ends_with("?key=secret"));
+            let setup: Value = serde_json::from_str(&ups[0].1).unwrap();
+            assert_eq!(setup["setup"]["model"], "models/gemini-live");
+        }
+        h.upstream(UpEvent::Open);
+        assert_eq!(kinds(&h.messages()), ["GEMINI_CONNECTED"]);
+        assert!(h.door.initialized());
+        h.upstream_json(json!({"setupComplete": {}}));
+        assert_eq!(kinds(&h.messages()), ["SETUP_COMPLETE"]);
+        h.say("hi");
+        let up = h.sent_up(0);
+        assert_eq!(up.len(), 1);
+        assert_eq!(up[0]["clientContent"]["turnComplete"], true);
+        h.upstream_json(json!({"serverContent": {"modelTurn": {"parts": [{"text": "Hello"}]},
+            "turnComplete": true}}));
+        let m = h.messages();
+        assert!(kinds(&m).contains(&"TURN_COMPLETE"), "{m:?}");
+        // Upstream goes away: the app is told, the session is gone, the socket stays.
+        h.upstream(UpEvent::Closed {
+            code: Some(1000),
+            reason: "bye".into(),
+        });
+        assert_eq!(
+            h.messages()[0]["payload"]["reason"],
+            "Gemini closed the session (1000): bye"
+        );
+        assert!(h.door.events().is_none());
+        h.say("still there?");
+        assert_eq!(
+            h.messages()[0]["payload"]["message"],
+            "Gemini not connected. Send CONNECT_GEMINI first."
+        );
+        assert!(h.door.initialized());
+    }
+
+    #[test]
+    fn passthrough_failures_leave_the_connection_uninitialized() {
+        let mut h = Harness::passthrough();
+        h.connect(json!({}));
+        h.upstream(UpEvent::Failed("refused".into()));
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["SETUP_COMPLETE", "GEMINI_ERROR"]);
+        assert_eq!(m[0]["payload"]["setupComplete"]["success"], false);
+        assert!(!h.door.initialized());
+        assert!(h.door.events().is_none());
+
+        // Without a key nothing is opened at all.
+        let mut h = Harness::new(GeminiConfig {
+            mode: GeminiMode::Passthrough,
+            ..GeminiConfig::default()
+        });
+        h.connect(json!({}));
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["SETUP_COMPLETE", "GEMINI_ERROR"]);
+        assert_eq!(m[0]["payload"]["setupComplete"]["error"]["code"], 503);
+        assert!(h.upstreams.lock().unwrap().is_empty());
+
+        // A relay that vanishes without a word is reported too.
+        let mut h = Harness::passthrough();
+        h.connect(json!({}));
+        h.door.on_event(h.now, None, &mut h.out);
+        assert_eq!(kinds(&h.messages()), ["GEMINI_DISCONNECTED"]);
+        assert!(h.door.events().is_none());
+    }
+
+    #[test]
+    fn passthrough_drops_audio_before_control_and_ends_a_session_upstream_stopped_reading() {
+        let mut h = Harness::passthrough();
+        h.connect(json!({}));
+        h.upstream(UpEvent::Open);
+        h.messages();
+        let audio = json!({"type": "SEND_REALTIME_INPUT", "payload": {"audio":
+            {"mimeType": "audio/pcm;rate=16000", "data": "AAAA"}}});
+        for _ in 0..300 {
+            h.client(audio.clone());
+        }
+        // Audio fills a quarter of the queue, then is dropped and counted.
+        assert_eq!(
+            h.metrics.dropped_frames(Door::Gemini, Direction::Uplink),
+            300 - 256
+        );
+        // Control messages still find room behind it, in order.
+        for i in 0..(1024 - 256) {
+            h.say(&format!("message {i}"));
+        }
+        assert!(h.messages().is_empty());
+        assert!(h.door.events().is_some());
+        // One more: the upstream has not read a thing, and the session is ended.
+        h.say("one too many");
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["GEMINI_ERROR", "GEMINI_DISCONNECTED"]);
+        assert!(h.door.events().is_none());
+        let up = h.sent_up(0);
+        assert_eq!(up.len(), 1024);
+        assert!(up[..256].iter().all(|f| f["realtimeInput"]["audio"].is_object()));
+        assert_eq!(
+            up[256]["clientContent"]["turns"][0]["parts"][0]["text"],
+            "message 0"
+        );
+    }
+}
