@@ -352,7 +352,16 @@ mod tests {
 
     /// The far ends of the upstream connections a door opened: URL, `setup` frame, what the
     /// door sends up, and where the test plays the upstream.
-    type Upstreams = Arc<Mutex<Vec<(String, String, mpsc::Receiver<String>, mpsc::Sender<UpEvent>)>>>;
+    type Upstreams = Arc<
+        Mutex<
+            Vec<(
+                String,
+                String,
+                mpsc::Receiver<String>,
+                mpsc::Sender<UpEvent>,
+            )>,
+        >,
+    >;
 
     struct Harness {
         door: GeminiDoor,
@@ -486,7 +495,8 @@ mod tests {
     #[test]
     fn decode_marks_only_bare_microphone_audio_droppable() {
         let audio = json!({"mimeType": "audio/pcm;rate=16000", "data": "AAAA"});
-        let msg = |payload: Value| json!({"type": "SEND_REALTIME_INPUT", "payload": payload}).to_string();
+        let msg =
+            |payload: Value| json!({"type": "SEND_REALTIME_INPUT", "payload": payload}).to_string();
         assert_eq!(decoded(&msg(json!({"audio": audio})), 4096), "droppable");
         assert_eq!(
             decoded(&msg(json!({"audio": audio, "audioStreamEnd": true})), 4096),
@@ -572,7 +582,8 @@ mod tests {
             },
             &mut h.out,
         );
-        h.door.on_provider(h.now, ProviderEvent::Done { id: old[0] }, &mut h.out);
+        h.door
+            .on_provider(h.now, ProviderEvent::Done { id: old[0] }, &mut h.out);
         assert!(h.messages().is_empty());
         // The new session counts its ids from 1 too, in its own space.
         h.say("second");
@@ -588,7 +599,8 @@ mod tests {
             },
             &mut h.out,
         );
-        h.door.on_provider(h.now, ProviderEvent::Done { id: new[0] }, &mut h.out);
+        h.door
+            .on_provider(h.now, ProviderEvent::Done { id: new[0] }, &mut h.out);
         let m = h.messages();
         assert_eq!(
             kinds(&m),
@@ -674,7 +686,10 @@ mod tests {
     fn passthrough_is_initialized_when_the_upstream_opens() {
         let mut h = Harness::passthrough();
         h.connect(json!({"model": "gemini-live"}));
-        assert!(h.messages().is_empty(), "nothing until the upstream answers");
+        assert!(
+            h.messages().is_empty(),
+            "nothing until the upstream answers"
+        );
         assert!(!h.door.initialized());
         assert!(h.door.events().is_some());
         {
@@ -694,8 +709,10 @@ mod tests {
         let up = h.sent_up(0);
         assert_eq!(up.len(), 1);
         assert_eq!(up[0]["clientContent"]["turnComplete"], true);
-        h.upstream_json(json!({"serverContent": {"modelTurn": {"parts": [{"text": "Hello"}]},
-            "turnComplete": true}}));
+        h.upstream_json(
+            json!({"serverContent": {"modelTurn": {"parts": [{"text": "Hello"}]},
+            "turnComplete": true}}),
+        );
         let m = h.messages();
         assert!(kinds(&m).contains(&"TURN_COMPLETE"), "{m:?}");
         // Upstream goes away: the app is told, the session is gone, the socket stays.
@@ -775,7 +792,11 @@ mod tests {
         assert!(h.door.events().is_none());
         let up = h.sent_up(0);
         assert_eq!(up.len(), 1024);
-        assert!(up[..256].iter().all(|f| f["realtimeInput"]["audio"].is_object()));
+        assert!(
+            up[..256]
+                .iter()
+                .all(|f| f["realtimeInput"]["audio"].is_object())
+        );
         assert_eq!(
             up[256]["clientContent"]["turns"][0]["parts"][0]["text"],
             "message 0"
