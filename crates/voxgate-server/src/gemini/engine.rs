@@ -771,6 +771,10 @@ mod tests {
             Self::new(json!({"generationConfig": {"responseModalities": ["TEXT"]}}))
         }
 
+        #[allow(
+            clippy::needless_pass_by_value,
+            reason = "call sites pass json! literals"
+        )]
         fn client(&mut self, msg: Value) {
             let m = ClientMessage::decode(&msg.to_string()).unwrap();
             self.s.handle(self.now, m, &mut self.out);

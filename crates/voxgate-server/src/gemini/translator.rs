@@ -145,27 +145,31 @@ impl GeminiDoor {
                     self.start_session(now, config, false, out);
                 }
             },
-            other => match &mut self.backend {
-                Some(Backend::Engine(e)) => e.handle(now, other, out),
-                Some(Backend::Pass(p)) => {
-                    if !p.forward(&other, out) {
-                        self.backend = None;
-                        self.error(
-                            out,
-                            &ServerMessage::error(
-                                "Gemini is not reading the session's messages: it was ended.",
-                            ),
-                        );
-                        emit(
-                            out,
-                            &ServerMessage::GeminiDisconnected {
-                                reason: Some("Gemini stopped reading.".into()),
-                            },
-                        );
+            other => {
+                let going_on = match &mut self.backend {
+                    Some(Backend::Engine(e)) => {
+                        e.handle(now, other, out);
+                        true
                     }
+                    Some(Backend::Pass(p)) => p.forward(&other, out),
+                    None => true,
+                };
+                if !going_on {
+                    self.backend = None;
+                    self.error(
+                        out,
+                        &ServerMessage::error(
+                            "Gemini is not reading the session's messages: it was ended.",
+                        ),
+                    );
+                    emit(
+                        out,
+                        &ServerMessage::GeminiDisconnected {
+                            reason: Some("Gemini stopped reading.".into()),
+                        },
+                    );
                 }
-                None => {}
-            },
+            }
         }
     }
 
@@ -409,6 +413,10 @@ mod tests {
             })
         }
 
+        #[allow(
+            clippy::needless_pass_by_value,
+            reason = "call sites pass json! literals"
+        )]
         fn client(&mut self, msg: Value) {
             let frame = ClientFrame::Text(msg.to_string().into());
             match GeminiDoor::decode(frame, 1 << 20) {
@@ -419,6 +427,10 @@ mod tests {
             }
         }
 
+        #[allow(
+            clippy::needless_pass_by_value,
+            reason = "call sites pass json! literals"
+        )]
         fn connect(&mut self, config: Value) {
             self.client(json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": config}}));
         }
@@ -431,6 +443,10 @@ mod tests {
             self.door.on_event(self.now, Some(event), &mut self.out);
         }
 
+        #[allow(
+            clippy::needless_pass_by_value,
+            reason = "call sites pass json! literals"
+        )]
         fn upstream_json(&mut self, v: Value) {
             let m = LiveServerMessage::decode(&v.to_string()).unwrap();
             self.upstream(UpEvent::Message(Box::new(m)));
