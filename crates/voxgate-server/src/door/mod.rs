@@ -64,6 +64,8 @@ const MAX_OVERFLOW: usize = 1024;
 const MISSED_PONGS: u32 = 2;
 /// How long a closed session waits for the peer to answer its close frame.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// ... and for each frame the peer still sends before that answer.
+const CLOSE_IDLE: Duration = Duration::from_millis(200);
 
 /// A WebSocket data frame from the client, before the door decodes it.
 #[derive(Debug)]
@@ -432,9 +434,10 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
 }
 
 /// Reads and discards what the peer still sends until it answers our close frame; the
-/// session no longer takes input.
+/// session no longer takes input. A peer quiet for [`CLOSE_IDLE`] has nothing unread left to
+/// reset the connection with, so it is not waited for.
 async fn discard_until_close(mut stream: futures::stream::SplitStream<WebSocket>) {
-    while let Some(Ok(m)) = stream.next().await {
+    while let Ok(Some(Ok(m))) = tokio::time::timeout(CLOSE_IDLE, stream.next()).await {
         if matches!(m, Message::Close(_)) {
             return;
         }
@@ -451,7 +454,11 @@ async fn read<T: Translator>(
     door: Door,
 ) {
     loop {
-        let msg = match stream.next().await {
+        let next = tokio::select! {
+            m = stream.next() => m,
+            () = tx.closed() => return discard_until_close(stream).await,
+        };
+        let msg = match next {
             None => break,
             Some(Err(e)) => {
                 if is_capacity_error(e) {
