@@ -1031,3 +1031,127 @@ async fn shutdown_tells_the_app_and_closes() {
     assert!(matches!(end, None | Some(Ok(Message::Close(_)))), "{end:?}");
     tokio::time::timeout(WAIT, stopping).await.unwrap().unwrap();
 }
+
+/// The close frame that ends the connection (pings and pongs skipped), answered as a client
+/// does (the server waits for the answer before it drops the socket); panics on data or a
+/// connection dropped without one.
+async fn close_frame(ws: &mut Ws) -> tokio_tungstenite::tungstenite::protocol::CloseFrame {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next()).await.unwrap() {
+            Some(Ok(Message::Close(Some(frame)))) => {
+                // Reading on sends the queued answer; then the stream ends.
+                let rest = tokio::time::timeout(WAIT, ws.next()).await.unwrap();
+                assert!(rest.is_none(), "{rest:?}");
+                return frame;
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_connection_without_connect_gemini_is_closed_after_the_init_timeout() {
+    let mut config = Config::default();
+    config.gemini.connect_timeout_ms = Some(300);
+    let server = Running::start(config).await;
+    let started = tokio::time::Instant::now();
+    let mut ws = connect(format!("ws://{}/", server.listener("gemini").unwrap())).await;
+    // Talking without connecting a session does not count.
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    assert_eq!(
+        recv(&mut ws).await["payload"]["message"],
+        "Gemini not connected. Send CONNECT_GEMINI first."
+    );
+    let e = recv(&mut ws).await;
+    assert_eq!(kind(&e), "GEMINI_ERROR");
+    assert!(
+        e["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("send CONNECT_GEMINI first"),
+        "{e}"
+    );
+    let close = close_frame(&mut ws).await;
+    assert_eq!(u16::from(close.code), 1008);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    server
+        .sessions_drain(voxgate_server::metrics::Door::Gemini)
+        .await;
+
+    // A connected session is not closed by it.
+    let mut ws = session(
+        format!("ws://{}/gemini", server.addr),
+        live_config(&json!("TEXT")),
+    )
+    .await;
+    quiet_for(&mut ws, Duration::from_millis(600)).await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "still here"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: still here");
+    server.stop_within(WAIT).await;
+}
+
+#[tokio::test]
+async fn a_client_close_is_answered_with_a_close_frame() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(
+        format!("ws://{}/gemini", server.addr),
+        live_config(&json!("TEXT")),
+    )
+    .await;
+    server
+        .wait_sessions(voxgate_server::metrics::Door::Gemini, 1)
+        .await;
+    ws.send(Message::Close(Some(
+        tokio_tungstenite::tungstenite::protocol::CloseFrame {
+            code: 1000.into(),
+            reason: "done".into(),
+        },
+    )))
+    .await
+    .unwrap();
+    let close = close_frame(&mut ws).await;
+    assert_eq!(u16::from(close.code), 1000);
+    server
+        .sessions_drain(voxgate_server::metrics::Door::Gemini)
+        .await;
+    server.stop_within(WAIT).await;
+}
+
+#[tokio::test]
+async fn shutdown_sends_gemini_disconnected_then_closes_with_1001() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = session(
+        format!("ws://{}/", server.listener("gemini").unwrap()),
+        live_config(&json!("TEXT")),
+    )
+    .await;
+    // A message racing the shutdown (the session may never read it) neither holds the
+    // shutdown up nor costs the app the close frame.
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hello"}]}}),
+    )
+    .await;
+    let stopping = tokio::spawn(server.stop_within(WAIT));
+    loop {
+        let m = recv(&mut ws).await;
+        if kind(&m) == "GEMINI_DISCONNECTED" {
+            assert_eq!(m["payload"]["reason"], "server shutting down");
+            break;
+        }
+        assert_ne!(kind(&m), "GEMINI_ERROR", "{m}");
+    }
+    let close = close_frame(&mut ws).await;
+    assert_eq!(u16::from(close.code), 1001);
+    tokio::time::timeout(WAIT, stopping).await.unwrap().unwrap();
+}

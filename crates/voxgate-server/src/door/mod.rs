@@ -62,6 +62,10 @@ const OUT_QUEUE: usize = 256;
 const MAX_OVERFLOW: usize = 1024;
 /// Keepalive: a peer silent (no frame, no pong) for this many ping intervals is dead.
 const MISSED_PONGS: u32 = 2;
+/// How long a closed session waits for the peer to answer its close frame.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// ... and for each frame the peer still sends before that answer.
+const CLOSE_IDLE: Duration = Duration::from_millis(200);
 
 /// A WebSocket data frame from the client, before the door decodes it.
 #[derive(Debug)]
@@ -431,9 +435,26 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
     tracing::debug!(door = door.label(), ?end, "session ended");
     session.finish(end).await;
     drop(session);
-    reader.abort();
     // The writer ends by itself: its queue is closed and every write is bounded.
     let _ = writer.await;
+    // After our close frame the reader reads on until the peer answers it: a socket dropped
+    // with unread input is reset, and the peer may lose the close frame (and frames before it).
+    let mut reader = reader;
+    if matches!(end, End::Requested | End::Shutdown) {
+        let _ = tokio::time::timeout(CLOSE_WAIT, &mut reader).await;
+    }
+    reader.abort();
+}
+
+/// Reads and discards what the peer still sends until it answers our close frame; the
+/// session no longer takes input. A peer quiet for [`CLOSE_IDLE`] has nothing unread left to
+/// reset the connection with, so it is not waited for.
+async fn discard_until_close(mut stream: futures::stream::SplitStream<WebSocket>) {
+    while let Ok(Some(Ok(m))) = tokio::time::timeout(CLOSE_IDLE, stream.next()).await {
+        if matches!(m, Message::Close(_)) {
+            return;
+        }
+    }
 }
 
 async fn read<T: Translator>(
@@ -446,7 +467,11 @@ async fn read<T: Translator>(
     door: Door,
 ) {
     loop {
-        let msg = match stream.next().await {
+        let next = tokio::select! {
+            m = stream.next() => m,
+            () = tx.closed() => return discard_until_close(stream).await,
+        };
+        let msg = match next {
             None => break,
             Some(Err(e)) => {
                 if is_capacity_error(e) {
@@ -471,14 +496,16 @@ async fn read<T: Translator>(
             Inbound::Skip => {}
             Inbound::Keep(m) => {
                 if tx.send(FromReader::Message(m)).await.is_err() {
-                    break;
+                    return discard_until_close(stream).await;
                 }
             }
             Inbound::Droppable(m) => match tx.try_send(FromReader::Message(m)) {
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     metrics.dropped(door, Direction::Uplink, 1);
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => break,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    return discard_until_close(stream).await;
+                }
                 Ok(()) => {}
             },
         }

@@ -48,6 +48,7 @@ const DEFAULT_GEMINI_MODEL: &str = "models/gemini-2.0-flash-live-001";
 /// audio_chunks = false           # also send model audio as AUDIO_CHUNK
 /// assistant_speaking = true      # send ASSISTANT_SPEAKING around spoken replies
 /// max_frame_bytes = 8388608      # a whole WAV file may come in one frame
+/// connect_timeout_ms = 10000     # close a connection without CONNECT_GEMINI by then
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -77,6 +78,11 @@ pub struct GeminiConfig {
     /// Frames up to twice this are refused with a `GEMINI_ERROR`; larger ones end the
     /// connection.
     pub max_frame_bytes: usize,
+    /// Close (1008, after a `GEMINI_ERROR`) a connection that has not set up a session with
+    /// `CONNECT_GEMINI` within this many milliseconds; `0` never closes it. Unset: the
+    /// server's initialization timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
 }
 
 impl Default for GeminiConfig {
@@ -92,6 +98,7 @@ impl Default for GeminiConfig {
             audio_chunks: false,
             assistant_speaking: true,
             max_frame_bytes: voxgate_gemini::bridge::RECOMMENDED_MAX_FRAME_BYTES,
+            connect_timeout_ms: None,
         }
     }
 }
@@ -99,7 +106,8 @@ impl Default for GeminiConfig {
 impl GeminiConfig {
     /// Applies the door's `VOXGATE_GEMINI_*` environment overrides: `ENABLED`, `LISTEN` (an
     /// address, or `off` for no own listener), `MODE`, `API_KEY`, `BASE_URL`, `MODEL`,
-    /// `AUDIO_CHUNKS`, `ASSISTANT_SPEAKING`, `MAX_FRAME_BYTES`.
+    /// `AUDIO_CHUNKS`, `ASSISTANT_SPEAKING`, `MAX_FRAME_BYTES`, `CONNECT_TIMEOUT_MS` (blank:
+    /// the server's initialization timeout).
     pub(crate) fn apply_env(
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
@@ -132,6 +140,10 @@ impl GeminiConfig {
             &mut self.assistant_speaking,
         )?;
         vars.parsed("VOXGATE_GEMINI_MAX_FRAME_BYTES", &mut self.max_frame_bytes)?;
+        vars.parsed_or_none(
+            "VOXGATE_GEMINI_CONNECT_TIMEOUT_MS",
+            &mut self.connect_timeout_ms,
+        )?;
         Ok(())
     }
 
@@ -164,6 +176,18 @@ impl GeminiConfig {
         }
         Ok(())
     }
+
+    /// The door's initialization timeout: its own override, else the server's `default`.
+    pub(crate) fn connect_timeout(
+        &self,
+        default: Option<std::time::Duration>,
+    ) -> Option<std::time::Duration> {
+        match self.connect_timeout_ms {
+            None => default,
+            Some(0) => None,
+            Some(ms) => Some(std::time::Duration::from_millis(ms)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -178,12 +202,24 @@ mod tests {
             "VOXGATE_GEMINI_MODE" => Some("PassThrough".to_owned()),
             "VOXGATE_GEMINI_API_KEY" => Some("k".to_owned()),
             "VOXGATE_GEMINI_AUDIO_CHUNKS" => Some("yes".to_owned()),
+            "VOXGATE_GEMINI_CONNECT_TIMEOUT_MS" => Some("250".to_owned()),
             _ => None,
         };
         c.apply_env(&env).unwrap();
         assert!(!c.own_listener);
         assert_eq!(c.mode, GeminiMode::Passthrough);
         assert!(c.audio_chunks);
+        let server = Some(std::time::Duration::from_secs(10));
+        assert_eq!(
+            c.connect_timeout(server),
+            Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(GeminiConfig::default().connect_timeout(server), server);
+        let never = GeminiConfig {
+            connect_timeout_ms: Some(0),
+            ..GeminiConfig::default()
+        };
+        assert_eq!(never.connect_timeout(server), None);
         c.mask_secrets();
         assert_eq!(c.api_key.as_deref(), Some("***"));
         let bad = GeminiConfig::default()

@@ -5,17 +5,19 @@
 //! read inside `CONTENT_MESSAGE`: `modelTurn` text or 24 kHz `inlineData` audio,
 //! `inputTranscription`/`outputTranscription`, `interrupted` and `turnComplete` (each followed
 //! by its own `INTERRUPTED`/`TURN_COMPLETE`), and `TOOL_CALL`/`TOOL_CALL_CANCELLATION`.
+//!
+//! No I/O: the session takes the time as a value and writes frames and provider requests into
+//! the door driver's [`Out`]; provider events come back through [`EngineSession::provider_event`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::resample::Resampler;
 use voxgate_engine::{
-    ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, State,
-    ToolDefinition, TriggerMode, TurnId,
+    ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, ProviderRequest,
+    RequestId, State, ToolDefinition, TriggerMode, TurnId,
 };
 use voxgate_gemini::live::{INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE};
 use voxgate_gemini::{
@@ -23,8 +25,9 @@ use voxgate_gemini::{
     ServerContent, ServerMessage, ToolCall, ToolCallCancellation, ToolResponse, Transcription,
 };
 
+use super::emit;
+use crate::door::Out;
 use crate::metrics::{Door, Metrics};
-use crate::providers::{Providers, Runner};
 
 /// Per-connection output options from the door's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -36,17 +39,132 @@ pub(super) struct Flags {
 /// Ids of cancelled calls remembered so a late `SEND_TOOL_RESPONSE` for one is ignored quietly.
 const CANCELLED_MEMORY: usize = 64;
 
-/// One bridge session driven by an [`Engine`]. Dropping it aborts its provider work.
+/// Request ids as the driver's runner sees them: the runner serves the whole connection while
+/// every session's engine counts its ids from 1, so each session tags its ids with its own
+/// generation in the high bits. An event of a replaced session (already queued when it was
+/// cancelled) then matches no request of the new one and is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ids {
+    generation: u32,
+}
+
+/// Bits of a runner id that hold the engine's own id.
+const ID_BITS: u32 = 32;
+
+impl Ids {
+    /// The ids of the session numbered `generation` on its connection.
+    pub(super) fn new(generation: u32) -> Self {
+        Self { generation }
+    }
+
+    fn base(self) -> u64 {
+        u64::from(self.generation) << ID_BITS
+    }
+
+    /// The engine's request with its id in the runner's space; `None` for an id or request
+    /// kind that cannot be mapped (four billion requests in one session, a request kind
+    /// added to the engine later).
+    fn outgoing(self, mut request: ProviderRequest) -> Option<ProviderRequest> {
+        let id = match &mut request {
+            ProviderRequest::Transcribe { id, .. }
+            | ProviderRequest::Generate { id, .. }
+            | ProviderRequest::Query { id, .. }
+            | ProviderRequest::Synthesize { id, .. }
+            | ProviderRequest::Cancel { id } => id,
+            other => {
+                tracing::warn!(request = ?other, "gemini door: provider request not mapped");
+                return None;
+            }
+        };
+        if id.0 >> ID_BITS != 0 {
+            return None;
+        }
+        *id = RequestId(id.0 | self.base());
+        Some(request)
+    }
+
+    /// A runner event with its id back in the engine's space; `None` when it belongs to
+    /// another session.
+    fn incoming(self, mut event: ProviderEvent) -> Option<ProviderEvent> {
+        if event.id().0 >> ID_BITS != u64::from(self.generation) {
+            return None;
+        }
+        let id = match &mut event {
+            ProviderEvent::Transcript { id, .. }
+            | ProviderEvent::TextDelta { id, .. }
+            | ProviderEvent::ToolCall { id, .. }
+            | ProviderEvent::Audio { id, .. }
+            | ProviderEvent::Done { id }
+            | ProviderEvent::Failed { id, .. } => id,
+            _ => return None,
+        };
+        *id = RequestId(id.0 & ((1 << ID_BITS) - 1));
+        Some(event)
+    }
+}
+
+/// Mono audio at a source rate that may change between calls, converted to one fixed rate.
+///
+/// Kept apart so the rate-aware resampler planned for `voxgate_audio::resample` can replace it
+/// in one place.
+struct RateConverter {
+    to: u32,
+    state: Option<(u32, Resampler)>,
+}
+
+impl RateConverter {
+    fn new(to: u32) -> Self {
+        Self { to, state: None }
+    }
+
+    /// Appends `input` (at `from` Hz) converted to `out`; a source at the target rate is
+    /// copied. `Err` when `from` cannot be converted (nothing is appended).
+    fn process(&mut self, from: u32, input: &[f32], out: &mut Vec<f32>) -> Result<(), String> {
+        if from == self.to {
+            out.extend_from_slice(input);
+            return Ok(());
+        }
+        if self.state.as_ref().is_none_or(|(rate, _)| *rate != from) {
+            match Resampler::new(from, self.to) {
+                Ok(r) => self.state = Some((from, r)),
+                Err(e) => {
+                    self.state = None;
+                    return Err(e.to_string());
+                }
+            }
+        }
+        if let Some((_, r)) = &mut self.state {
+            r.process(input, out);
+        }
+        Ok(())
+    }
+
+    /// Appends what the resampler still holds (the end of a stream).
+    fn flush(&mut self, out: &mut Vec<f32>) {
+        if let Some((_, r)) = &mut self.state {
+            r.flush(out);
+        }
+    }
+
+    /// Forgets held samples (playback was cut).
+    fn reset(&mut self) {
+        if let Some((_, r)) = &mut self.state {
+            r.reset();
+        }
+    }
+}
+
+/// One bridge session driven by an [`Engine`]. Its provider work runs in the door driver;
+/// [`close`](Self::close) cancels it.
 pub(super) struct EngineSession {
     engine: Engine,
-    runner: Runner,
-    provider_rx: mpsc::Receiver<ProviderEvent>,
+    ids: Ids,
     metrics: Arc<Metrics>,
     flags: Flags,
     /// Replies are spoken (AUDIO modality) rather than written.
     audio_out: bool,
-    in_resampler: Option<(u32, Resampler)>,
-    out_resampler: Option<(u32, Resampler)>,
+    in_resampler: RateConverter,
+    out_resampler: RateConverter,
     samples: Vec<i16>,
     floats: Vec<f32>,
     /// A model turn is open: it still owes the client `turnComplete` or `interrupted`.
@@ -143,15 +261,15 @@ fn model_parts(parts: Vec<Part>) -> ServerContent {
 }
 
 impl EngineSession {
-    /// A session with `config`, and the messages its setup produced (tool declarations the
-    /// engine refused, as `GEMINI_ERROR`s).
+    /// A session with `config` whose requests carry `ids`; [`start`](Self::start) applies
+    /// its tools once the client was told the setup succeeded.
     pub(super) fn new(
         config: &LiveConfig,
-        providers: &Providers,
         metrics: Arc<Metrics>,
         flags: Flags,
+        ids: Ids,
         now: Instant,
-    ) -> Result<(Self, Vec<ServerMessage>), String> {
+    ) -> Result<Self, String> {
         let audio_out = wants_audio(config);
         let engine_config = EngineConfig {
             input_rate: INPUT_SAMPLE_RATE,
@@ -166,16 +284,14 @@ impl EngineSession {
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
-        let (runner, provider_rx) = Runner::new(providers.clone(), Arc::clone(&metrics));
-        let mut s = Self {
+        Ok(Self {
             engine,
-            runner,
-            provider_rx,
+            ids,
             metrics,
             flags,
             audio_out,
-            in_resampler: None,
-            out_resampler: None,
+            in_resampler: RateConverter::new(INPUT_SAMPLE_RATE),
+            out_resampler: RateConverter::new(OUTPUT_SAMPLE_RATE),
             samples: Vec::new(),
             floats: Vec::new(),
             turn_open: false,
@@ -184,28 +300,29 @@ impl EngineSession {
             pending_calls: Vec::new(),
             call_turns: Vec::new(),
             cancelled: Vec::new(),
-        };
-        let mut out = Vec::new();
-        s.input(now, Input::SetTools(tools(config)), &mut out);
-        Ok((s, out))
+        })
     }
 
-    pub(super) fn provider_rx(&mut self) -> &mut mpsc::Receiver<ProviderEvent> {
-        &mut self.provider_rx
+    /// Declares the config's tools (a refused declaration is answered with `GEMINI_ERROR`).
+    pub(super) fn start(&mut self, now: Instant, config: &LiveConfig, out: &mut Out) {
+        self.input(now, Input::SetTools(tools(config)), out);
     }
 
+    /// When [`timeout`](Self::timeout) is next due.
     pub(super) fn deadline(&self) -> Option<Instant> {
         self.engine.poll_timeout()
     }
 
-    pub(super) fn timeout(&mut self, out: &mut Vec<ServerMessage>) {
-        self.engine.handle_timeout(Instant::now());
+    pub(super) fn timeout(&mut self, now: Instant, out: &mut Out) {
+        self.engine.handle_timeout(now);
         self.drain(out);
     }
 
-    pub(super) fn provider_event(&mut self, event: ProviderEvent, out: &mut Vec<ServerMessage>) {
-        self.runner.finished(&event);
-        self.input(Instant::now(), Input::Provider(event), out);
+    /// A provider event; events of other sessions on the connection are dropped.
+    pub(super) fn provider_event(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
+        if let Some(event) = self.ids.incoming(event) {
+            self.input(now, Input::Provider(event), out);
+        }
     }
 
     /// `UPDATE_CONFIG` can be applied in place (keeping the conversation) unless it switches
@@ -214,8 +331,7 @@ impl EngineSession {
         wants_audio(config) == self.audio_out
     }
 
-    pub(super) fn reconfigure(&mut self, config: &LiveConfig, out: &mut Vec<ServerMessage>) {
-        let now = Instant::now();
+    pub(super) fn reconfigure(&mut self, now: Instant, config: &LiveConfig, out: &mut Out) {
         self.input(
             now,
             Input::Reconfigure {
@@ -228,19 +344,18 @@ impl EngineSession {
         self.input(now, Input::SetTools(tools(config)), out);
     }
 
-    /// Ends the session: the engine cancels its work, and dropping `self` aborts the tasks.
-    pub(super) fn close(&mut self) {
-        let _ = self.engine.handle_input(Instant::now(), Input::Close);
+    /// Ends the session: the engine's cancels of its work in flight go out; nothing else does.
+    pub(super) fn close(&mut self, now: Instant, out: &mut Out) {
+        let _ = self.engine.handle_input(now, Input::Close);
         while let Some(o) = self.engine.poll_output() {
             if let Output::Provider(r) = o {
-                self.runner.start(r);
+                self.request(r, out);
             }
         }
     }
 
     /// A session message (`SEND_MESSAGE`, `SEND_REALTIME_INPUT`, `SEND_TOOL_RESPONSE`).
-    pub(super) fn handle(&mut self, msg: ClientMessage, out: &mut Vec<ServerMessage>) {
-        let now = Instant::now();
+    pub(super) fn handle(&mut self, now: Instant, msg: ClientMessage, out: &mut Out) {
         match msg {
             ClientMessage::SendMessage {
                 parts,
@@ -269,7 +384,7 @@ impl EngineSession {
         }
     }
 
-    fn realtime_input(&mut self, now: Instant, r: RealtimeInput, out: &mut Vec<ServerMessage>) {
+    fn realtime_input(&mut self, now: Instant, r: RealtimeInput, out: &mut Out) {
         if r.activity_start {
             self.input(now, Input::StartCapture, out);
         }
@@ -295,12 +410,7 @@ impl EngineSession {
     /// The user's input is complete: a spoken turn still being captured is cut and answered.
     /// With `only_if_listening` false a reply is asked for even when nothing was captured (an
     /// empty `SEND_MESSAGE` with `turnComplete`, as upstream).
-    fn end_of_input(
-        &mut self,
-        now: Instant,
-        only_if_listening: bool,
-        out: &mut Vec<ServerMessage>,
-    ) {
+    fn end_of_input(&mut self, now: Instant, only_if_listening: bool, out: &mut Out) {
         if only_if_listening && self.engine.state() != State::Listening {
             return;
         }
@@ -314,13 +424,7 @@ impl EngineSession {
         );
     }
 
-    fn text(
-        &mut self,
-        now: Instant,
-        text: String,
-        turn_complete: bool,
-        out: &mut Vec<ServerMessage>,
-    ) {
+    fn text(&mut self, now: Instant, text: String, turn_complete: bool, out: &mut Out) {
         let mode = if turn_complete {
             // New content interrupts the model, as upstream: a turn waiting on tool results
             // is cancelled here (the engine does not report that as an interruption).
@@ -335,20 +439,23 @@ impl EngineSession {
     }
 
     /// Feeds an audio blob; true if it was a whole WAV file.
-    fn audio(&mut self, now: Instant, blob: &Blob, out: &mut Vec<ServerMessage>) -> bool {
+    fn audio(&mut self, now: Instant, blob: &Blob, out: &mut Out) -> bool {
         self.samples.clear();
         let info = match blob.decode_pcm(&mut self.samples) {
             Ok(info) => info,
             Err(e) => {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(format!(
-                    "Invalid audio in {}: {e}.",
-                    if blob.mime_type.is_empty() {
-                        "audio blob"
-                    } else {
-                        blob.mime_type.as_str()
-                    }
-                )));
+                emit(
+                    out,
+                    &ServerMessage::error(format!(
+                        "Invalid audio in {}: {e}.",
+                        if blob.mime_type.is_empty() {
+                            "audio blob"
+                        } else {
+                            blob.mime_type.as_str()
+                        }
+                    )),
+                );
                 return false;
             }
         };
@@ -365,28 +472,20 @@ impl EngineSession {
         if rate == INPUT_SAMPLE_RATE {
             self.engine.handle_audio(now, &self.floats);
         } else {
-            if self
-                .in_resampler
-                .as_ref()
-                .is_none_or(|(from, _)| *from != rate)
-            {
-                match Resampler::new(rate, INPUT_SAMPLE_RATE) {
-                    Ok(r) => self.in_resampler = Some((rate, r)),
-                    Err(e) => {
-                        self.metrics.error(Door::Gemini);
-                        out.push(ServerMessage::error(format!(
-                            "Unusable audio sample rate {rate} Hz: {e}."
-                        )));
-                        return false;
-                    }
-                }
-            }
             let mut converted = Vec::new();
-            if let Some((_, r)) = &mut self.in_resampler {
-                r.process(&self.floats, &mut converted);
-                if info.wav.is_some() {
-                    r.flush(&mut converted);
-                }
+            if let Err(e) = self
+                .in_resampler
+                .process(rate, &self.floats, &mut converted)
+            {
+                self.metrics.error(Door::Gemini);
+                emit(
+                    out,
+                    &ServerMessage::error(format!("Unusable audio sample rate {rate} Hz: {e}.")),
+                );
+                return false;
+            }
+            if info.wav.is_some() {
+                self.in_resampler.flush(&mut converted);
             }
             self.engine.handle_audio(now, &converted);
         }
@@ -394,7 +493,7 @@ impl EngineSession {
         info.wav.is_some()
     }
 
-    fn tool_response(&mut self, now: Instant, r: ToolResponse, out: &mut Vec<ServerMessage>) {
+    fn tool_response(&mut self, now: Instant, r: ToolResponse, out: &mut Out) {
         for fr in r.function_responses {
             let id = fr.id.clone().or_else(|| {
                 self.pending_calls
@@ -404,10 +503,10 @@ impl EngineSession {
             });
             let Some(id) = id else {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(format!(
-                    "No pending tool call named {:?}.",
-                    fr.name
-                )));
+                emit(
+                    out,
+                    &ServerMessage::error(format!("No pending tool call named {:?}.", fr.name)),
+                );
                 continue;
             };
             if let Some(pos) = self.pending_calls.iter().position(|(p, _)| *p == id) {
@@ -416,25 +515,32 @@ impl EngineSession {
                 self.input(now, Input::ToolResult { id, result }, out);
             } else if !self.cancelled.contains(&id) {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(format!(
-                    "No pending tool call with id {id:?}."
-                )));
+                emit(
+                    out,
+                    &ServerMessage::error(format!("No pending tool call with id {id:?}.")),
+                );
             }
         }
     }
 
-    fn input(&mut self, now: Instant, input: Input, out: &mut Vec<ServerMessage>) {
+    fn input(&mut self, now: Instant, input: Input, out: &mut Out) {
         if let Err(e) = self.engine.handle_input(now, input) {
             self.metrics.error(Door::Gemini);
-            out.push(ServerMessage::error(e.to_string()));
+            emit(out, &ServerMessage::error(e.to_string()));
         }
         self.drain(out);
     }
 
-    fn drain(&mut self, out: &mut Vec<ServerMessage>) {
+    fn request(&self, request: ProviderRequest, out: &mut Out) {
+        if let Some(r) = self.ids.outgoing(request) {
+            out.provider(r);
+        }
+    }
+
+    fn drain(&mut self, out: &mut Out) {
         while let Some(o) = self.engine.poll_output() {
             match o {
-                Output::Provider(r) => self.runner.start(r),
+                Output::Provider(r) => self.request(r, out),
                 Output::Client(event) => self.client_event(event, out),
                 _ => {}
             }
@@ -442,26 +548,30 @@ impl EngineSession {
     }
 
     /// Closes the open turn as interrupted, cancelling its pending tool calls.
-    fn interrupt(&mut self, out: &mut Vec<ServerMessage>) {
+    fn interrupt(&mut self, out: &mut Out) {
         if !self.turn_open && self.pending_calls.is_empty() {
             return;
         }
         if self.speaking && self.flags.assistant_speaking {
-            out.push(ServerMessage::AssistantSpeaking { speaking: false });
+            emit(out, &ServerMessage::AssistantSpeaking { speaking: false });
         }
-        out.push(content(ServerContent {
-            interrupted: true,
-            ..ServerContent::default()
-        }));
-        out.push(ServerMessage::Interrupted);
+        emit(
+            out,
+            &content(ServerContent {
+                interrupted: true,
+                ..ServerContent::default()
+            }),
+        );
+        emit(out, &ServerMessage::Interrupted);
         if !self.pending_calls.is_empty() {
             let ids: Vec<String> = self.pending_calls.drain(..).map(|(id, _)| id).collect();
             self.cancelled.extend(ids.iter().cloned());
             let excess = self.cancelled.len().saturating_sub(CANCELLED_MEMORY);
             self.cancelled.drain(..excess);
-            out.push(ServerMessage::ToolCallCancellation(ToolCallCancellation {
-                ids,
-            }));
+            emit(
+                out,
+                &ServerMessage::ToolCallCancellation(ToolCallCancellation { ids }),
+            );
         }
         self.end_turn();
     }
@@ -471,17 +581,15 @@ impl EngineSession {
         self.call_turns.clear();
         self.speaking = false;
         self.transcribed = false;
-        if let Some((_, r)) = &mut self.out_resampler {
-            r.reset();
-        }
+        self.out_resampler.reset();
     }
 
-    fn client_event(&mut self, event: ClientEvent, out: &mut Vec<ServerMessage>) {
+    fn client_event(&mut self, event: ClientEvent, out: &mut Out) {
         match event {
             ClientEvent::ResponseBegin { .. } => self.turn_open = true,
             ClientEvent::TextFragment { text, .. } => {
                 self.turn_open = true;
-                out.push(content(model_parts(vec![Part::text(text)])));
+                emit(out, &content(model_parts(vec![Part::text(text)])));
             }
             ClientEvent::AudioChunk {
                 samples,
@@ -497,13 +605,16 @@ impl EngineSession {
                         text
                     };
                     self.transcribed = true;
-                    out.push(content(ServerContent {
-                        output_transcription: Some(Transcription {
-                            text,
-                            finished: None,
+                    emit(
+                        out,
+                        &content(ServerContent {
+                            output_transcription: Some(Transcription {
+                                text,
+                                finished: None,
+                            }),
+                            ..ServerContent::default()
                         }),
-                        ..ServerContent::default()
-                    }));
+                    );
                 }
                 let audio = self.convert(&samples, sample_rate);
                 self.push_audio(&audio, out);
@@ -512,11 +623,7 @@ impl EngineSession {
                 let tail = self.flush_audio();
                 self.push_audio(&tail, out);
             }
-            ClientEvent::ClearPlayback => {
-                if let Some((_, r)) = &mut self.out_resampler {
-                    r.reset();
-                }
-            }
+            ClientEvent::ClearPlayback => self.out_resampler.reset(),
             ClientEvent::ResponseFinished { turn, interrupted } => {
                 self.metrics.turn(Door::Gemini);
                 let called = self.call_turns.iter().position(|t| *t == turn);
@@ -527,13 +634,16 @@ impl EngineSession {
                     self.call_turns.remove(i);
                 } else if self.pending_calls.is_empty() && self.turn_open {
                     if self.speaking && self.flags.assistant_speaking {
-                        out.push(ServerMessage::AssistantSpeaking { speaking: false });
+                        emit(out, &ServerMessage::AssistantSpeaking { speaking: false });
                     }
-                    out.push(content(ServerContent {
-                        turn_complete: true,
-                        ..ServerContent::default()
-                    }));
-                    out.push(ServerMessage::TurnComplete);
+                    emit(
+                        out,
+                        &content(ServerContent {
+                            turn_complete: true,
+                            ..ServerContent::default()
+                        }),
+                    );
+                    emit(out, &ServerMessage::TurnComplete);
                     self.end_turn();
                 }
                 // With calls pending the turn goes on once their results are in.
@@ -543,13 +653,16 @@ impl EngineSession {
                 if !self.pending_calls.is_empty() {
                     self.interrupt(out);
                 }
-                out.push(content(ServerContent {
-                    input_transcription: Some(Transcription {
-                        text,
-                        finished: Some(true),
+                emit(
+                    out,
+                    &content(ServerContent {
+                        input_transcription: Some(Transcription {
+                            text,
+                            finished: Some(true),
+                        }),
+                        ..ServerContent::default()
                     }),
-                    ..ServerContent::default()
-                }));
+                );
             }
             ClientEvent::ToolCallRequest {
                 id,
@@ -562,38 +675,41 @@ impl EngineSession {
                     self.call_turns.push(turn);
                 }
                 self.pending_calls.push((id.clone(), name.clone()));
-                out.push(ServerMessage::ToolCall(ToolCall {
-                    function_calls: vec![FunctionCall {
-                        id: Some(id),
-                        name,
-                        args: Some(arguments),
-                    }],
-                }));
+                emit(
+                    out,
+                    &ServerMessage::ToolCall(ToolCall {
+                        function_calls: vec![FunctionCall {
+                            id: Some(id),
+                            name,
+                            args: Some(arguments),
+                        }],
+                    }),
+                );
             }
             ClientEvent::Error { message, .. } => {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::error(message));
+                emit(out, &ServerMessage::error(message));
             }
             // VAD telemetry, subtitles, faces and device MCP have no bridge message.
             _ => {}
         }
     }
 
-    fn push_audio(&mut self, samples: &[i16], out: &mut Vec<ServerMessage>) {
+    fn push_audio(&mut self, samples: &[i16], out: &mut Out) {
         if samples.is_empty() {
             return;
         }
         if !self.speaking {
             self.speaking = true;
             if self.flags.assistant_speaking {
-                out.push(ServerMessage::AssistantSpeaking { speaking: true });
+                emit(out, &ServerMessage::AssistantSpeaking { speaking: true });
             }
         }
         let blob = Blob::pcm(samples, OUTPUT_SAMPLE_RATE);
         let data = self.flags.audio_chunks.then(|| blob.data.clone());
-        out.push(content(model_parts(vec![Part::inline(blob)])));
+        emit(out, &content(model_parts(vec![Part::inline(blob)])));
         if let Some(data) = data {
-            out.push(ServerMessage::AudioChunk { data });
+            emit(out, &ServerMessage::AudioChunk { data });
         }
     }
 
@@ -602,41 +718,434 @@ impl EngineSession {
         if rate == OUTPUT_SAMPLE_RATE {
             return samples.to_vec();
         }
-        if self
-            .out_resampler
-            .as_ref()
-            .is_none_or(|(from, _)| *from != rate)
-        {
-            match Resampler::new(rate, OUTPUT_SAMPLE_RATE) {
-                Ok(r) => self.out_resampler = Some((rate, r)),
-                Err(e) => {
-                    tracing::warn!(%e, rate, "cannot resample reply audio");
-                    self.out_resampler = None;
-                    return Vec::new();
-                }
-            }
-        }
         let floats: Vec<f32> = samples.iter().map(|&s| i16_to_f32(s)).collect();
         let mut converted = Vec::new();
-        if let Some((_, r)) = &mut self.out_resampler {
-            r.process(&floats, &mut converted);
+        if let Err(e) = self.out_resampler.process(rate, &floats, &mut converted) {
+            tracing::warn!(%e, rate, "cannot resample reply audio");
+            return Vec::new();
         }
         converted.into_iter().map(f32_to_i16).collect()
     }
 
     fn flush_audio(&mut self) -> Vec<i16> {
-        let Some((_, r)) = self.out_resampler.as_mut() else {
-            return Vec::new();
-        };
         let mut tail = Vec::new();
-        r.flush(&mut tail);
+        self.out_resampler.flush(&mut tail);
         tail.into_iter().map(f32_to_i16).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::door::ServerFrame;
+
+    const FLAGS: Flags = Flags {
+        audio_chunks: false,
+        assistant_speaking: true,
+    };
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A session of generation 1 on a virtual clock; `config` is the wire `LiveConfig`.
+    struct Harness {
+        s: EngineSession,
+        now: Instant,
+        out: Out,
+    }
+
+    impl Harness {
+        fn new(config: Value) -> Self {
+            let config: LiveConfig = serde_json::from_value(config).unwrap();
+            let now = Instant::now();
+            let mut s =
+                EngineSession::new(&config, Arc::new(Metrics::new()), FLAGS, Ids::new(1), now)
+                    .unwrap();
+            let mut out = Out::new();
+            s.start(now, &config, &mut out);
+            assert!(out.frames().is_empty(), "{out:?}");
+            Self { s, now, out }
+        }
+
+        fn text_only() -> Self {
+            Self::new(json!({"generationConfig": {"responseModalities": ["TEXT"]}}))
+        }
+
+        #[allow(
+            clippy::needless_pass_by_value,
+            reason = "call sites pass json! literals"
+        )]
+        fn client(&mut self, msg: Value) {
+            let m = ClientMessage::decode(&msg.to_string()).unwrap();
+            self.s.handle(self.now, m, &mut self.out);
+        }
+
+        fn say(&mut self, text: &str) {
+            self.client(json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": text}]}}));
+        }
+
+        fn provider(&mut self, event: ProviderEvent) {
+            self.s.provider_event(self.now, event, &mut self.out);
+        }
+
+        /// Moves the clock by `by`, firing the session's deadlines on the way.
+        fn advance(&mut self, by: Duration) {
+            let target = self.now + by;
+            while let Some(d) = self.s.deadline().filter(|d| *d <= target) {
+                self.now = self.now.max(d);
+                self.s.timeout(self.now, &mut self.out);
+            }
+            self.now = target;
+        }
+
+        /// The frames so far as JSON, with whether each may be dropped.
+        fn frames(&mut self) -> Vec<(Value, bool)> {
+            let frames = self
+                .out
+                .frames()
+                .iter()
+                .map(|(f, droppable)| match f {
+                    ServerFrame::Text(t) => (serde_json::from_str(t).unwrap(), *droppable),
+                    ServerFrame::Binary(_) => panic!("the bridge sends text"),
+                })
+                .collect();
+            self.out.take_frames();
+            frames
+        }
+
+        fn messages(&mut self) -> Vec<Value> {
+            self.frames().into_iter().map(|(v, _)| v).collect()
+        }
+
+        fn requests(&mut self) -> Vec<ProviderRequest> {
+            self.out.take_requests()
+        }
+
+        /// The one `Generate` request made since the last look.
+        fn generate(&mut self) -> RequestId {
+            let ids: Vec<RequestId> = self
+                .requests()
+                .into_iter()
+                .filter_map(|r| match r {
+                    ProviderRequest::Generate { id, .. } => Some(id),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(ids.len(), 1, "{ids:?}");
+            ids[0]
+        }
+    }
+
+    fn kinds(messages: &[Value]) -> Vec<&str> {
+        messages
+            .iter()
+            .map(|m| m["type"].as_str().unwrap())
+            .collect()
+    }
+
+    fn delta(id: RequestId, text: &str) -> ProviderEvent {
+        ProviderEvent::TextDelta {
+            id,
+            delta: text.into(),
+        }
+    }
+
+    fn weather_tools() -> Value {
+        json!({
+            "generationConfig": {"responseModalities": "TEXT"},
+            "tools": [{"functionDeclarations": [{"name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "OBJECT", "properties": {"city": {"type": "STRING"}}}}]}]
+        })
+    }
+
+    #[test]
+    fn ids_carry_the_session_generation_both_ways() {
+        let ids = Ids::new(3);
+        let r = ids
+            .outgoing(ProviderRequest::Cancel { id: RequestId(7) })
+            .unwrap();
+        assert_eq!(
+            r,
+            ProviderRequest::Cancel {
+                id: RequestId(3 << 32 | 7)
+            }
+        );
+        assert_eq!(
+            ids.incoming(ProviderEvent::Done {
+                id: RequestId(3 << 32 | 7)
+            }),
+            Some(ProviderEvent::Done { id: RequestId(7) })
+        );
+        // Another session's event (the one before, or a later one) is not ours.
+        for other in [2_u64 << 32 | 7, 4 << 32 | 7, 7] {
+            assert_eq!(
+                ids.incoming(ProviderEvent::Done {
+                    id: RequestId(other)
+                }),
+                None
+            );
+        }
+        assert_eq!(
+            ids.outgoing(ProviderRequest::Cancel {
+                id: RequestId(1 << 32)
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn a_text_turn_opens_with_its_first_text_and_closes_once() {
+        let mut h = Harness::text_only();
+        h.say("hi");
+        let id = h.generate();
+        assert_eq!(
+            id.0 >> 32,
+            1,
+            "the request carries the session's generation"
+        );
+        assert!(h.messages().is_empty());
+        h.provider(delta(id, "Hel"));
+        h.provider(delta(id, "lo"));
+        h.provider(ProviderEvent::Done { id });
+        let frames = h.frames();
+        assert!(
+            frames.iter().all(|(_, droppable)| !droppable),
+            "text is never dropped"
+        );
+        let messages: Vec<Value> = frames.into_iter().map(|(v, _)| v).collect();
+        assert_eq!(
+            kinds(&messages),
+            [
+                "CONTENT_MESSAGE",
+                "CONTENT_MESSAGE",
+                "CONTENT_MESSAGE",
+                "TURN_COMPLETE"
+            ]
+        );
+        let texts: Vec<&str> = messages[..2]
+            .iter()
+            .map(|m| {
+                m["payload"]["serverContent"]["modelTurn"]["parts"][0]["text"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(texts, ["Hel", "lo"]);
+        assert_eq!(
+            messages[2]["payload"]["serverContent"]["turnComplete"],
+            true
+        );
+        // A repeated end, or an event for an id of another session, changes nothing.
+        h.provider(ProviderEvent::Done { id });
+        h.provider(delta(RequestId(2 << 32 | (id.0 & 0xffff_ffff)), "stale"));
+        assert!(h.messages().is_empty());
+        assert!(h.requests().is_empty());
+    }
+
+    #[test]
+    fn tool_calls_keep_the_turn_open_until_the_answer_with_their_results() {
+        let mut h = Harness::new(weather_tools());
+        h.say("Weather in Paris?");
+        let id = h.generate();
+        h.provider(ProviderEvent::ToolCall {
+            id,
+            call_id: "c1".into(),
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}),
+        });
+        h.provider(ProviderEvent::Done { id });
+        let m = h.messages();
+        assert_eq!(kinds(&m), ["TOOL_CALL"], "{m:?}");
+        assert_eq!(
+            m[0]["payload"]["toolCall"]["functionCalls"][0],
+            json!({"id": "c1", "name": "get_weather", "args": {"city": "Paris"}})
+        );
+        // A response for a call that was never made is refused; the pending one stays.
+        h.client(
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {
+            "functionResponses": [{"id": "nope", "name": "get_weather", "response": {}}]}}}),
+        );
+        let m = h.messages();
+        assert_eq!(
+            m[0]["payload"]["message"],
+            "No pending tool call with id \"nope\"."
+        );
+        assert!(h.requests().is_empty());
+        // Without an id the response is matched by name.
+        h.client(
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {
+            "functionResponses": [{"name": "get_weather", "response": {"sky": "sunny"}}]}}}),
+        );
+        assert!(h.messages().is_empty());
+        let id2 = h.generate();
+        h.provider(delta(id2, "Sunny."));
+        h.provider(ProviderEvent::Done { id: id2 });
+        let m = h.messages();
+        assert_eq!(
+            kinds(&m),
+            ["CONTENT_MESSAGE", "CONTENT_MESSAGE", "TURN_COMPLETE"],
+            "{m:?}"
+        );
+        assert_eq!(m[1]["payload"]["serverContent"]["turnComplete"], true);
+    }
+
+    #[test]
+    fn new_input_cancels_pending_calls_and_a_late_result_is_ignored() {
+        let mut h = Harness::new(weather_tools());
+        h.say("Weather?");
+        let id = h.generate();
+        h.provider(ProviderEvent::ToolCall {
+            id,
+            call_id: "c1".into(),
+            name: "get_weather".into(),
+            arguments: json!({}),
+        });
+        h.provider(ProviderEvent::Done { id });
+        assert_eq!(kinds(&h.messages()), ["TOOL_CALL"]);
+        h.say("never mind");
+        let m = h.messages();
+        assert_eq!(
+            kinds(&m),
+            ["CONTENT_MESSAGE", "INTERRUPTED", "TOOL_CALL_CANCELLATION"],
+            "{m:?}"
+        );
+        assert_eq!(m[0]["payload"]["serverContent"]["interrupted"], true);
+        assert_eq!(
+            m[2]["payload"]["toolCallCancellation"]["ids"],
+            json!(["c1"])
+        );
+        let id2 = h.generate();
+        // The app answers the cancelled call anyway: quietly ignored, nothing is asked of
+        // the model.
+        h.client(
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {
+            "functionResponses": [{"id": "c1", "name": "get_weather", "response": {}}]}}}),
+        );
+        assert!(h.messages().is_empty());
+        assert!(h.requests().is_empty());
+        h.provider(delta(id2, "OK."));
+        h.provider(ProviderEvent::Done { id: id2 });
+        assert_eq!(
+            kinds(&h.messages()),
+            ["CONTENT_MESSAGE", "CONTENT_MESSAGE", "TURN_COMPLETE"]
+        );
+    }
+
+    #[test]
+    fn a_spoken_reply_joins_its_sentence_transcripts_and_brackets_its_audio() {
+        let mut h = Harness::new(json!({}));
+        h.say("hi");
+        let id = h.generate();
+        h.provider(delta(id, "Hello there. How are you?"));
+        h.provider(ProviderEvent::Done { id });
+        let sentences: Vec<(RequestId, String)> = h
+            .requests()
+            .into_iter()
+            .filter_map(|r| match r {
+                ProviderRequest::Synthesize { id, text, .. } => Some((id, text)),
+                _ => None,
+            })
+            .collect();
+        let texts: Vec<&str> = sentences.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(texts, ["Hello there.", "How are you?"]);
+        for (id, _) in &sentences {
+            assert_eq!(id.0 >> 32, 1);
+            h.provider(ProviderEvent::Audio {
+                id: *id,
+                samples: vec![100; 2400],
+                sample_rate: OUTPUT_SAMPLE_RATE,
+            });
+            h.provider(ProviderEvent::Done { id: *id });
+        }
+        h.advance(2000 * MS);
+        let frames = h.frames();
+        let shape: Vec<String> = frames
+            .iter()
+            .map(|(m, droppable)| {
+                let c = &m["payload"]["serverContent"];
+                let what = match m["type"].as_str().unwrap() {
+                    "CONTENT_MESSAGE" if c["outputTranscription"].is_object() => {
+                        format!(
+                            "said {:?}",
+                            c["outputTranscription"]["text"].as_str().unwrap()
+                        )
+                    }
+                    "CONTENT_MESSAGE" if c["modelTurn"].is_object() => "audio".into(),
+                    "CONTENT_MESSAGE" if c["turnComplete"] == true => "turnComplete".into(),
+                    "ASSISTANT_SPEAKING" => format!("speaking {}", m["payload"]["speaking"]),
+                    other => other.into(),
+                };
+                if *droppable {
+                    format!("{what} (droppable)")
+                } else {
+                    what
+                }
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "said \"Hello there.\"",
+                "speaking true",
+                "audio (droppable)",
+                "said \" How are you?\"",
+                "audio (droppable)",
+                "speaking false",
+                "turnComplete",
+                "TURN_COMPLETE"
+            ]
+        );
+    }
+
+    #[test]
+    fn reply_audio_at_another_rate_is_resampled_to_24_khz() {
+        let mut h = Harness::new(json!({}));
+        h.say("hi");
+        let id = h.generate();
+        h.provider(delta(id, "One."));
+        h.provider(ProviderEvent::Done { id });
+        let synth: Vec<RequestId> = h
+            .requests()
+            .into_iter()
+            .filter_map(|r| match r {
+                ProviderRequest::Synthesize { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        h.provider(ProviderEvent::Audio {
+            id: synth[0],
+            samples: vec![1000; 16_000],
+            sample_rate: 16_000,
+        });
+        h.provider(ProviderEvent::Done { id: synth[0] });
+        h.advance(3000 * MS);
+        let mut samples = Vec::new();
+        for m in h.messages() {
+            let part = &m["payload"]["serverContent"]["modelTurn"]["parts"][0];
+            if let Some(blob) = part.get("inlineData") {
+                assert_eq!(blob["mimeType"], "audio/pcm;rate=24000");
+                let blob: Blob = serde_json::from_value(blob.clone()).unwrap();
+                blob.decode_pcm(&mut samples).unwrap();
+            }
+        }
+        // One second at 16 kHz is one second at 24 kHz (the tail flushed at the end).
+        assert!(
+            (23_500..=24_500).contains(&samples.len()),
+            "{}",
+            samples.len()
+        );
+    }
+
+    #[test]
+    fn close_cancels_the_work_in_flight_in_the_session_id_space() {
+        let mut h = Harness::text_only();
+        h.say("hi");
+        let id = h.generate();
+        h.s.close(h.now, &mut h.out);
+        assert_eq!(h.requests(), [ProviderRequest::Cancel { id }]);
+        assert!(h.messages().is_empty());
+    }
 
     #[test]
     fn openapi_types_become_json_schema() {

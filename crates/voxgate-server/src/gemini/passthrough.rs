@@ -4,8 +4,10 @@
 //! (`{base_url}/ws/...BidiGenerateContent?key=...`) and sends `setup`; bridge messages become
 //! `clientContent`/`realtimeInput`/`toolResponse` ([`ClientMessage::to_live`]) and upstream
 //! messages come back through [`BridgeForwarder`]. Client messages sent before the upstream's
-//! `setupComplete` wait in a bounded queue. The upstream task belongs to the session: dropping
-//! the session aborts it and closes the upstream socket.
+//! `setupComplete` wait in a bounded queue. The upstream connection is I/O, so it runs in its
+//! own task ([`relay`]); the session itself does none: it queues frames for that task and
+//! handles the task's [`UpEvent`]s, which the door driver delivers. The task belongs to the
+//! session: dropping the session aborts it and closes the upstream socket.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,11 +23,17 @@ use voxgate_gemini::{
     LiveServerMessage, RealtimeInput, ServerMessage,
 };
 
-use super::GeminiConfig;
+use super::{GeminiConfig, emit};
+use crate::door::Out;
 use crate::metrics::{Direction, Door, Metrics};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const UP_QUEUE: usize = 256;
+/// Frames waiting for the upstream (before `setupComplete`, or when it reads slowly).
+const UP_QUEUE: usize = 1024;
+/// Audio is dropped (and counted) once this many frames wait, so that control messages
+/// always find room behind it; a control message that finds the queue full means the
+/// upstream stopped reading, and the session ends.
+const AUDIO_QUEUE: usize = 256;
 const EVENT_QUEUE: usize = 256;
 
 /// What the upstream task reports.
@@ -43,11 +51,55 @@ pub(super) enum UpEvent {
     Closed { code: Option<u16>, reason: String },
 }
 
+/// A session's end of its upstream connection.
+pub(super) struct Link {
+    /// Encoded Live API frames for the upstream, after `setup`.
+    pub(super) to_up: mpsc::Sender<String>,
+    /// What the connection reports.
+    pub(super) events: mpsc::Receiver<UpEvent>,
+    /// The task running the connection, aborted with the session.
+    pub(super) task: Option<JoinHandle<()>>,
+}
+
+/// Opens an upstream connection to a URL, sending a `setup` frame first. [`connector`] in
+/// the server; tests pass one that hands them the far ends of the channels.
+pub(super) type Connector = Arc<dyn Fn(String, String) -> Link + Send + Sync>;
+
+/// The real upstream: a [`relay`] task per session.
+pub(super) fn connector() -> Connector {
+    Arc::new(|url, setup| {
+        let (to_up, up_rx) = mpsc::channel(UP_QUEUE);
+        let (ev_tx, events) = mpsc::channel(EVENT_QUEUE);
+        let task = tokio::spawn(relay(url, setup, up_rx, ev_tx));
+        Link {
+            to_up,
+            events,
+            task: Some(task),
+        }
+    })
+}
+
+/// The channels of a [`Link`] whose far ends the caller drives (tests).
+#[cfg(test)]
+pub(super) fn test_link() -> (Link, mpsc::Receiver<String>, mpsc::Sender<UpEvent>) {
+    let (to_up, up_rx) = mpsc::channel(UP_QUEUE);
+    let (ev_tx, events) = mpsc::channel(EVENT_QUEUE);
+    (
+        Link {
+            to_up,
+            events,
+            task: None,
+        },
+        up_rx,
+        ev_tx,
+    )
+}
+
 /// One relayed session. Dropping it ends the upstream connection.
 pub(super) struct PassSession {
     to_up: mpsc::Sender<String>,
     events: mpsc::Receiver<UpEvent>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
     forwarder: BridgeForwarder,
     metrics: Arc<Metrics>,
     /// Send `GEMINI_CONNECTED` when the upstream opens (not for `UPDATE_CONFIG`).
@@ -58,7 +110,9 @@ pub(super) struct PassSession {
 
 impl Drop for PassSession {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -91,12 +145,15 @@ pub(super) fn upstream_url(base_url: &str, api_key: &str) -> String {
 }
 
 impl PassSession {
-    /// Opens the upstream connection for a session with `config`.
+    /// Opens the upstream connection for a session with `config` through `connect`;
+    /// `announce` sends `GEMINI_CONNECTED` when it opens (a `CONNECT_GEMINI`, not an
+    /// `UPDATE_CONFIG`).
     pub(super) fn start(
         mut config: LiveConfig,
         door: &GeminiConfig,
         metrics: Arc<Metrics>,
         announce: bool,
+        connect: &Connector,
     ) -> Result<Self, String> {
         let Some(key) = door.api_key.as_deref().filter(|k| !k.trim().is_empty()) else {
             return Err(
@@ -117,9 +174,11 @@ impl PassSession {
         });
         let setup = LiveClientMessage::Setup(config).encode();
         let url = upstream_url(&door.base_url, key);
-        let (to_up, up_rx) = mpsc::channel(UP_QUEUE);
-        let (ev_tx, events) = mpsc::channel(EVENT_QUEUE);
-        let task = tokio::spawn(relay(url, setup, up_rx, ev_tx));
+        let Link {
+            to_up,
+            events,
+            task,
+        } = connect(url, setup);
         Ok(Self {
             to_up,
             events,
@@ -137,39 +196,47 @@ impl PassSession {
     }
 
     /// Relays a session message upstream. Audio is dropped (and counted) when the upstream
-    /// does not keep up; other messages wait.
-    pub(super) async fn forward(&mut self, msg: &ClientMessage, out: &mut Vec<ServerMessage>) {
+    /// does not keep up; other messages queue. False when the upstream has stopped reading
+    /// (the queue is full): the session cannot go on.
+    pub(super) fn forward(&mut self, msg: &ClientMessage, out: &mut Out) -> bool {
         let live = match msg {
             ClientMessage::SendRealtimeInput(r) => match strip_wav(r) {
                 Ok(Some(r)) => Some(LiveClientMessage::RealtimeInput(r)),
                 Ok(None) => msg.to_live(),
                 Err(e) => {
                     self.metrics.error(Door::Gemini);
-                    out.push(ServerMessage::error(e));
-                    return;
+                    emit(out, &ServerMessage::error(e));
+                    return true;
                 }
             },
             _ => msg.to_live(),
         };
-        let Some(live) = live else { return };
+        let Some(live) = live else { return true };
         let audio_only = matches!(&live, LiveClientMessage::RealtimeInput(r)
             if r.audio.is_some() && r.text.is_none() && !r.activity_end && !r.audio_stream_end);
-        let frame = live.encode();
-        if audio_only {
-            if self.to_up.try_send(frame).is_err() {
+        let queued = UP_QUEUE.saturating_sub(self.to_up.capacity());
+        if audio_only && queued >= AUDIO_QUEUE {
+            self.metrics.dropped(Door::Gemini, Direction::Uplink, 1);
+            return true;
+        }
+        match self.to_up.try_send(live.encode()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) if audio_only => {
                 self.metrics.dropped(Door::Gemini, Direction::Uplink, 1);
+                true
             }
-        } else if self.to_up.send(frame).await.is_err() {
+            Err(mpsc::error::TrySendError::Full(_)) => false,
             // The task ended; its Closed/Failed event tells the client.
+            Err(mpsc::error::TrySendError::Closed(_)) => true,
         }
     }
 
     /// Handles an upstream event; false when the session is over.
-    pub(super) fn upstream_event(&mut self, event: UpEvent, out: &mut Vec<ServerMessage>) -> bool {
+    pub(super) fn upstream_event(&mut self, event: UpEvent, out: &mut Out) -> bool {
         match event {
             UpEvent::Open => {
                 if self.announce {
-                    out.push(ServerMessage::GeminiConnected);
+                    emit(out, &ServerMessage::GeminiConnected);
                 }
                 true
             }
@@ -177,55 +244,66 @@ impl PassSession {
                 match &m.event {
                     LiveServerEvent::SetupComplete => self.setup_done = true,
                     LiveServerEvent::GoAway(g) => {
-                        out.push(ServerMessage::LogMessage(LogMessage {
-                            level: "warn".into(),
-                            message: format!(
-                                "Gemini will close the session in {}.",
-                                g.time_left.as_deref().unwrap_or("a moment")
-                            ),
-                            ..LogMessage::default()
-                        }));
+                        emit(
+                            out,
+                            &ServerMessage::LogMessage(LogMessage {
+                                level: "warn".into(),
+                                message: format!(
+                                    "Gemini will close the session in {}.",
+                                    g.time_left.as_deref().unwrap_or("a moment")
+                                ),
+                                ..LogMessage::default()
+                            }),
+                        );
                     }
                     _ => {}
                 }
                 let mut relayed = Vec::new();
                 self.forwarder.forward(*m, &mut relayed);
-                out.extend(relayed.into_iter().filter(|m| {
+                for m in relayed.iter().filter(|m| {
                     self.assistant_speaking || !matches!(m, ServerMessage::AssistantSpeaking { .. })
-                }));
+                }) {
+                    emit(out, m);
+                }
                 true
             }
             UpEvent::Bad(details) => {
                 self.metrics.error(Door::Gemini);
-                out.push(ServerMessage::GeminiError {
-                    message: "Gemini sent a message that could not be decoded.".into(),
-                    details: Some(details.into()),
-                });
+                emit(
+                    out,
+                    &ServerMessage::GeminiError {
+                        message: "Gemini sent a message that could not be decoded.".into(),
+                        details: Some(details.into()),
+                    },
+                );
                 true
             }
             UpEvent::Failed(reason) => {
                 self.metrics.error(Door::Gemini);
                 let message = format!("Could not connect to Gemini: {reason}");
-                out.push(ServerMessage::setup_failed(None, message.clone()));
-                out.push(ServerMessage::error(message));
+                emit(out, &ServerMessage::setup_failed(None, message.clone()));
+                emit(out, &ServerMessage::error(message));
                 false
             }
             UpEvent::Closed { code, reason } => {
                 if self.setup_done {
-                    out.push(ServerMessage::GeminiDisconnected {
-                        reason: Some(match code {
-                            Some(c) => format!("Gemini closed the session ({c}): {reason}"),
-                            None => format!("Gemini closed the session: {reason}"),
-                        }),
-                    });
+                    emit(
+                        out,
+                        &ServerMessage::GeminiDisconnected {
+                            reason: Some(match code {
+                                Some(c) => format!("Gemini closed the session ({c}): {reason}"),
+                                None => format!("Gemini closed the session: {reason}"),
+                            }),
+                        },
+                    );
                 } else {
                     self.metrics.error(Door::Gemini);
                     let message = format!("Gemini refused the session setup: {reason}");
-                    out.push(ServerMessage::setup_failed(
-                        code.map(i64::from),
-                        message.clone(),
-                    ));
-                    out.push(ServerMessage::error(message));
+                    emit(
+                        out,
+                        &ServerMessage::setup_failed(code.map(i64::from), message.clone()),
+                    );
+                    emit(out, &ServerMessage::error(message));
                 }
                 false
             }
