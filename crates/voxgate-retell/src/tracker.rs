@@ -533,13 +533,11 @@ impl ResponseTracker {
             return Err(TrackerError::NotConnected);
         }
         match &ev {
-            ServerEvent::ToolCallInvocation(t) => {
-                if !self.tool_calls.contains(&t.tool_call_id) {
-                    if self.tool_calls.len() == MAX_REMEMBERED_TOOL_CALLS {
-                        self.tool_calls.pop_front();
-                    }
-                    self.tool_calls.push_back(t.tool_call_id.clone());
+            ServerEvent::ToolCallInvocation(t) if !self.tool_calls.contains(&t.tool_call_id) => {
+                if self.tool_calls.len() == MAX_REMEMBERED_TOOL_CALLS {
+                    self.tool_calls.pop_front();
                 }
+                self.tool_calls.push_back(t.tool_call_id.clone());
             }
             ServerEvent::ToolCallResult(t) if !self.tool_calls.contains(&t.tool_call_id) => {
                 return Err(TrackerError::UnknownToolCall(t.tool_call_id.clone()));

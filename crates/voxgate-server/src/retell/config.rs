@@ -301,8 +301,10 @@ mod tests {
         let mut c = RetellConfig::default();
         c.agent.responsiveness = Some(1.5);
         assert!(c.check().is_err());
-        let mut c = RetellConfig::default();
-        c.context_max_chars = 0;
+        let c = RetellConfig {
+            context_max_chars: 0,
+            ..RetellConfig::default()
+        };
         assert!(c.check().is_err());
     }
 

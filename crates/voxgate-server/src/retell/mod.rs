@@ -401,3 +401,32 @@ async fn metadata(
         Err(r) => r,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_socket_of_a_call_tells_the_first_to_leave() {
+        let registry = Registry::default();
+        let window = Duration::from_secs(60);
+        let cfg = RetellConfig::default();
+        let mut first = registry.attach("c", window, || CallState::new(&cfg));
+        assert!(registry.is_current("c", first.generation));
+        let second = registry.attach("c", window, || CallState::new(&cfg));
+        assert!(
+            Arc::ptr_eq(&first.state, &second.state),
+            "the call's state is shared"
+        );
+        assert!(!registry.is_current("c", first.generation));
+        assert!(registry.is_current("c", second.generation));
+        assert!(matches!(first.control.try_recv(), Ok(Control::Leave)));
+        // The registry no longer holds the first socket's sender: its channel is closed.
+        assert!(matches!(
+            first.control.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        ));
+        assert!(registry.control("c").is_some());
+        assert!(!registry.is_current("other", 1));
+    }
+}

@@ -576,9 +576,13 @@ impl Translator for RetellSession {
     const SHUTDOWN_CLOSE_CODE: u16 = close_code::NORMAL;
 
     fn decode(frame: ClientFrame, max_frame_bytes: usize) -> Inbound<Incoming> {
-        if frame.len() > max_frame_bytes {
+        let len = match &frame {
+            ClientFrame::Text(t) => t.len(),
+            ClientFrame::Binary(b) => b.len(),
+        };
+        if len > max_frame_bytes {
             return Inbound::Keep(Incoming::Bad {
-                error: format!("frame of {} bytes over the limit", frame.len()),
+                error: format!("frame of {len} bytes over the limit"),
                 request: None,
             });
         }
