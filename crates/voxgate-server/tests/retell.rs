@@ -986,3 +986,36 @@ async fn a_takeover_closes_the_old_socket_with_1000_and_a_reason() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn shutdown_lets_the_streamed_response_finish_then_closes_with_1000() {
+    bounded(async {
+        // About 0.6 s of streaming, well within the shutdown grace period.
+        let llm = SlowLlm {
+            words: 30,
+            gap: Duration::from_millis(20),
+        };
+        let server = Running::start_with(Config::default(), with_llm(llm)).await;
+        let mut call = RetellCall::open(server.addr, "call_drain", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("tell me a story".into()));
+        call.frames_until("a chunk of response 1", |c| !c.responses(1).is_empty())
+            .await;
+        let stop = server.stop();
+        let read = async {
+            while call.closed.is_none() {
+                let m = tokio::time::timeout(WAIT, call.ws.next()).await.unwrap();
+                call.frame(m);
+            }
+        };
+        tokio::join!(stop, read);
+        assert_eq!(call.closed, Some(1000));
+        let chunks = call.responses(1);
+        assert_eq!(chunks.last().unwrap()["content_complete"], true);
+        let text: String = chunks
+            .iter()
+            .map(|c| c["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(text.split_whitespace().count(), 30);
+    })
+    .await;
+}
