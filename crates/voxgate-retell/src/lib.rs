@@ -99,9 +99,9 @@ pub use transcript::{Role, TranscriptItem, TurnTaking, Utterance, Word};
 
 mod tracker;
 pub use tracker::{
-    BeginMessage, Generate, KEEPALIVE_INTERVAL, PING_INTERVAL, REMINDER_PROMPT, RequestKind,
-    ResponseTracker, SILENCE_TIMEOUT, TrackerConfig, TrackerError, TrackerInput, TrackerOutput,
-    TrackerStats,
+    BeginMessage, Generate, KEEPALIVE_INTERVAL, MAX_REMEMBERED_TOOL_CALLS, PING_INTERVAL,
+    REMINDER_PROMPT, RequestKind, ResponseTracker, SILENCE_TIMEOUT, TrackerConfig, TrackerError,
+    TrackerInput, TrackerOutput, TrackerStats,
 };
 
 mod driver;

@@ -1,7 +1,7 @@
 //! The server side: a sans-IO tracker of which response is current, when to stop streaming,
 //! the begin message, reminders, resume after reconnect and the ping/pong deadlines.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::call::Call;
@@ -23,6 +23,11 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
 
 /// Retell closes the socket after 5 s without a `ping_pong` (and reconnects at most twice).
 pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Tool call ids the tracker remembers so a `tool_call_result` can be checked against its
+/// invocation. A result follows its invocation within one response, so the newest few are
+/// enough; a long call must not grow the set without bound.
+pub const MAX_REMEMBERED_TOOL_CALLS: usize = 256;
 
 /// When the begin message (`response` with `response_id` 0) is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,7 +226,8 @@ pub struct ResponseTracker {
     last_ping: Option<(Instant, u64)>,
     last_sent_ping: Option<Instant>,
     silent_reported: bool,
-    tool_calls: BTreeSet<String>,
+    /// Invoked tool calls, oldest first, at most [`MAX_REMEMBERED_TOOL_CALLS`].
+    tool_calls: VecDeque<String>,
     last_interrupt_id: u64,
     out: VecDeque<TrackerOutput>,
     stats: TrackerStats,
@@ -245,7 +251,7 @@ impl ResponseTracker {
             last_ping: None,
             last_sent_ping: None,
             silent_reported: false,
-            tool_calls: BTreeSet::new(),
+            tool_calls: VecDeque::new(),
             last_interrupt_id: 0,
             out: VecDeque::new(),
             stats: TrackerStats::default(),
@@ -527,8 +533,11 @@ impl ResponseTracker {
             return Err(TrackerError::NotConnected);
         }
         match &ev {
-            ServerEvent::ToolCallInvocation(t) => {
-                self.tool_calls.insert(t.tool_call_id.clone());
+            ServerEvent::ToolCallInvocation(t) if !self.tool_calls.contains(&t.tool_call_id) => {
+                if self.tool_calls.len() == MAX_REMEMBERED_TOOL_CALLS {
+                    self.tool_calls.pop_front();
+                }
+                self.tool_calls.push_back(t.tool_call_id.clone());
             }
             ServerEvent::ToolCallResult(t) if !self.tool_calls.contains(&t.tool_call_id) => {
                 return Err(TrackerError::UnknownToolCall(t.tool_call_id.clone()));
@@ -664,6 +673,38 @@ mod tests {
         t.handle_input(now, request(2)).unwrap();
         let out = drain(&mut t);
         assert!(!out.iter().any(|o| matches!(o, TrackerOutput::Stop { .. })));
+    }
+
+    #[test]
+    fn remembered_tool_calls_are_bounded() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        t.handle_input(now, request(1)).unwrap();
+        let invoke = |id: String| {
+            TrackerInput::Send(ServerEvent::ToolCallInvocation(ToolCallInvocation {
+                tool_call_id: id,
+                ..ToolCallInvocation::default()
+            }))
+        };
+        let result = |id: &str| {
+            TrackerInput::Send(ServerEvent::ToolCallResult(ToolCallResult {
+                tool_call_id: id.into(),
+                content: String::new(),
+            }))
+        };
+        for i in 0..MAX_REMEMBERED_TOOL_CALLS + 10 {
+            t.handle_input(now, invoke(format!("t{i}"))).unwrap();
+            // A repeated invocation does not take a second place.
+            t.handle_input(now, invoke(format!("t{i}"))).unwrap();
+        }
+        assert_eq!(t.tool_calls.len(), MAX_REMEMBERED_TOOL_CALLS);
+        // The newest are still answerable; the oldest were forgotten.
+        let newest = format!("t{}", MAX_REMEMBERED_TOOL_CALLS + 9);
+        t.handle_input(now, result(&newest)).unwrap();
+        t.handle_input(now, result("t10")).unwrap();
+        assert_eq!(
+            t.handle_input(now, result("t9")),
+            Err(TrackerError::UnknownToolCall("t9".into()))
+        );
     }
 
     #[test]

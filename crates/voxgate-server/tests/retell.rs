@@ -928,3 +928,94 @@ async fn retell_silence_closes_with_1000_for_a_reconnect() {
     })
     .await;
 }
+
+/// Reads until the server's close frame; its code (a dropped connection fails the test).
+async fn close_code_from(ws: &mut Ws) -> u16 {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next()).await.unwrap() {
+            Some(Ok(Message::Close(f))) => return f.map_or(1005, |f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            other => panic!("the connection ended without a close frame: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_close_is_answered_with_a_close_frame() {
+    bounded(async {
+        let server = Running::start(config(|c| {
+            c.retell.begin_message = "Hello.".into();
+        }))
+        .await;
+        let mut call = RetellCall::open(server.addr, "call_bye", quiet_driver()).await;
+        call.begun().await;
+        // Retell hangs up: a close frame with 1000; the server answers the handshake.
+        call.ws
+            .send(Message::Close(Some(
+                tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                    code: 1000.into(),
+                    reason: "call ended".into(),
+                },
+            )))
+            .await
+            .unwrap();
+        assert_eq!(close_code_from(&mut call.ws).await, 1000);
+        server.sessions_drain(Door::Retell).await;
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_takeover_closes_the_old_socket_with_1000_and_a_reason() {
+    bounded(async {
+        let server = Running::start(Config::default()).await;
+        let mut first = RetellCall::open(server.addr, "call_take", quiet_driver()).await;
+        first.frames_until("config", |c| !c.frames.is_empty()).await;
+        let _second = RetellCall::open(server.addr, "call_take", quiet_driver()).await;
+        let frame = loop {
+            match tokio::time::timeout(WAIT, first.ws.next()).await.unwrap() {
+                Some(Ok(Message::Close(f))) => break f.unwrap(),
+                Some(Ok(_)) => {}
+                other => panic!("the connection ended without a close frame: {other:?}"),
+            }
+        };
+        assert_eq!(u16::from(frame.code), 1000);
+        assert_eq!(frame.reason.as_str(), "replaced by a newer connection");
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_the_streamed_response_finish_then_closes_with_1000() {
+    bounded(async {
+        // About 0.6 s of streaming, well within the shutdown grace period.
+        let llm = SlowLlm {
+            words: 30,
+            gap: Duration::from_millis(20),
+        };
+        let server = Running::start_with(Config::default(), with_llm(llm)).await;
+        let mut call = RetellCall::open(server.addr, "call_drain", quiet_driver()).await;
+        call.input(DriverInput::UserSaid("tell me a story".into()));
+        call.frames_until("a chunk of response 1", |c| !c.responses(1).is_empty())
+            .await;
+        let stop = server.stop();
+        let read = async {
+            while call.closed.is_none() {
+                let m = tokio::time::timeout(WAIT, call.ws.next()).await.unwrap();
+                call.frame(m);
+            }
+        };
+        tokio::join!(stop, read);
+        assert_eq!(call.closed, Some(1000));
+        let chunks = call.responses(1);
+        assert_eq!(chunks.last().unwrap()["content_complete"], true);
+        let text: String = chunks
+            .iter()
+            .map(|c| c["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(text.split_whitespace().count(), 30);
+    })
+    .await;
+}

@@ -20,7 +20,8 @@
 //!   nothing for two intervals is dead), write;
 //! - **close**: a client's close frame is answered with one (tungstenite echoes its code); the
 //!   server closes with a meaningful code ([`close_code`]); at shutdown a session stops reading,
-//!   lets its reply finish for up to the grace period, and closes with 1001.
+//!   lets its reply finish for up to the grace period, and closes with 1001 (or the door's
+//!   [`Translator::SHUTDOWN_CLOSE_CODE`]).
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -203,6 +204,15 @@ pub(crate) trait Translator: Send + 'static {
     /// Decodes one client frame in the reader task; `max_frame_bytes` is the configured size
     /// limit, beyond which the door answers with its protocol's error.
     fn decode(frame: ClientFrame, max_frame_bytes: usize) -> Inbound<Self::In>;
+
+    /// The close code of a shutdown, once the reply in flight finished or the grace ran out.
+    /// 1001 by default; a protocol that treats every code but 1000 as an error (Retell)
+    /// overrides it.
+    const SHUTDOWN_CLOSE_CODE: u16 = close_code::GOING_AWAY;
+
+    /// The session starts, before any client message: a protocol where the server speaks
+    /// first (Retell's config and begin message) sends it here.
+    fn on_start(&mut self, _now: Instant, _out: &mut Out) {}
 
     /// A client message.
     fn on_client(&mut self, now: Instant, msg: Self::In, out: &mut Out);
@@ -580,6 +590,11 @@ impl<T: Translator> Loop<T> {
         if *shutdown.borrow() {
             return End::Shutdown;
         }
+        let mut out = Out::new();
+        self.t.on_start(Instant::now(), &mut out);
+        if let Some(end) = self.apply(out) {
+            return end;
+        }
         loop {
             let deadline = self.deadline();
             let wake = {
@@ -782,7 +797,7 @@ impl<T: Translator> Loop<T> {
         }
         match end {
             End::Shutdown => self.overflow.push_back(ToWriter::Close(CloseRequest {
-                code: close_code::GOING_AWAY,
+                code: T::SHUTDOWN_CLOSE_CODE,
                 reason: "server shutting down".into(),
             })),
             // A dead or non-reading peer is not waited for.

@@ -23,6 +23,8 @@ use crate::config::env::{EnvVars, Secret};
 /// end_call_tool = true
 /// transfer_tool = true
 /// max_tool_rounds = 4
+/// context_max_utterances = 50         # the model sees at most the newest 50 transcript entries
+/// context_max_chars = 16000           # ... and at most 16,000 characters of them
 /// apology = "Sorry, something went wrong on my side. Could you say that again?"
 /// metadata = true                     # a metadata event after each finished response
 /// control_token = ""                  # bearer for /retell/calls/*; "" = loopback listener only
@@ -67,6 +69,14 @@ pub struct RetellConfig {
     pub transfer_tool: bool,
     /// Tool rounds per response at most (a model looping on tools is cut off).
     pub max_tool_rounds: u32,
+    /// The model sees at most this many of the newest transcript entries (an utterance, or a
+    /// tool result), so a long call's context does not grow without bound: Retell sends the
+    /// whole transcript with every request. At least 1.
+    pub context_max_utterances: usize,
+    /// The model sees at most this many characters of the newest transcript entries (content
+    /// and tool call arguments); older entries are left out, and a single newest entry longer
+    /// than this keeps only its end. At least 1.
+    pub context_max_chars: usize,
     /// Said instead when the model fails or a request frame is unreadable.
     pub apology: String,
     /// Send a `metadata` event (response id, tools used, actions) after each response.
@@ -124,6 +134,12 @@ pub(crate) const DEFAULT_SYSTEM_PROMPT: &str = "You are a friendly voice agent a
 pub(crate) const DEFAULT_APOLOGY: &str =
     "Sorry, something went wrong on my side. Could you say that again?";
 
+/// Default `context_max_utterances`: a few minutes of conversation.
+pub(crate) const DEFAULT_CONTEXT_MAX_UTTERANCES: usize = 50;
+
+/// Default `context_max_chars`: about 4,000 tokens of transcript.
+pub(crate) const DEFAULT_CONTEXT_MAX_CHARS: usize = 16_000;
+
 /// Default `max_frame_bytes`: 16 MiB (Retell sends the whole transcript in every event).
 pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
 
@@ -143,6 +159,8 @@ impl Default for RetellConfig {
             end_call_tool: true,
             transfer_tool: true,
             max_tool_rounds: 4,
+            context_max_utterances: DEFAULT_CONTEXT_MAX_UTTERANCES,
+            context_max_chars: DEFAULT_CONTEXT_MAX_CHARS,
             apology: DEFAULT_APOLOGY.into(),
             metadata: true,
             control_token: String::new(),
@@ -176,6 +194,14 @@ impl RetellConfig {
         vars.flag("VOXGATE_RETELL_END_CALL_TOOL", &mut self.end_call_tool)?;
         vars.flag("VOXGATE_RETELL_TRANSFER_TOOL", &mut self.transfer_tool)?;
         vars.parsed("VOXGATE_RETELL_MAX_TOOL_ROUNDS", &mut self.max_tool_rounds)?;
+        vars.parsed(
+            "VOXGATE_RETELL_CONTEXT_MAX_UTTERANCES",
+            &mut self.context_max_utterances,
+        )?;
+        vars.parsed(
+            "VOXGATE_RETELL_CONTEXT_MAX_CHARS",
+            &mut self.context_max_chars,
+        )?;
         vars.string("VOXGATE_RETELL_APOLOGY", &mut self.apology);
         vars.flag("VOXGATE_RETELL_METADATA", &mut self.metadata)?;
         vars.string("VOXGATE_RETELL_CONTROL_TOKEN", &mut self.control_token);
@@ -217,6 +243,13 @@ impl RetellConfig {
                 self.max_frame_bytes
             ));
         }
+        if self.context_max_utterances == 0 || self.context_max_chars == 0 {
+            return bad(
+                "context_max_utterances and context_max_chars must be at least 1, or the model \
+                 never sees what the caller said"
+                    .into(),
+            );
+        }
         for (name, v) in [
             ("responsiveness", self.agent.responsiveness),
             (
@@ -247,6 +280,8 @@ mod tests {
             "VOXGATE_RETELL_RESUME_WINDOW_SECS" => Some("5".to_owned()),
             "VOXGATE_RETELL_REMINDER_MAX_COUNT" => Some("2".to_owned()),
             "VOXGATE_RETELL_CONTROL_TOKEN" => Some("tok".to_owned()),
+            "VOXGATE_RETELL_CONTEXT_MAX_UTTERANCES" => Some("20".to_owned()),
+            "VOXGATE_RETELL_CONTEXT_MAX_CHARS" => Some("4000".to_owned()),
             _ => None,
         };
         c.apply_env(&env).unwrap();
@@ -254,6 +289,7 @@ mod tests {
         assert!(c.begin_after_call_details);
         assert_eq!(c.resume_window_secs, 5);
         assert_eq!(c.agent.reminder_max_count, Some(2));
+        assert_eq!((c.context_max_utterances, c.context_max_chars), (20, 4000));
         c.check().unwrap();
         c.mask_secrets();
         assert_eq!(c.control_token, "***");
@@ -264,6 +300,11 @@ mod tests {
         assert!(matches!(bad, Err(ConfigError::Env { .. })));
         let mut c = RetellConfig::default();
         c.agent.responsiveness = Some(1.5);
+        assert!(c.check().is_err());
+        let c = RetellConfig {
+            context_max_chars: 0,
+            ..RetellConfig::default()
+        };
         assert!(c.check().is_err());
     }
 

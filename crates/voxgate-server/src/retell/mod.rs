@@ -6,7 +6,9 @@
 //! door turns it into a chat context and streams the configured LLM's answer back as
 //! `response` chunks. The protocol bookkeeping (config on connect, the begin message, which
 //! `response_id` is current, ping/pong, resuming after a reconnect) is the sans-IO
-//! [`voxgate_retell::ResponseTracker`]; this module adds sockets, the LLM and tools.
+//! [`voxgate_retell::ResponseTracker`]; this module adds the LLM, tools and the call registry,
+//! and the shared door driver ([`crate::door`]) runs the socket: the session is a translator
+//! without I/O (`session::RetellSession`), unit-tested on a virtual clock.
 //!
 //! # Why not the engine
 //! [`voxgate_engine::Engine`] owns a conversation: its own history, turn-taking, VAD,
@@ -15,9 +17,9 @@
 //! transcript already reflects interruptions), and may restart a request with a new id at any
 //! time. Driving an engine would mean keeping a second history and reconciling it with
 //! Retell's on every event. So the door rebuilds the context from Retell's transcript for each
-//! request and runs the LLM directly through the server's provider [`Runner`](crate::providers)
-//! (the same task runner the engine-driven doors use: provider tasks are aborted when a request
-//! goes stale or the socket closes, and LLM latency lands in the metrics).
+//! request and asks the driver to run the LLM (the provider runner the engine-driven doors use:
+//! provider tasks are aborted when a request goes stale or the socket closes, and LLM latency
+//! lands in the metrics).
 //!
 //! # Tools
 //! See [`tools`]: `end_call` and `transfer_call` become the response's `end_call` /
@@ -28,9 +30,12 @@
 //! Per-call state (the tracker, the call details, whether `update_agent` went out) lives in a
 //! registry keyed by `call_id` and outlives the socket for `resume_window_secs`: Retell
 //! reconnects to the same URL after 5 s of silence, and the call resumes (config again, no new
-//! begin message). A second socket for a call that is still connected takes over; the old one
-//! is closed with 1000. The door only ever closes with 1000: any other code ends the call as an
-//! error on Retell's side. Frames that cannot be read are counted and logged; when an
+//! begin message). A second socket for a call that is still connected takes over: the old one
+//! is told to leave through its control channel and closed with 1000, and the new one waits
+//! (at most 5 s) for it to release the call's state before the driver runs. The door closes
+//! with 1000 (any other code ends the call as an error on Retell's side), also at shutdown,
+//! once the response being streamed finished; only a frame over `max_frame_bytes` (1009) or a
+//! dead peer end otherwise. Frames that cannot be read are counted and logged; when an
 //! unreadable frame is recognisably a request, the request gets the configured apology.
 //!
 //! # Control API
@@ -53,7 +58,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 pub use config::{RetellAgentSettings, RetellConfig};
 
@@ -73,6 +78,8 @@ pub(crate) enum Control {
         metadata: serde_json::Value,
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// A newer socket of the same call took over: close this one (1000).
+    Leave,
 }
 
 /// Body of `POST /retell/calls/{call_id}/interrupt`.
@@ -116,7 +123,8 @@ struct Entry {
     state: Arc<tokio::sync::Mutex<CallState>>,
     /// Bumped by every connection; a session whose generation is no longer current leaves.
     generation: u64,
-    kick: watch::Sender<u64>,
+    /// The connected session's control channel. Replacing it tells the old session to leave
+    /// ([`Control::Leave`], and the channel closes once no request holds a sender).
     control: Option<mpsc::Sender<Control>>,
     parked_at: Option<Instant>,
 }
@@ -125,7 +133,6 @@ struct Entry {
 pub(crate) struct Attached {
     pub(crate) state: Arc<tokio::sync::Mutex<CallState>>,
     pub(crate) generation: u64,
-    pub(crate) kick: watch::Receiver<u64>,
     pub(crate) control: mpsc::Receiver<Control>,
 }
 
@@ -149,21 +156,28 @@ impl Registry {
         let entry = calls.entry(call_id.to_owned()).or_insert_with(|| Entry {
             state: Arc::new(tokio::sync::Mutex::new(new_state())),
             generation: 0,
-            kick: watch::channel(0).0,
             control: None,
             parked_at: None,
         });
         entry.generation += 1;
         entry.parked_at = None;
-        entry.control = Some(control_tx);
-        // Tells an older session of this call (if any) to leave.
-        entry.kick.send_replace(entry.generation);
+        if let Some(old) = entry.control.replace(control_tx) {
+            // Tells an older session of this call to leave. Its queue may be full; then the
+            // channel closing (this sender dropped) tells it the same.
+            let _ = old.try_send(Control::Leave);
+        }
         Attached {
             state: Arc::clone(&entry.state),
             generation: entry.generation,
-            kick: entry.kick.subscribe(),
             control,
         }
+    }
+
+    /// Whether `generation` is still the newest connection of `call_id`.
+    pub(crate) fn is_current(&self, call_id: &str, generation: u64) -> bool {
+        self.lock()
+            .get(call_id)
+            .is_some_and(|e| e.generation == generation)
     }
 
     /// A connection ended: keep the call's state for `window`, then forget it.
@@ -396,5 +410,34 @@ async fn metadata(
     {
         Ok(()) => StatusCode::ACCEPTED.into_response(),
         Err(r) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_socket_of_a_call_tells_the_first_to_leave() {
+        let registry = Registry::default();
+        let window = Duration::from_secs(60);
+        let cfg = RetellConfig::default();
+        let mut first = registry.attach("c", window, || CallState::new(&cfg));
+        assert!(registry.is_current("c", first.generation));
+        let second = registry.attach("c", window, || CallState::new(&cfg));
+        assert!(
+            Arc::ptr_eq(&first.state, &second.state),
+            "the call's state is shared"
+        );
+        assert!(!registry.is_current("c", first.generation));
+        assert!(registry.is_current("c", second.generation));
+        assert!(matches!(first.control.try_recv(), Ok(Control::Leave)));
+        // The registry no longer holds the first socket's sender: its channel is closed.
+        assert!(matches!(
+            first.control.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        ));
+        assert!(registry.control("c").is_some());
+        assert!(!registry.is_current("other", 1));
     }
 }

@@ -1,13 +1,16 @@
-//! One Retell socket: a reader and a writer task around a loop that feeds the call's
-//! [`ResponseTracker`] and runs the LLM for each request.
+//! One Retell socket: [`serve`] takes the call's state over from an older socket of the same
+//! call, then hands the socket to the shared door driver with a [`RetellSession`], the
+//! translator between Retell's events, the call's [`ResponseTracker`] and the LLM.
+//!
+//! The translator does no I/O and never reads the clock: every decision (which request gets an
+//! answer, what a reconnect resumes, what a tool call reports) is unit-tested below on a
+//! virtual clock with hand-made provider events.
 
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use futures::{SinkExt, StreamExt};
-use tokio::sync::{OwnedMutexGuard, mpsc, watch};
+use tokio::sync::{OwnedMutexGuard, mpsc};
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall, ToolSpec};
 use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnId};
 use voxgate_retell::{
@@ -16,10 +19,10 @@ use voxgate_retell::{
     TrackerConfig, TrackerInput, TrackerOutput,
 };
 
-use super::tools::{self, ToolOutcome};
+use super::tools::{self, ContextBound, ToolOutcome};
 use super::{Control, Registry, RetellConfig};
+use crate::door::{self, ClientFrame, Inbound, Out, ServerFrame, Translator, close_code};
 use crate::metrics::{Door, Metrics};
-use crate::providers::Runner;
 use crate::server::App;
 
 /// What survives a socket: everything Retell expects to continue after a reconnect.
@@ -31,7 +34,7 @@ pub(crate) struct CallState {
 }
 
 impl CallState {
-    fn new(cfg: &RetellConfig) -> Self {
+    pub(crate) fn new(cfg: &RetellConfig) -> Self {
         let begin = cfg.begin_message.clone();
         let tracker = ResponseTracker::new(TrackerConfig {
             config: Some(ConfigBody {
@@ -56,7 +59,8 @@ impl CallState {
 }
 
 /// A decoded frame, or what could be salvaged from an unreadable one.
-enum Incoming {
+#[derive(Debug)]
+pub(crate) enum Incoming {
     Event(RetellEvent),
     /// Unreadable; `request` is set when it still named a request we owe an answer.
     Bad {
@@ -65,16 +69,15 @@ enum Incoming {
     },
 }
 
-enum Outgoing {
-    Text(String),
-    /// Close with 1000 (the only code Retell takes as a normal end) and this reason.
-    Close(&'static str),
-}
-
-const IN_QUEUE: usize = 64;
-const OUT_QUEUE: usize = 256;
 /// How long a new socket waits for the previous socket of the same call to let go.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
+
+/// Tool calls one LLM round may make; a model that asks for more has the rest ignored (each
+/// one becomes two frames to Retell and a message in the next round's context).
+const MAX_TOOL_CALLS_PER_ROUND: usize = 8;
+
+/// Close reason when a newer socket of the same call took over.
+const REPLACED: &str = "replaced by a newer connection";
 
 /// Serves one upgraded Retell socket for `call_id`.
 pub(crate) async fn serve(
@@ -83,95 +86,50 @@ pub(crate) async fn serve(
     registry: Arc<Registry>,
     call_id: String,
 ) {
-    let metrics = Arc::clone(&app.metrics);
-    let _active = metrics.session(Door::Retell);
     let cfg = &app.config.retell;
     let window = Duration::from_secs(cfg.resume_window_secs);
     let attached = registry.attach(&call_id, window, || CallState::new(cfg));
     let generation = attached.generation;
-
-    let (mut sink, mut stream) = socket.split();
-    let (in_tx, in_rx) = mpsc::channel::<Incoming>(IN_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUT_QUEUE);
-    let reader = tokio::spawn(async move {
-        while let Some(Ok(msg)) = stream.next().await {
-            let incoming = match msg {
-                Message::Text(t) => decode(t.as_str()),
-                // Not Retell's framing, but JSON in a binary frame is still readable.
-                Message::Binary(b) => match std::str::from_utf8(&b) {
-                    Ok(t) => decode(t),
-                    Err(_) => Incoming::Bad {
-                        error: "binary frame that is not UTF-8 JSON".into(),
-                        request: None,
-                    },
-                },
-                Message::Close(_) => break,
-                Message::Ping(_) | Message::Pong(_) => continue,
-            };
-            if in_tx.send(incoming).await.is_err() {
-                break;
-            }
-        }
-    });
-    let writer = tokio::spawn(async move {
-        while let Some(out) = out_rx.recv().await {
-            match out {
-                Outgoing::Text(t) => {
-                    if sink.send(Message::Text(t.into())).await.is_err() {
-                        return;
-                    }
-                }
-                Outgoing::Close(reason) => {
-                    let frame = CloseFrame {
-                        code: 1000,
-                        reason: reason.into(),
-                    };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
-                    return;
-                }
-            }
-        }
-    });
-
-    // Wait for an older socket of this call (told to leave by `attach`) to release the state.
-    match tokio::time::timeout(TAKEOVER_WAIT, Arc::clone(&attached.state).lock_owned()).await {
-        Ok(state) => {
-            let (runner, provider_rx) = Runner::new(app.providers.clone(), Arc::clone(&metrics));
-            let mut session = Session {
-                cfg: cfg.clone(),
-                tools: tools::specs(cfg),
-                metrics: Arc::clone(&metrics),
+    // An older socket of this call (told to leave by `attach`) must release the state first.
+    let state = tokio::time::timeout(TAKEOVER_WAIT, attached.state.lock_owned()).await;
+    match state {
+        Ok(state) if registry.is_current(&call_id, generation) => {
+            let session = RetellSession::new(
+                cfg.clone(),
+                Arc::clone(&app.metrics),
+                call_id.clone(),
                 state,
-                out: out_tx,
-                runner,
-                next_request: 0,
-                active: None,
-                apologize: HashSet::new(),
-            };
-            session
-                .run(
-                    &call_id,
-                    generation,
-                    in_rx,
-                    provider_rx,
-                    attached.kick,
-                    attached.control,
-                    app.shutdown.clone(),
-                )
-                .await;
-            // Dropping the session aborts provider work, releases the call state and closes
-            // the writer's queue.
-            drop(session);
+                attached.control,
+            );
+            let mut cx = app.driver(Door::Retell);
+            // Retell sends the whole transcript in every event: the door's own frame limit.
+            cx.max_frame_bytes = cfg.max_frame_bytes;
+            door::run(socket, session, cx).await;
         }
+        // Yet another socket of this call arrived while this one waited.
+        Ok(_) => refuse(socket, REPLACED).await,
         Err(_) => {
             tracing::warn!(%call_id, "previous socket of this call did not let go");
-            let _ = out_tx.send(Outgoing::Close("call busy")).await;
-            drop(out_tx);
+            refuse(socket, "call busy").await;
         }
     }
-    reader.abort();
-    let _ = writer.await;
     registry.detach(&call_id, generation, window);
+}
+
+/// Closes a socket that never became a session, with 1000 (the only code Retell takes as a
+/// normal end).
+async fn refuse(mut socket: WebSocket, reason: &'static str) {
+    let frame = CloseFrame {
+        code: close_code::NORMAL,
+        reason: reason.into(),
+    };
+    let _ = tokio::time::timeout(TAKEOVER_WAIT, async {
+        if socket.send(Message::Close(Some(frame))).await.is_ok() {
+            // Wait for the peer's answer to the close, so the TCP connection ends cleanly.
+            while let Some(Ok(_)) = socket.recv().await {}
+        }
+    })
+    .await;
 }
 
 fn decode(text: &str) -> Incoming {
@@ -196,12 +154,6 @@ fn salvage(text: &str) -> Option<(RequestKind, u64)> {
     Some((kind, v.get("response_id")?.as_u64()?))
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Close(&'static str),
-}
-
 /// The response being generated.
 struct Active {
     response_id: u64,
@@ -220,142 +172,76 @@ struct Active {
     space_before_next: bool,
 }
 
-struct Session {
-    cfg: RetellConfig,
-    tools: Vec<ToolSpec>,
-    metrics: Arc<Metrics>,
-    state: OwnedMutexGuard<CallState>,
-    out: mpsc::Sender<Outgoing>,
-    runner: Runner,
-    next_request: u64,
-    active: Option<Active>,
-    /// Requests whose frame was unreadable: they get the apology instead of the LLM.
-    apologize: HashSet<u64>,
+/// What a finished response asks Retell to do once it is spoken.
+enum Action {
+    EndCall,
+    Transfer(String),
 }
 
-impl Session {
-    #[allow(clippy::too_many_arguments)]
-    async fn run(
-        &mut self,
-        call_id: &str,
-        generation: u64,
-        mut in_rx: mpsc::Receiver<Incoming>,
-        mut provider_rx: mpsc::Receiver<ProviderEvent>,
-        mut kick: watch::Receiver<u64>,
-        mut control: mpsc::Receiver<Control>,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        let mut flow = if *shutdown.borrow() {
-            Flow::Close("server shutting down")
-        } else if *kick.borrow() != generation {
-            Flow::Close("replaced by a newer connection")
-        } else {
-            let now = Instant::now();
-            let connected = TrackerInput::Connected {
-                call_id: call_id.to_owned(),
-            };
-            if let Err(e) = self.state.tracker.handle_input(now, connected) {
-                tracing::warn!(%e, "tracker refused the connection");
-            }
-            if !self.state.agent_updated
-                && let Some(agent) = self.cfg.agent.to_agent_config()
-            {
-                self.state.agent_updated = true;
-                self.send(ServerEvent::UpdateAgent(agent));
-            }
-            self.drain().await
-        };
-        while flow == Flow::Continue {
-            let deadline = self.state.tracker.poll_timeout();
-            let sleep_until = deadline
-                .map(tokio::time::Instant::from_std)
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            flow = tokio::select! {
-                incoming = in_rx.recv() => match incoming {
-                    None => break,
-                    Some(Incoming::Event(ev)) => {
-                        self.feed(TrackerInput::Received(ev));
-                        Flow::Continue
-                    }
-                    Some(Incoming::Bad { error, request }) => {
-                        self.bad_frame(&error, request);
-                        Flow::Continue
-                    }
-                },
-                Some(event) = provider_rx.recv() => {
-                    self.runner.finished(&event);
-                    self.provider_event(event);
-                    Flow::Continue
-                }
-                Some(c) = control.recv() => {
-                    self.control(c);
-                    Flow::Continue
-                }
-                () = tokio::time::sleep_until(sleep_until), if deadline.is_some() => {
-                    self.state.tracker.handle_timeout(Instant::now());
-                    Flow::Continue
-                }
-                _ = kick.changed() => Flow::Close("replaced by a newer connection"),
-                _ = shutdown.changed() => Flow::Close("server shutting down"),
-            };
-            if flow == Flow::Continue {
-                flow = self.drain().await;
-            }
+/// The Retell door's translator: one socket of one call, holding the call's state for as long
+/// as the socket lives.
+pub(crate) struct RetellSession {
+    cfg: RetellConfig,
+    tools: Vec<ToolSpec>,
+    bound: ContextBound,
+    metrics: Arc<Metrics>,
+    call_id: String,
+    state: OwnedMutexGuard<CallState>,
+    /// Control API requests; closed (or [`Control::Leave`]) when a newer socket took over.
+    control: Option<mpsc::Receiver<Control>>,
+    /// Wall time for `get_current_time` (the `now` the driver passes is monotonic).
+    wall_clock: fn() -> SystemTime,
+    next_request: u64,
+    active: Option<Active>,
+    /// The latest request whose frame was unreadable: it gets the apology instead of the LLM.
+    /// One is enough: the tracker turns it into a `Generate` at once.
+    apologize: Option<u64>,
+}
+
+impl RetellSession {
+    pub(crate) fn new(
+        cfg: RetellConfig,
+        metrics: Arc<Metrics>,
+        call_id: String,
+        state: OwnedMutexGuard<CallState>,
+        control: mpsc::Receiver<Control>,
+    ) -> Self {
+        Self {
+            tools: tools::specs(&cfg),
+            bound: ContextBound::from_config(&cfg),
+            cfg,
+            metrics,
+            call_id,
+            state,
+            control: Some(control),
+            wall_clock: SystemTime::now,
+            next_request: 0,
+            active: None,
+            apologize: None,
         }
-        if let Flow::Close(reason) = flow {
-            let _ = self.out.send(Outgoing::Close(reason)).await;
-        }
-        let _ = self
-            .state
-            .tracker
-            .handle_input(Instant::now(), TrackerInput::Disconnected);
-        // Only stops remain (the socket is gone); the runner is dropped with the session.
-        while self.state.tracker.poll_output().is_some() {}
     }
 
     /// Feeds the tracker; its errors are this module's bugs, never the peer's.
-    fn feed(&mut self, input: TrackerInput) {
-        if let Err(e) = self.state.tracker.handle_input(Instant::now(), input) {
+    fn feed(&mut self, now: Instant, input: TrackerInput) {
+        if let Err(e) = self.state.tracker.handle_input(now, input) {
             tracing::warn!(%e, "Retell tracker refused an input");
         }
     }
 
-    fn send(&mut self, ev: ServerEvent) {
-        self.feed(TrackerInput::Send(ev));
-    }
-
-    fn bad_frame(&mut self, error: &str, request: Option<(RequestKind, u64)>) {
-        self.metrics.error(Door::Retell);
-        tracing::info!(%error, "unreadable Retell frame");
-        if let Some((kind, response_id)) = request {
-            // Retell waits for an answer to this id: let the tracker make it current (and
-            // stop whatever it supersedes), then answer it with the apology.
-            self.apologize.insert(response_id);
-            let body = ResponseRequest {
-                response_id,
-                ..ResponseRequest::default()
-            };
-            self.feed(TrackerInput::Received(match kind {
-                RequestKind::Reminder => RetellEvent::ReminderRequired(body),
-                _ => RetellEvent::ResponseRequired(body),
-            }));
-        }
+    fn send(&mut self, now: Instant, ev: ServerEvent) {
+        self.feed(now, TrackerInput::Send(ev));
     }
 
     /// Sends everything the tracker wants sent and acts on the rest.
-    async fn drain(&mut self) -> Flow {
-        while let Some(out) = self.state.tracker.poll_output() {
-            match out {
+    fn drain(&mut self, now: Instant, out: &mut Out) {
+        while let Some(o) = self.state.tracker.poll_output() {
+            match o {
                 TrackerOutput::Send(ev) => match ev.to_json() {
-                    Ok(text) => {
-                        if self.out.send(Outgoing::Text(text)).await.is_err() {
-                            return Flow::Close("socket gone");
-                        }
-                    }
+                    Ok(text) => out.send(ServerFrame::Text(text)),
                     Err(e) => tracing::warn!(%e, "cannot encode a Retell event"),
                 },
-                TrackerOutput::Generate(g) => self.start(&g),
-                TrackerOutput::Stop { response_id } => self.stop(response_id),
+                TrackerOutput::Generate(g) => self.start(now, &g, out),
+                TrackerOutput::Stop { response_id } => self.stop(response_id, out),
                 TrackerOutput::CallDetails(call) => self.state.call = Some(call),
                 TrackerOutput::Update(_) => {}
                 TrackerOutput::Unknown(u) => {
@@ -363,29 +249,48 @@ impl Session {
                 }
                 TrackerOutput::RetellSilent => {
                     // Retell reconnects to the same URL; the call resumes then.
-                    return Flow::Close("no ping from Retell");
+                    out.close(close_code::NORMAL, "no ping from Retell");
                 }
                 other => tracing::debug!(?other, "tracker output ignored"),
             }
         }
-        Flow::Continue
     }
 
-    fn start(&mut self, g: &Generate) {
+    fn bad_frame(&mut self, now: Instant, error: &str, request: Option<(RequestKind, u64)>) {
+        self.metrics.error(Door::Retell);
+        tracing::info!(%error, "unreadable Retell frame");
+        if let Some((kind, response_id)) = request {
+            // Retell waits for an answer to this id: let the tracker make it current (and
+            // stop whatever it supersedes), then answer it with the apology.
+            self.apologize = Some(response_id);
+            let body = ResponseRequest {
+                response_id,
+                ..ResponseRequest::default()
+            };
+            self.feed(
+                now,
+                TrackerInput::Received(match kind {
+                    RequestKind::Reminder => RetellEvent::ReminderRequired(body),
+                    _ => RetellEvent::ResponseRequired(body),
+                }),
+            );
+        }
+    }
+
+    fn start(&mut self, now: Instant, g: &Generate, out: &mut Out) {
         if let Some(old) = self.active.take() {
-            self.runner
-                .start(ProviderRequest::Cancel { id: old.request });
+            out.provider(ProviderRequest::Cancel { id: old.request });
         }
         if g.kind == RequestKind::Begin {
             return;
         }
-        if self.apologize.remove(&g.response_id) {
+        if self.apologize.take_if(|id| *id == g.response_id).is_some() {
             let apology = self.cfg.apology.clone();
-            self.finish_response(g.response_id, apology, None, &[]);
+            self.finish_response(now, g.response_id, apology, None, &[]);
             return;
         }
         let system = tools::system_prompt(&self.cfg.system_prompt, self.state.call.as_ref());
-        let messages = tools::context(&system, g);
+        let messages = tools::context(&system, g, self.bound);
         let mut active = Active {
             response_id: g.response_id,
             request: RequestId(0),
@@ -398,16 +303,16 @@ impl Session {
             tools_used: Vec::new(),
             space_before_next: false,
         };
-        self.generate(&mut active);
+        self.generate(&mut active, out);
         self.active = Some(active);
     }
 
     /// Starts one LLM round for `active`.
-    fn generate(&mut self, active: &mut Active) {
+    fn generate(&mut self, active: &mut Active, out: &mut Out) {
         self.next_request += 1;
         active.request = RequestId(self.next_request);
         active.rounds += 1;
-        self.runner.start(ProviderRequest::Generate {
+        out.provider(ProviderRequest::Generate {
             id: active.request,
             turn: TurnId(u32::try_from(active.response_id).unwrap_or(u32::MAX)),
             messages: active.messages.clone(),
@@ -416,18 +321,18 @@ impl Session {
         });
     }
 
-    fn stop(&mut self, response_id: u64) {
+    fn stop(&mut self, response_id: u64, out: &mut Out) {
         if self
             .active
             .as_ref()
             .is_some_and(|a| a.response_id == response_id)
             && let Some(a) = self.active.take()
         {
-            self.runner.start(ProviderRequest::Cancel { id: a.request });
+            out.provider(ProviderRequest::Cancel { id: a.request });
         }
     }
 
-    fn provider_event(&mut self, event: ProviderEvent) {
+    fn provider_event(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
         let Some(mut active) = self.active.take() else {
             return;
         };
@@ -448,11 +353,8 @@ impl Session {
                         delta
                     };
                     active.round_text.push_str(&delta);
-                    self.send(ServerEvent::Response(voxgate_retell::Response::chunk(
-                        active.response_id,
-                        delta,
-                        false,
-                    )));
+                    let chunk = voxgate_retell::Response::chunk(active.response_id, delta, false);
+                    self.send(now, ServerEvent::Response(chunk));
                 }
                 self.active = Some(active);
             }
@@ -462,10 +364,10 @@ impl Session {
                 arguments,
                 ..
             } => {
-                self.tool_call(&mut active, call_id, name, arguments);
+                self.tool_call(now, &mut active, call_id, name, arguments);
                 self.active = Some(active);
             }
-            ProviderEvent::Done { .. } => self.round_done(active),
+            ProviderEvent::Done { .. } => self.round_done(now, active, out),
             ProviderEvent::Failed { message, .. } => {
                 tracing::warn!(%message, response_id = active.response_id, "LLM failed");
                 self.metrics.error(Door::Retell);
@@ -476,7 +378,7 @@ impl Session {
                 } else {
                     format!(" {apology}")
                 };
-                self.finish_response(active.response_id, content, None, &active.tools_used);
+                self.finish_response(now, active.response_id, content, None, &active.tools_used);
             }
             _ => self.active = Some(active),
         }
@@ -484,11 +386,18 @@ impl Session {
 
     fn tool_call(
         &mut self,
+        now: Instant,
         active: &mut Active,
         call_id: String,
         name: String,
         arguments: serde_json::Value,
     ) {
+        if active.round_calls.len() + usize::from(active.action.is_some())
+            >= MAX_TOOL_CALLS_PER_ROUND
+        {
+            tracing::debug!(%name, "tool call over the per-round limit ignored");
+            return;
+        }
         active.tools_used.push(name.clone());
         // Chat APIs deliver arguments as JSON text; unparsable text arrives as a string.
         let (args_text, args) = match arguments {
@@ -498,18 +407,28 @@ impl Session {
             }
             v => (v.to_string(), v),
         };
-        let outcome = tools::run(&self.cfg, self.state.call.as_ref(), &name, &args);
+        let unix = (self.wall_clock)()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let outcome = tools::run(&self.cfg, self.state.call.as_ref(), &name, &args, unix);
         match outcome {
             ToolOutcome::Result(content) => {
-                self.send(ServerEvent::ToolCallInvocation(ToolCallInvocation {
-                    tool_call_id: call_id.clone(),
-                    name: name.clone(),
-                    arguments: args_text,
-                }));
-                self.send(ServerEvent::ToolCallResult(ToolCallResult {
-                    tool_call_id: call_id.clone(),
-                    content: content.clone(),
-                }));
+                self.send(
+                    now,
+                    ServerEvent::ToolCallInvocation(ToolCallInvocation {
+                        tool_call_id: call_id.clone(),
+                        name: name.clone(),
+                        arguments: args_text,
+                    }),
+                );
+                self.send(
+                    now,
+                    ServerEvent::ToolCallResult(ToolCallResult {
+                        tool_call_id: call_id.clone(),
+                        content: content.clone(),
+                    }),
+                );
                 active.round_calls.push(ContextToolCall {
                     id: call_id.clone(),
                     name,
@@ -527,7 +446,7 @@ impl Session {
         }
     }
 
-    fn round_done(&mut self, mut active: Active) {
+    fn round_done(&mut self, now: Instant, mut active: Active, out: &mut Out) {
         if let Some(action) = active.action.take() {
             let (message, action) = match action {
                 ToolOutcome::EndCall { message } => (message, Some(Action::EndCall)),
@@ -541,7 +460,7 @@ impl Session {
             } else {
                 message
             };
-            self.finish_response(active.response_id, message, action, &active.tools_used);
+            self.finish_response(now, active.response_id, message, action, &active.tools_used);
             return;
         }
         if !active.round_calls.is_empty() && active.rounds < self.cfg.max_tool_rounds {
@@ -556,16 +475,18 @@ impl Session {
             assistant.tool_calls = std::mem::take(&mut active.round_calls);
             active.messages.push(assistant);
             active.messages.append(&mut active.round_results);
-            self.generate(&mut active);
+            self.generate(&mut active, out);
             self.active = Some(active);
             return;
         }
-        self.finish_response(active.response_id, String::new(), None, &active.tools_used);
+        let (id, tools_used) = (active.response_id, active.tools_used);
+        self.finish_response(now, id, String::new(), None, &tools_used);
     }
 
     /// The last chunk of a response, then its metadata.
     fn finish_response(
         &mut self,
+        now: Instant,
         response_id: u64,
         content: String,
         action: Option<Action>,
@@ -578,7 +499,7 @@ impl Session {
             None => {}
         }
         let current = self.state.tracker.is_current(response_id);
-        self.send(ServerEvent::Response(r));
+        self.send(now, ServerEvent::Response(r));
         if !current {
             return;
         }
@@ -595,11 +516,15 @@ impl Session {
                 Some(Action::Transfer(n)) => m["voxgate"]["transfer_number"] = n.into(),
                 None => {}
             }
-            self.send(ServerEvent::Metadata(Metadata { metadata: Some(m) }));
+            self.send(now, ServerEvent::Metadata(Metadata { metadata: Some(m) }));
         }
     }
 
-    fn control(&mut self, c: Control) {
+    fn control(&mut self, now: Instant, c: Control, out: &mut Out) {
+        if let Control::Leave = c {
+            out.close(close_code::NORMAL, REPLACED);
+            return;
+        }
         if !self.state.tracker.is_connected() {
             let message = "the call is not connected".to_owned();
             match c {
@@ -609,6 +534,7 @@ impl Session {
                 Control::Metadata { reply, .. } => {
                     let _ = reply.send(Err(message));
                 }
+                Control::Leave => {}
             }
             return;
         }
@@ -618,7 +544,7 @@ impl Session {
                     Some(id) => id,
                     None => self.state.tracker.next_interrupt_id(),
                 };
-                self.send(ServerEvent::AgentInterrupt(AgentInterrupt {
+                let interrupt = AgentInterrupt {
                     interrupt_id: id,
                     content: body.content,
                     content_complete: body.content_complete.unwrap_or(true),
@@ -626,45 +552,130 @@ impl Session {
                     end_call: body.end_call,
                     transfer_number: body.transfer_number.filter(|n| !n.is_empty()),
                     ..AgentInterrupt::default()
-                }));
+                };
+                self.send(now, ServerEvent::AgentInterrupt(interrupt));
                 let _ = reply.send(Ok(id));
             }
             Control::Metadata { metadata, reply } => {
-                self.send(ServerEvent::Metadata(Metadata {
+                let metadata = Metadata {
                     metadata: Some(metadata),
-                }));
+                };
+                self.send(now, ServerEvent::Metadata(metadata));
                 let _ = reply.send(Ok(()));
             }
+            Control::Leave => {}
         }
     }
 }
 
-/// What a finished response asks Retell to do once it is spoken.
-enum Action {
-    EndCall,
-    Transfer(String),
+impl Translator for RetellSession {
+    type In = Incoming;
+    type Event = Control;
+
+    /// Retell takes every close code but 1000 as the call failing.
+    const SHUTDOWN_CLOSE_CODE: u16 = close_code::NORMAL;
+
+    fn decode(frame: ClientFrame, max_frame_bytes: usize) -> Inbound<Incoming> {
+        let len = match &frame {
+            ClientFrame::Text(t) => t.len(),
+            ClientFrame::Binary(b) => b.len(),
+        };
+        if len > max_frame_bytes {
+            return Inbound::Keep(Incoming::Bad {
+                error: format!("frame of {len} bytes over the limit"),
+                request: None,
+            });
+        }
+        Inbound::Keep(match frame {
+            ClientFrame::Text(t) => decode(t.as_str()),
+            // Not Retell's framing, but JSON in a binary frame is still readable.
+            ClientFrame::Binary(b) => match std::str::from_utf8(&b) {
+                Ok(t) => decode(t),
+                Err(_) => Incoming::Bad {
+                    error: "binary frame that is not UTF-8 JSON".into(),
+                    request: None,
+                },
+            },
+        })
+    }
+
+    /// The server speaks first: config, the begin message (first socket of the call only) and
+    /// `update_agent` (once per call).
+    fn on_start(&mut self, now: Instant, out: &mut Out) {
+        let connected = TrackerInput::Connected {
+            call_id: self.call_id.clone(),
+        };
+        self.feed(now, connected);
+        if !self.state.agent_updated
+            && let Some(agent) = self.cfg.agent.to_agent_config()
+        {
+            self.state.agent_updated = true;
+            self.send(now, ServerEvent::UpdateAgent(agent));
+        }
+        self.drain(now, out);
+    }
+
+    fn on_client(&mut self, now: Instant, msg: Incoming, out: &mut Out) {
+        match msg {
+            Incoming::Event(ev) => self.feed(now, TrackerInput::Received(ev)),
+            Incoming::Bad { error, request } => self.bad_frame(now, &error, request),
+        }
+        self.drain(now, out);
+        // A salvaged request is answered in the drain above, or was a repeat the tracker
+        // ignored: either way nothing is owed any more.
+        self.apologize = None;
+    }
+
+    fn on_provider(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
+        self.provider_event(now, event, out);
+        self.drain(now, out);
+    }
+
+    fn on_timeout(&mut self, now: Instant, out: &mut Out) {
+        self.state.tracker.handle_timeout(now);
+        self.drain(now, out);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.state.tracker.poll_timeout()
+    }
+
+    /// Retell sends no initialization message (the server speaks first): a socket that got
+    /// the call's state is a session.
+    fn initialized(&self) -> bool {
+        true
+    }
+
+    /// A response being streamed is let finish; the close (1000) follows it.
+    fn is_idle(&self) -> bool {
+        self.active.is_none()
+    }
+
+    fn on_close(&mut self, now: Instant, out: &mut Out) {
+        if let Some(a) = self.active.take() {
+            out.provider(ProviderRequest::Cancel { id: a.request });
+        }
+        self.feed(now, TrackerInput::Disconnected);
+        // Only stops of the response just cancelled remain; the socket is gone.
+        while self.state.tracker.poll_output().is_some() {}
+    }
+
+    fn events(&mut self) -> Option<&mut mpsc::Receiver<Control>> {
+        self.control.as_mut()
+    }
+
+    fn on_event(&mut self, now: Instant, event: Option<Control>, out: &mut Out) {
+        match event {
+            Some(c) => self.control(now, c, out),
+            None => {
+                // The registry dropped this socket's sender: a newer socket took over.
+                self.control = None;
+                out.close(close_code::NORMAL, REPLACED);
+            }
+        }
+        self.drain(now, out);
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn salvage_finds_requests_in_malformed_frames() {
-        assert_eq!(
-            salvage(r#"{"interaction_type":"response_required","response_id":4,"transcript":"x"}"#),
-            Some((RequestKind::Response, 4))
-        );
-        assert_eq!(
-            salvage(r#"{"interaction_type":"reminder_required","response_id":5,"transcript":7}"#),
-            Some((RequestKind::Reminder, 5))
-        );
-        assert_eq!(salvage(r#"{"interaction_type":"response_required"}"#), None);
-        assert_eq!(salvage(r#"{"interaction_type":"update_only"}"#), None);
-        assert_eq!(salvage("not json"), None);
-        assert!(matches!(
-            decode("[1,2]"),
-            Incoming::Bad { request: None, .. }
-        ));
-    }
-}
+mod tests;

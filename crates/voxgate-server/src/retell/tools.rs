@@ -6,8 +6,6 @@
 //! `get_current_time` run here; their invocation and result are reported to Retell
 //! (`tool_call_invocation` / `tool_call_result`) and the model continues the same response.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde_json::{Value, json};
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall, ToolSpec};
 use voxgate_retell::{Call, Generate, Role, TranscriptItem};
@@ -89,12 +87,14 @@ fn str_arg(args: &Value, key: &str) -> String {
         .to_owned()
 }
 
-/// Runs one tool call.
+/// Runs one tool call; `unix_now` is the wall time in seconds since the Unix epoch (the
+/// caller reads the clock, so this stays testable).
 pub(crate) fn run(
     cfg: &RetellConfig,
     call: Option<&Call>,
     name: &str,
     args: &Value,
+    unix_now: u64,
 ) -> ToolOutcome {
     if !args.is_object() {
         return ToolOutcome::Result(
@@ -123,11 +123,7 @@ pub(crate) fn run(
         }
         GET_CALL_DETAILS => ToolOutcome::Result(call_details(call).to_string()),
         GET_CURRENT_TIME => {
-            let secs = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or_default();
-            ToolOutcome::Result(json!({"utc": rfc3339(secs), "unix": secs}).to_string())
+            ToolOutcome::Result(json!({"utc": rfc3339(unix_now), "unix": unix_now}).to_string())
         }
         other => {
             ToolOutcome::Result(json!({"error": format!("unknown tool {other:?}")}).to_string())
@@ -198,21 +194,47 @@ pub(crate) fn system_prompt(template: &str, call: Option<&Call>) -> String {
     prompt
 }
 
-/// The model's context for a request: the system prompt, then Retell's transcript (woven with
-/// earlier tool calls when Retell sent them), plus the reminder turn for reminders.
+/// How much of Retell's transcript the model sees (`context_max_utterances`,
+/// `context_max_chars`): the newest entries that fit both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ContextBound {
+    /// Transcript entries (utterances, tool results) at most.
+    pub(crate) max_entries: usize,
+    /// Characters of content and tool call arguments at most.
+    pub(crate) max_chars: usize,
+}
+
+impl ContextBound {
+    /// The bound configured for the door.
+    pub(crate) fn from_config(cfg: &RetellConfig) -> Self {
+        Self {
+            max_entries: cfg.context_max_utterances.max(1),
+            max_chars: cfg.context_max_chars.max(1),
+        }
+    }
+}
+
+/// The model's context for a request: the system prompt, then the newest part of Retell's
+/// transcript that fits `bound` (woven with earlier tool calls when Retell sent them), plus the
+/// reminder turn for reminders.
 ///
 /// Retell's transcript is the truth about what was said (it reflects interruptions), so the
-/// context is rebuilt from it for every request instead of keeping a history here.
-pub(crate) fn context(system: &str, g: &Generate) -> Vec<ContextMessage> {
-    let mut out = vec![ContextMessage::new(ChatRole::System, system)];
+/// context is rebuilt from it for every request instead of keeping a history here. It arrives
+/// whole with every request and grows with the call, hence the bound.
+pub(crate) fn context(system: &str, g: &Generate, bound: ContextBound) -> Vec<ContextMessage> {
+    let mut body = Vec::new();
     match &g.transcript_with_tool_calls {
-        Some(items) if !items.is_empty() => woven(items, &mut out),
+        Some(items) if !items.is_empty() => woven(items, &mut body),
         _ => {
             for u in &g.transcript {
-                push_utterance(&mut out, &u.role, &u.content);
+                push_utterance(&mut body, &u.role, &u.content);
             }
         }
     }
+    keep_newest(&mut body, bound);
+    let mut out = Vec::with_capacity(body.len() + 2);
+    out.push(ContextMessage::new(ChatRole::System, system));
+    out.append(&mut body);
     if g.kind == voxgate_retell::RequestKind::Reminder {
         out.push(ContextMessage::new(
             ChatRole::User,
@@ -220,6 +242,45 @@ pub(crate) fn context(system: &str, g: &Generate) -> Vec<ContextMessage> {
         ));
     }
     out
+}
+
+/// Characters one message costs against [`ContextBound::max_chars`].
+fn message_chars(m: &ContextMessage) -> usize {
+    let calls: usize = m
+        .tool_calls
+        .iter()
+        .map(|c| c.name.chars().count() + c.arguments.to_string().chars().count())
+        .sum();
+    m.content.chars().count() + calls
+}
+
+/// Drops the oldest messages until the rest fit `bound`. The newest message always stays (cut
+/// to its last `max_chars` characters if it alone is too long), and a tool result whose call
+/// was dropped goes too: chat APIs reject an answer to a call they did not see.
+fn keep_newest(body: &mut Vec<ContextMessage>, bound: ContextBound) {
+    let mut start = body.len();
+    let mut chars = 0usize;
+    while let Some(m) = start.checked_sub(1).and_then(|i| body.get(i)) {
+        let cost = message_chars(m);
+        let kept = body.len() - start;
+        if kept == bound.max_entries || (kept > 0 && chars + cost > bound.max_chars) {
+            break;
+        }
+        chars += cost;
+        start -= 1;
+    }
+    body.drain(..start);
+    let orphans = body.iter().take_while(|m| m.role == ChatRole::Tool).count();
+    body.drain(..orphans);
+    if let [only] = body.as_mut_slice()
+        && chars > bound.max_chars
+    {
+        let len = only.content.chars().count();
+        let skip = len.saturating_sub(bound.max_chars);
+        if let Some((at, _)) = only.content.char_indices().nth(skip) {
+            only.content.drain(..at);
+        }
+    }
 }
 
 fn push_utterance(out: &mut Vec<ContextMessage>, role: &Role, content: &str) {
@@ -289,6 +350,105 @@ mod tests {
     use super::*;
     use voxgate_retell::{RequestKind, Utterance};
 
+    const WIDE: ContextBound = ContextBound {
+        max_entries: 1000,
+        max_chars: 1_000_000,
+    };
+
+    fn plain(n: usize, len: usize) -> Generate {
+        Generate {
+            response_id: 1,
+            kind: RequestKind::Response,
+            transcript: (0..n)
+                .map(|i| {
+                    let role = if i % 2 == 0 { Role::User } else { Role::Agent };
+                    Utterance::new(role, format!("{i:0len$}"))
+                })
+                .collect(),
+            transcript_with_tool_calls: None,
+        }
+    }
+
+    #[test]
+    fn the_context_keeps_the_newest_utterances_that_fit() {
+        let bound = ContextBound {
+            max_entries: 50,
+            max_chars: 16_000,
+        };
+        // 200 utterances of 10 chars: the entry count binds.
+        let c = context("sys", &plain(200, 10), bound);
+        assert_eq!(c.len(), 51);
+        assert_eq!(c[0].role, ChatRole::System);
+        assert_eq!(c[1].content, format!("{:010}", 150));
+        assert_eq!(c[50].content, format!("{:010}", 199));
+        // 100 utterances of 1,000 chars: the character budget binds (16 fit).
+        let c = context("sys", &plain(100, 1000), bound);
+        assert_eq!(c.len(), 17);
+        assert_eq!(c[16].content, format!("{:01000}", 99));
+        let chars: usize = c[1..].iter().map(|m| m.content.len()).sum();
+        assert!(chars <= 16_000);
+        // The reminder turn comes after the bound, so it is never cut.
+        let mut g = plain(100, 10);
+        g.kind = RequestKind::Reminder;
+        let c = context("sys", &g, bound);
+        assert_eq!(c.len(), 52);
+        assert_eq!(c[51].content, voxgate_retell::REMINDER_PROMPT);
+        // A short call is untouched.
+        assert_eq!(context("sys", &plain(3, 5), bound).len(), 4);
+    }
+
+    #[test]
+    fn one_huge_utterance_keeps_its_end() {
+        let bound = ContextBound {
+            max_entries: 50,
+            max_chars: 10,
+        };
+        let mut g = plain(2, 1);
+        g.transcript.push(Utterance::new(
+            Role::User,
+            format!("{}é-the end", "x".repeat(100)),
+        ));
+        let c = context("sys", &g, bound);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[1].content, "xé-the end");
+    }
+
+    #[test]
+    fn a_tool_result_whose_call_was_cut_off_is_dropped() {
+        let items = vec![
+            TranscriptItem::Utterance(Utterance::new(Role::User, "time?")),
+            TranscriptItem::Utterance(Utterance::new(Role::Agent, "Let me check.")),
+            TranscriptItem::ToolCallInvocation {
+                tool_call_id: "t1".into(),
+                name: "get_current_time".into(),
+                arguments: "{}".into(),
+            },
+            TranscriptItem::ToolCallResult {
+                tool_call_id: "t1".into(),
+                content: "noon".into(),
+            },
+            TranscriptItem::Utterance(Utterance::new(Role::Agent, "It is noon.")),
+        ];
+        let g = generate(RequestKind::Response, Some(items));
+        // Three entries: the assistant message with the call, its result, the answer.
+        let three = ContextBound {
+            max_entries: 3,
+            max_chars: 1000,
+        };
+        let c = context("sys", &g, three);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[1].tool_calls.len(), 1);
+        assert_eq!(c[2].tool_call_id.as_deref(), Some("t1"));
+        // Two entries would start with the result of a call the model cannot see: it goes.
+        let two = ContextBound {
+            max_entries: 2,
+            max_chars: 1000,
+        };
+        let c = context("sys", &g, two);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[1].content, "It is noon.");
+    }
+
     fn generate(kind: RequestKind, items: Option<Vec<TranscriptItem>>) -> Generate {
         Generate {
             response_id: 3,
@@ -303,7 +463,7 @@ mod tests {
 
     #[test]
     fn context_from_plain_and_woven_transcripts() {
-        let c = context("sys", &generate(RequestKind::Reminder, None));
+        let c = context("sys", &generate(RequestKind::Reminder, None), WIDE);
         let roles: Vec<_> = c.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,
@@ -339,7 +499,7 @@ mod tests {
                 content: "?".into(),
             },
         ];
-        let c = context("sys", &generate(RequestKind::Response, Some(items)));
+        let c = context("sys", &generate(RequestKind::Response, Some(items)), WIDE);
         assert_eq!(c.len(), 4);
         assert_eq!(c[2].tool_calls.len(), 1);
         assert_eq!(c[2].tool_calls[0].arguments, json!({}));
@@ -355,34 +515,34 @@ mod tests {
             [END_CALL, TRANSFER_CALL, GET_CALL_DETAILS, GET_CURRENT_TIME]
         );
         assert_eq!(
-            run(&cfg, None, END_CALL, &json!({"message": "Bye!"})),
+            run(&cfg, None, END_CALL, &json!({"message": "Bye!"}), 0),
             ToolOutcome::EndCall {
                 message: "Bye!".into()
             }
         );
         assert!(matches!(
-            run(&cfg, None, TRANSFER_CALL, &json!({})),
+            run(&cfg, None, TRANSFER_CALL, &json!({}), 0),
             ToolOutcome::Result(r) if r.contains("no number")
         ));
         cfg.transfer_number = "+15550100".into();
         assert_eq!(
-            run(&cfg, None, TRANSFER_CALL, &json!({})),
+            run(&cfg, None, TRANSFER_CALL, &json!({}), 0),
             ToolOutcome::Transfer {
                 number: "+15550100".into(),
                 message: String::new()
             }
         );
         assert!(matches!(
-            run(&cfg, None, "nope", &json!({})),
+            run(&cfg, None, "nope", &json!({}), 0),
             ToolOutcome::Result(r) if r.contains("unknown tool")
         ));
         assert!(matches!(
-            run(&cfg, None, END_CALL, &json!("{")),
+            run(&cfg, None, END_CALL, &json!("{"), 0),
             ToolOutcome::Result(r) if r.contains("JSON object")
         ));
         cfg.end_call_tool = false;
         assert!(matches!(
-            run(&cfg, None, END_CALL, &json!({})),
+            run(&cfg, None, END_CALL, &json!({}), 0),
             ToolOutcome::Result(_)
         ));
     }
