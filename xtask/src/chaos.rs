@@ -489,7 +489,7 @@ fn table(
         [
             "server dropped frames up + down: before / flood / slowloris".into(),
             format!(
-                "{} + {} / {} + {} / {} + {} (whole run {})",
+                "{} + {} / {} + {} / {} + {} (whole run, timeout checks included: {})",
                 num(&r["before"]["server_dropped_uplink"]),
                 num(&r["before"]["server_dropped_downlink"]),
                 num(&r["during_flood"]["server_dropped_uplink"]),

@@ -479,19 +479,30 @@ fn count(
 }
 
 /// The WAV as framed Opus packets, a second of silence after it so the server's VAD ends the
-/// utterance, and how many of the frames are speech.
+/// utterance, and which frames are voiced (the server's VAD may end a turn at any pause, so
+/// the end of speech is the last voiced frame sent before the reply).
 struct Speech {
     frames: Vec<Bytes>,
-    speech: u64,
+    voiced: Vec<bool>,
+}
+
+/// Which frames carry speech: RMS above a tenth of the loudest frame's.
+fn voiced_frames(samples: &[f32], frame_len: usize) -> Vec<bool> {
+    let rms: Vec<f32> = audio::frames(samples, frame_len)
+        .iter()
+        .map(|f| (f.iter().map(|s| s * s).sum::<f32>() / f.len().max(1) as f32).sqrt())
+        .collect();
+    let loudest = rms.iter().copied().fold(0.0f32, f32::max);
+    rms.iter()
+        .map(|r| loudest > 0.0 && *r > loudest / 10.0)
+        .collect()
 }
 
 fn speech_frames(wav: &std::path::Path) -> anyhow::Result<Speech> {
     let codec = FrameCodec::new(ProtocolVersion::V1);
     let mut samples = audio::load_wav(wav, UPLINK_RATE)?;
-    let speech = samples
-        .len()
-        .div_ceil(audio::frame_samples(UPLINK_RATE, UPLINK_FRAME).max(1));
     samples.extend(std::iter::repeat_n(0.0, UPLINK_RATE as usize));
+    let voiced = voiced_frames(&samples, audio::frame_samples(UPLINK_RATE, UPLINK_FRAME));
     let mut frames = Vec::new();
     for packet in xiaozhi::encode_opus(&samples)? {
         let mut buf = Vec::new();
@@ -500,14 +511,14 @@ fn speech_frames(wav: &std::path::Path) -> anyhow::Result<Speech> {
             .context("framing")?;
         frames.push(Bytes::from(buf));
     }
-    Ok(Speech {
-        frames,
-        speech: u64::try_from(speech).unwrap_or(u64::MAX),
-    })
+    if frames.len() != voiced.len() {
+        bail!("{} Opus frames but {} analysed", frames.len(), voiced.len());
+    }
+    Ok(Speech { frames, voiced })
 }
 
 /// One admitted device: auto-mode turns until stopped, recording each turn's latency from the
-/// end of its speech (the last speech frame's slot ends) to the first reply frame.
+/// end of its speech (the end of the last voiced frame's slot) to the first reply frame.
 async fn device(
     index: usize,
     addr: SocketAddr,
@@ -543,13 +554,14 @@ async fn device(
             () = sleep_until(hello_by), if !rec.connected => bail!("no hello within 10 s"),
             () = sleep_until(next.unwrap_or(hello_by)), if next.is_some() => {
                 let Some((pacing, i)) = streaming.as_mut() else { continue };
-                let frame = speech.frames[usize::try_from(*i % len).unwrap_or(0)].clone();
+                let k = usize::try_from(*i % len).unwrap_or(0);
+                let frame = speech.frames[k].clone();
                 let now = Instant::now();
                 if pacing.lateness(*i, now) > SLACK {
                     rec.late_sends.push(now);
                 }
-                if *i == speech.speech {
-                    speech_end = Some(pacing.due(*i));
+                if speech.voiced[k] {
+                    speech_end = Some(pacing.due(*i + 1));
                 }
                 ws.send(Message::Binary(frame)).await.context("sending audio")?;
                 *i += 1;
@@ -558,8 +570,12 @@ async fn device(
                 Some(Ok(Message::Binary(b))) => {
                     if codec.decode(&b).is_ok() {
                         let now = Instant::now();
-                        if let Some(end) = speech_end.take() {
-                            rec.turn_latency.push((now, now.saturating_duration_since(end)));
+                        // A reply that starts while the device is still speaking (the VAD
+                        // ended the turn at a pause) has no end of speech to measure from.
+                        if let Some(end) = speech_end.take()
+                            && now > end
+                        {
+                            rec.turn_latency.push((now, now - end));
                         }
                         let late = playback.late;
                         playback.frame(now);
@@ -582,7 +598,6 @@ async fn device(
                         TtsState::Stop => {
                             playback.stop();
                             rec.turns += 1;
-                            // A reply that came before the speech ended has no latency.
                             speech_end = None;
                             listen(&mut ws, &session_id).await?;
                             streaming = Some((Pacing::new(Instant::now(), UPLINK_FRAME), 0));
@@ -1520,6 +1535,16 @@ mod tests {
             payload: vec![1, 2],
         };
         assert_eq!(ping.close_code(), None);
+    }
+
+    #[test]
+    fn voiced_frames_follow_the_energy() {
+        let mut samples = vec![0.0f32; 10];
+        samples.extend(std::iter::repeat_n(0.5, 10));
+        samples.extend(std::iter::repeat_n(0.01, 10));
+        samples.extend(std::iter::repeat_n(-0.3, 5));
+        assert_eq!(voiced_frames(&samples, 10), [false, true, false, true]);
+        assert_eq!(voiced_frames(&[0.0; 20], 10), [false, false]);
     }
 
     #[test]
