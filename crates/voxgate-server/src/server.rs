@@ -15,7 +15,6 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::metrics::{Door, Metrics};
 use crate::providers::Providers;
-use crate::realtime::{self, DoorContext};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -340,17 +339,9 @@ async fn realtime_upgrade(
             .into_response();
     }
     let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
-    let ctx = DoorContext {
-        providers: app.providers.clone(),
-        metrics: Arc::clone(&app.metrics),
-        max_frame_bytes: app.config.max_frame_bytes,
-        shutdown: app.shutdown.clone(),
-        elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
-        max_context_chars: app.config.realtime.max_context_chars,
-    };
     ws.max_message_size(hard_limit)
         .max_frame_size(hard_limit)
-        .on_upgrade(move |socket| realtime::serve(socket, ctx))
+        .on_upgrade(move |socket| crate::realtime::serve(socket, app))
 }
 
 #[cfg(test)]

@@ -592,6 +592,7 @@ mod tests {
             providers: Providers::embedded(),
             metrics: Arc::new(Metrics::new()),
             shutdown,
+            sessions: Arc::default(),
         };
         (Arc::new(app), stop)
     }

@@ -72,16 +72,6 @@ pub(crate) enum ClientFrame {
     Binary(Bytes),
 }
 
-impl ClientFrame {
-    /// Its payload length in bytes.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Self::Text(t) => t.len(),
-            Self::Binary(b) => b.len(),
-        }
-    }
-}
-
 /// What the reader does with a decoded client frame.
 #[derive(Debug)]
 pub(crate) enum Inbound<M> {
@@ -171,7 +161,8 @@ impl Out {
         }
     }
 
-    /// Whether a close was asked for.
+    /// Whether a close was asked for (tests).
+    #[cfg(test)]
     pub(crate) fn closing(&self) -> Option<&CloseRequest> {
         self.close.as_ref()
     }

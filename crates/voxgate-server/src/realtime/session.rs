@@ -1,38 +1,22 @@
-//! The realtime door: the protobuf session protocol (Deepslate-compatible) over WebSocket.
+//! The realtime door's translator: protobuf session messages in, engine events out.
 //!
-//! One task per connection owns one [`Engine`]. A reader task decodes frames into a bounded
-//! queue (audio is dropped and counted when the queue is full, control messages wait); a writer
-//! task sends encoded frames from another bounded queue (reply audio is dropped and counted
-//! when the client does not keep up, control messages wait). The session loop waits for a
-//! client message, a provider event or the engine's deadline, feeds it in with
-//! `Instant::now()`, and drains the engine's outputs: client events become
-//! `ClientBoundMessage`s, provider requests become tasks ([`crate::providers`]).
-//!
-//! Per session: a client whose `TtsConfiguration` names ElevenLabs gets its own synthesizer
-//! (its key, voice, model, settings and location; `[realtime] elevenlabs_base_url` overrides
-//! the host); hosted TTS uses the server's. `ModelSpeechProgress` is paced to playback
-//! ([`Progress`]); `InferenceComplete` precedes each `ResponseEnd`; a final `TurnSnapshot`
-//! follows each finished reply. The engine's `Emotion` events have no counterpart in this
-//! protocol and are dropped, so replies reach realtime clients without emoji (the engine never
-//! shows or speaks them). `ContextTruncated` reports the turns the engine drops from the model's
-//! context to keep it within `[realtime] max_context_chars`; exported messages carry the
-//! response turn that dropped them in `truncated_at_response_turn_id`. The user guide is
-//! `docs/doors/realtime.md`.
+//! [`RealtimeDoor`] holds one connection's state (the engine once the session is initialized,
+//! the audio line's codecs, playback progress) and turns each client message, provider event
+//! and deadline into `ClientBoundMessage`s and provider requests, without I/O: the shared door
+//! driver ([`crate::door`]) runs it. Reply audio goes out droppable (counted when the client
+//! does not keep up); everything else is never dropped.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::extract::ws::{Message, WebSocket};
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, watch};
 use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat, i16_to_f32};
 use voxgate_audio::resample::Resampler;
 use voxgate_audio::vad::{VadConfig, VadState};
 use voxgate_engine::history::{self, Content, DeliveryStatus};
 use voxgate_engine::{
     ClientEvent, Engine, EngineConfig, ErrorCategory, Input, Output, OutputAudio, ProviderEvent,
-    ToolDefinition, TriggerMode, TurnId,
+    State, ToolDefinition, TriggerMode, TurnId,
 };
 use voxgate_providers::{ElevenLabsConfig, ElevenLabsLocation, ElevenLabsTts, Tts};
 use voxgate_realtime::prost_types;
@@ -45,16 +29,13 @@ use voxgate_realtime::{
     SessionUpdate, TtsSettings,
 };
 
-use crate::metrics::{Direction, Door, Metrics};
-use crate::providers::{Providers, Runner};
+use super::progress::Progress;
+use crate::door::{ClientFrame, Inbound, Out, ServerFrame, Translator, close_code};
+use crate::metrics::{Door, Metrics};
 
-/// What a connection needs from the server.
+/// Per-server settings every realtime session uses.
 #[derive(Debug, Clone)]
-pub(crate) struct DoorContext {
-    pub(crate) providers: Providers,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) max_frame_bytes: usize,
-    pub(crate) shutdown: watch::Receiver<bool>,
+pub(crate) struct RealtimeSettings {
     /// Replaces ElevenLabs' regional hosts for client-configured ElevenLabs TTS
     /// (`[realtime] elevenlabs_base_url`).
     pub(crate) elevenlabs_base_url: Option<String>,
@@ -63,117 +44,20 @@ pub(crate) struct DoorContext {
 }
 
 /// A decoded frame, or the error to report for it.
-enum Incoming {
-    Message(ServiceBoundMessage),
+#[derive(Debug)]
+pub(crate) enum Incoming {
+    /// A well-formed message.
+    Message(Box<ServiceBoundMessage>),
+    /// The error to answer an unusable frame with; the session goes on.
     Bad(ClientBoundMessage),
 }
 
-/// A frame for the writer; `close` ends the connection after it.
-struct Outgoing {
-    frame: Bytes,
-    close: bool,
-}
-
-const IN_QUEUE: usize = 64;
-const OUT_QUEUE: usize = 256;
-
-/// Serves one upgraded connection until the client leaves, a fatal error, or shutdown.
-pub(crate) async fn serve(socket: WebSocket, ctx: DoorContext) {
-    let metrics = Arc::clone(&ctx.metrics);
-    let _active = metrics.session(Door::Realtime);
-    let (mut sink, mut stream) = socket.split();
-    let (in_tx, in_rx) = mpsc::channel::<Incoming>(IN_QUEUE);
-    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUT_QUEUE);
-
-    let reader_metrics = Arc::clone(&ctx.metrics);
-    let max = ctx.max_frame_bytes;
-    let reader = tokio::spawn(async move {
-        while let Some(Ok(msg)) = stream.next().await {
-            let incoming = match msg {
-                Message::Binary(b) if b.len() > max => Incoming::Bad(ClientBoundMessage::error(
-                    SessionErrorCategory::ErrorProtocol,
-                    format!(
-                        "frame of {} bytes exceeds the limit of {max} bytes",
-                        b.len()
-                    ),
-                    None,
-                )),
-                Message::Binary(b) => match ServiceBoundMessage::decode_frame(b) {
-                    Ok(m) => Incoming::Message(m),
-                    Err(e) => Incoming::Bad(e.to_client_message()),
-                },
-                Message::Text(_) => Incoming::Bad(ClientBoundMessage::error(
-                    SessionErrorCategory::ErrorProtocol,
-                    "text frames are not part of this protocol; send binary protobuf frames",
-                    None,
-                )),
-                Message::Close(_) => break,
-                Message::Ping(_) | Message::Pong(_) => continue,
-            };
-            let is_audio = matches!(
-                &incoming,
-                Incoming::Message(ServiceBoundMessage {
-                    payload: Some(Payload::UserInput(proto::UserInput {
-                        input: Some(user_input::Input::AudioData(_)),
-                        ..
-                    }))
-                })
-            );
-            if is_audio {
-                match in_tx.try_send(incoming) {
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        reader_metrics.dropped(Door::Realtime, Direction::Uplink, 1);
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => break,
-                    Ok(()) => {}
-                }
-            } else if in_tx.send(incoming).await.is_err() {
-                break;
-            }
-        }
-    });
-    let writer = tokio::spawn(async move {
-        while let Some(out) = out_rx.recv().await {
-            if sink.send(Message::Binary(out.frame)).await.is_err() {
-                return;
-            }
-            if out.close {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    });
-
-    let (runner, provider_rx) = Runner::new(ctx.providers.clone(), Arc::clone(&ctx.metrics));
-    let mut conn = Connection {
-        out: out_tx,
-        metrics: Arc::clone(&ctx.metrics),
-        session: None,
-        runner,
-        elevenlabs_base_url: ctx.elevenlabs_base_url.clone(),
-        max_context_chars: ctx.max_context_chars,
-    };
-    conn.run(in_rx, provider_rx, ctx.shutdown).await;
-    // Dropping the connection aborts provider work and closes the writer's queue.
-    drop(conn);
-    reader.abort();
-    let _ = writer.await;
-}
-
-/// Whether the session goes on after a message.
-#[derive(Debug, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Close,
-}
-
-struct Connection {
-    out: mpsc::Sender<Outgoing>,
+/// One realtime connection: before `InitializeSessionRequest` only that is accepted; after it
+/// the [`Session`] answers everything.
+pub(crate) struct RealtimeDoor {
     metrics: Arc<Metrics>,
+    settings: RealtimeSettings,
     session: Option<Session>,
-    runner: Runner,
-    elevenlabs_base_url: Option<String>,
-    max_context_chars: usize,
 }
 
 /// An initialized session.
@@ -196,123 +80,163 @@ struct Session {
     epoch: (Instant, SystemTime),
 }
 
-impl Connection {
-    async fn run(
-        &mut self,
-        mut in_rx: mpsc::Receiver<Incoming>,
-        mut provider_rx: mpsc::Receiver<ProviderEvent>,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        if *shutdown.borrow() {
-            return;
+fn frame(msg: &ClientBoundMessage) -> ServerFrame {
+    ServerFrame::Binary(msg.to_frame())
+}
+
+fn is_audio(m: &ServiceBoundMessage) -> bool {
+    matches!(
+        m,
+        ServiceBoundMessage {
+            payload: Some(Payload::UserInput(proto::UserInput {
+                input: Some(user_input::Input::AudioData(_)),
+                ..
+            }))
         }
-        loop {
-            let deadline = self.session.as_ref().and_then(|s| {
-                match (s.engine.poll_timeout(), s.progress_deadline()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
-            });
-            let sleep_until = deadline
-                .map(tokio::time::Instant::from_std)
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            let flow = tokio::select! {
-                incoming = in_rx.recv() => match incoming {
-                    None => break,
-                    Some(Incoming::Bad(error)) => {
-                        self.send(error).await;
-                        self.metrics.error(Door::Realtime);
-                        Flow::Continue
-                    }
-                    Some(Incoming::Message(m)) => self.handle_message(m).await,
-                },
-                Some(event) = provider_rx.recv() => {
-                    self.runner.finished(&event);
-                    if let Some(s) = &mut self.session {
-                        // Provider events are never refused while the session is open.
-                        let _ = s.engine.handle_input(Instant::now(), Input::Provider(event));
-                    }
-                    Flow::Continue
-                }
-                () = tokio::time::sleep_until(sleep_until), if deadline.is_some() => {
-                    let now = Instant::now();
-                    let mut progress = Vec::new();
-                    if let Some(s) = &mut self.session {
-                        if s.engine.poll_timeout().is_some_and(|d| d <= now) {
-                            s.engine.handle_timeout(now);
-                        }
-                        progress = s.progress_due(now, None);
-                    }
-                    for m in progress {
-                        self.send(m).await;
-                    }
-                    Flow::Continue
-                }
-                _ = shutdown.changed() => Flow::Close,
-            };
-            self.drain().await;
-            if flow == Flow::Close {
-                break;
+    )
+}
+
+impl Translator for RealtimeDoor {
+    type In = Incoming;
+    type Event = ();
+
+    fn decode(frame: ClientFrame, max: usize) -> Inbound<Incoming> {
+        let bad = |m| Inbound::Keep(Incoming::Bad(m));
+        match frame {
+            ClientFrame::Binary(b) if b.len() > max => bad(ClientBoundMessage::error(
+                SessionErrorCategory::ErrorProtocol,
+                format!(
+                    "frame of {} bytes exceeds the limit of {max} bytes",
+                    b.len()
+                ),
+                None,
+            )),
+            ClientFrame::Binary(b) => match ServiceBoundMessage::decode_frame(b) {
+                Ok(m) if is_audio(&m) => Inbound::Droppable(Incoming::Message(Box::new(m))),
+                Ok(m) => Inbound::Keep(Incoming::Message(Box::new(m))),
+                Err(e) => bad(e.to_client_message()),
+            },
+            ClientFrame::Text(_) => bad(ClientBoundMessage::error(
+                SessionErrorCategory::ErrorProtocol,
+                "text frames are not part of this protocol; send binary protobuf frames",
+                None,
+            )),
+        }
+    }
+
+    fn on_client(&mut self, now: Instant, msg: Incoming, out: &mut Out) {
+        match msg {
+            Incoming::Bad(error) => {
+                self.metrics.error(Door::Realtime);
+                out.send(frame(&error));
+            }
+            Incoming::Message(m) => self.handle_message(now, *m, out),
+        }
+        self.drain(now, out);
+    }
+
+    fn on_provider(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
+        if let Some(s) = &mut self.session {
+            // Provider events are never refused while the session is open.
+            let _ = s.engine.handle_input(now, Input::Provider(event));
+        }
+        self.drain(now, out);
+    }
+
+    fn on_timeout(&mut self, now: Instant, out: &mut Out) {
+        if let Some(s) = &mut self.session {
+            if s.engine.poll_timeout().is_some_and(|d| d <= now) {
+                s.engine.handle_timeout(now);
+            }
+            for m in s.progress_due(now, None) {
+                out.send(frame(&m));
             }
         }
+        self.drain(now, out);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        let s = self.session.as_ref()?;
+        match (s.engine.poll_timeout(), s.progress_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn initialized(&self) -> bool {
+        self.session.is_some()
+    }
+
+    fn on_init_timeout(&mut self, _now: Instant, out: &mut Out) {
+        out.send(frame(&ClientBoundMessage::error(
+            SessionErrorCategory::ErrorSession,
+            "no InitializeSessionRequest in time; closing",
+            None,
+        )));
+    }
+
+    fn is_idle(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| {
+            matches!(
+                s.engine.state(),
+                State::Idle | State::Listening | State::NotConnected
+            )
+        })
+    }
+
+    fn on_close(&mut self, now: Instant, out: &mut Out) {
         if let Some(s) = &mut self.session {
-            let _ = s.engine.handle_input(Instant::now(), Input::Close);
+            let _ = s.engine.handle_input(now, Input::Close);
             // Cancels still go to the runner; client events are moot now.
-            while let Some(out) = s.engine.poll_output() {
-                if let Output::Provider(r) = out {
-                    self.runner.start(r);
+            while let Some(o) = s.engine.poll_output() {
+                if let Output::Provider(r) = o {
+                    out.provider(r);
                 }
             }
         }
     }
+}
 
-    async fn send(&self, msg: ClientBoundMessage) {
-        let _ = self
-            .out
-            .send(Outgoing {
-                frame: msg.to_frame(),
-                close: false,
-            })
-            .await;
+impl RealtimeDoor {
+    /// A connection that has not initialized its session yet.
+    pub(crate) fn new(metrics: Arc<Metrics>, settings: RealtimeSettings) -> Self {
+        Self {
+            metrics,
+            settings,
+            session: None,
+        }
     }
 
     /// Reports an error, counting it.
-    async fn error(&self, category: SessionErrorCategory, message: impl Into<String>) {
+    fn error(&self, out: &mut Out, category: SessionErrorCategory, message: impl Into<String>) {
         self.metrics.error(Door::Realtime);
-        self.send(ClientBoundMessage::error(category, message, None))
-            .await;
+        out.send(frame(&ClientBoundMessage::error(category, message, None)));
     }
 
-    /// Reports a fatal error and asks the writer to close after it.
-    async fn fatal(&self, msg: ClientBoundMessage) -> Flow {
+    /// Reports a fatal error and closes after it (1008: the client's setup cannot be served).
+    fn fatal(&self, out: &mut Out, msg: &ClientBoundMessage) {
         self.metrics.error(Door::Realtime);
-        let _ = self
-            .out
-            .send(Outgoing {
-                frame: msg.to_frame(),
-                close: true,
-            })
-            .await;
-        Flow::Close
+        out.send(frame(msg));
+        out.close(close_code::POLICY, "session initialization failed");
     }
 
-    async fn handle_message(&mut self, m: ServiceBoundMessage) -> Flow {
+    fn handle_message(&mut self, now: Instant, m: ServiceBoundMessage, out: &mut Out) {
         if let Err(e) = m.validate() {
             // A bad initialization leaves nothing to serve; anything else is reported and the
             // session goes on.
             if self.session.is_none()
                 && matches!(m.payload, Some(Payload::InitializeSessionRequest(_)))
             {
-                return self.fatal(e.to_client_message()).await;
+                self.fatal(out, &e.to_client_message());
+                return;
             }
             self.metrics.error(Door::Realtime);
-            self.send(e.to_client_message()).await;
-            return Flow::Continue;
+            out.send(frame(&e.to_client_message()));
+            return;
         }
         let Some(payload) = m.payload else {
-            return Flow::Continue;
+            return;
         };
-        let now = Instant::now();
         let Some(session) = &mut self.session else {
             let Payload::InitializeSessionRequest(init) = payload else {
                 let kind = ServiceBoundMessage {
@@ -323,46 +247,48 @@ impl Connection {
                 let e =
                     voxgate_realtime::Error::from(ProtocolError::NotInitialized { message: kind });
                 self.metrics.error(Door::Realtime);
-                self.send(e.to_client_message()).await;
-                return Flow::Continue;
+                out.send(frame(&e.to_client_message()));
+                return;
             };
             return match SessionConfig::from_wire(&init) {
-                Err(e) => {
-                    self.fatal(voxgate_realtime::Error::from(e).to_client_message())
-                        .await
-                }
-                Ok(config) => match session_tts(&config, self.elevenlabs_base_url.as_deref())
-                    .and_then(|tts| Ok((tts, Session::new(config, self.max_context_chars, now)?)))
-                {
-                    Ok((tts, s)) => {
-                        if let Some(tts) = tts {
-                            self.runner.set_tts(tts);
+                Err(e) => self.fatal(out, &voxgate_realtime::Error::from(e).to_client_message()),
+                Ok(config) => {
+                    match session_tts(&config, self.settings.elevenlabs_base_url.as_deref())
+                        .and_then(|tts| {
+                            Ok((
+                                tts,
+                                Session::new(config, self.settings.max_context_chars, now)?,
+                            ))
+                        }) {
+                        Ok((tts, s)) => {
+                            if let Some(tts) = tts {
+                                out.set_tts(tts);
+                            }
+                            self.session = Some(s);
+                            out.send(frame(&ClientBoundMessage::session_ready()));
                         }
-                        self.session = Some(s);
-                        self.send(ClientBoundMessage::session_ready()).await;
-                        Flow::Continue
+                        Err(message) => self.fatal(
+                            out,
+                            &ClientBoundMessage::error(
+                                SessionErrorCategory::ErrorConfiguration,
+                                message,
+                                None,
+                            ),
+                        ),
                     }
-                    Err(message) => {
-                        self.fatal(ClientBoundMessage::error(
-                            SessionErrorCategory::ErrorConfiguration,
-                            message,
-                            None,
-                        ))
-                        .await
-                    }
-                },
+                }
             };
         };
         let input = match payload {
             Payload::InitializeSessionRequest(_) => {
                 let e = voxgate_realtime::Error::from(ProtocolError::AlreadyInitialized);
                 self.metrics.error(Door::Realtime);
-                self.send(e.to_client_message()).await;
-                return Flow::Continue;
+                out.send(frame(&e.to_client_message()));
+                return;
             }
             Payload::Ping(_) => {
-                self.send(ClientBoundMessage::pong()).await;
-                return Flow::Continue;
+                out.send(frame(&ClientBoundMessage::pong()));
+                return;
             }
             Payload::UserInput(u) => {
                 let mode = u.mode_open();
@@ -375,14 +301,14 @@ impl Connection {
                         session.scratch.clear();
                         session.decoder.decode_f32(&a.data, &mut session.scratch);
                         session.engine.handle_audio(now, &session.scratch);
-                        return Flow::Continue;
+                        return;
                     }
                     Some(user_input::Input::TextData(t)) => Input::Text {
                         text: t.data,
                         mode: trigger_mode(mode),
                     },
                     // `validate` refused a missing input.
-                    None => return Flow::Continue,
+                    None => return,
                 }
             }
             Payload::UpdateToolDefinitionsRequest(u) => {
@@ -418,18 +344,10 @@ impl Connection {
             },
             Payload::PlaybackPositionReport(r) => {
                 let Some(turn) = r.turn_id.map(TurnId).or(session.current_turn) else {
-                    return Flow::Continue;
+                    return;
                 };
                 for m in session.progress_due(now, Some((turn, r.bytes_played))) {
-                    // `self.out` directly: `session` borrows `self.session`.
-                    let frame = m.to_frame();
-                    let _ = self
-                        .out
-                        .send(Outgoing {
-                            frame,
-                            close: false,
-                        })
-                        .await;
+                    out.send(frame(&m));
                 }
                 Input::PlaybackReport {
                     turn,
@@ -449,8 +367,8 @@ impl Connection {
                 Err(e) => {
                     let msg = voxgate_realtime::Error::from(e).to_client_message();
                     self.metrics.error(Door::Realtime);
-                    self.send(msg).await;
-                    return Flow::Continue;
+                    out.send(frame(&msg));
+                    return;
                 }
                 Ok(update) => {
                     // Only a changed rate swaps the engine's VAD; a new channel count or
@@ -471,52 +389,41 @@ impl Connection {
                     if let Err(e) = session.engine.handle_input(now, input) {
                         // Refused unchanged: keep decoding the old format too.
                         let category = category(e.category());
-                        self.error(category, e.to_string()).await;
-                        return Flow::Continue;
+                        self.error(out, category, e.to_string());
+                        return;
                     }
                     if let Some(format) = update.input.and_then(pcm_format) {
                         session.decoder = PcmDecoder::new(format);
                     }
                     update.apply(&mut session.config);
-                    return Flow::Continue;
+                    return;
                 }
             },
         };
         if let Err(e) = session.engine.handle_input(now, input) {
             let category = category(e.category());
-            self.error(category, e.to_string()).await;
+            self.error(out, category, e.to_string());
         }
-        Flow::Continue
     }
 
-    /// Sends every pending engine output.
-    async fn drain(&mut self) {
-        loop {
-            let Some(session) = &mut self.session else {
-                return;
-            };
-            let Some(out) = session.engine.poll_output() else {
-                return;
-            };
-            match out {
-                Output::Provider(r) => self.runner.start(r),
+    /// Turns every pending engine output into frames and provider requests.
+    fn drain(&mut self, now: Instant, out: &mut Out) {
+        let Some(session) = &mut self.session else {
+            return;
+        };
+        while let Some(o) = session.engine.poll_output() {
+            match o {
+                Output::Provider(r) => out.provider(r),
                 Output::Client(event) => {
-                    let now = Instant::now();
                     for msg in session.client_messages(now, event, &self.metrics) {
                         let audio = matches!(
                             msg.payload,
                             Some(proto::client_bound_message::Payload::ModelAudioChunk(_))
                         );
-                        let out = Outgoing {
-                            frame: msg.to_frame(),
-                            close: false,
-                        };
                         if audio {
-                            if self.out.try_send(out).is_err() {
-                                self.metrics.dropped(Door::Realtime, Direction::Downlink, 1);
-                            }
+                            out.send_droppable(frame(&msg));
                         } else {
-                            let _ = self.out.send(out).await;
+                            out.send(frame(&msg));
                         }
                     }
                 }
@@ -889,87 +796,6 @@ fn chat_audio(a: &history::AudioData) -> proto::ChatAudioData {
     proto::ChatAudioData::new(Bytes::from(bytes), format, a.transcription.clone())
 }
 
-/// Paces `ModelSpeechProgress` to playback, sentence by sentence, as the published clients
-/// read it: each message carries text that has just become audible, and `audio_bytes_played`
-/// is the reply's playback position (in output bytes) at which all of it has been heard. The
-/// LiveKit plugin times its transcript from consecutive positions and concatenates the texts,
-/// so sentences after the first carry their separating space.
-///
-/// A sentence is closed (its end known) when the next one starts or the reply's audio ends.
-/// Without playback reports its end is estimated by a playout clock (chunks play back to back
-/// from when they were sent); with reports, a report at or past its end announces it (`exact`).
-#[derive(Debug, Default)]
-struct Progress {
-    /// Closed sentences not announced yet: (text, end in bytes, estimated end of playback).
-    closed: std::collections::VecDeque<(String, u64, Instant)>,
-    /// The sentence whose audio is still arriving.
-    open: Option<String>,
-    /// When the audio sent so far will have played, by the playout clock.
-    playout_end: Option<Instant>,
-    /// Whether a sentence was started in this reply (later ones get a leading space).
-    started: bool,
-}
-
-impl Progress {
-    fn start(&mut self, now: Instant, text: String, bytes: u64) {
-        self.close(now, bytes);
-        let text = if self.started {
-            format!(" {text}")
-        } else {
-            text
-        };
-        self.started = true;
-        self.open = Some(text);
-    }
-
-    fn audio_sent(&mut self, now: Instant, bytes: usize, bytes_per_second: u64) {
-        let nanos = (bytes as u128).saturating_mul(1_000_000_000) / u128::from(bytes_per_second);
-        let duration = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
-        let from = self.playout_end.map_or(now, |end| end.max(now));
-        self.playout_end = Some(from + duration);
-    }
-
-    /// Closes the open sentence at `bytes`.
-    fn close(&mut self, now: Instant, bytes: u64) {
-        if let Some(text) = self.open.take() {
-            let due = self.playout_end.unwrap_or(now);
-            self.closed.push_back((text, bytes, due));
-        }
-    }
-
-    fn next_due(&self) -> Option<Instant> {
-        self.closed.front().map(|(_, _, due)| *due)
-    }
-
-    /// The announcements due by `now` (estimated) and/or `played` bytes (reported); with
-    /// neither, every closed sentence.
-    fn due(
-        &mut self,
-        now: Option<Instant>,
-        played: Option<u64>,
-        turn: TurnId,
-        exact: bool,
-    ) -> Vec<ClientBoundMessage> {
-        let mut out = Vec::new();
-        while let Some((_, end, due)) = self.closed.front() {
-            let heard = match (now, played) {
-                (Some(now), _) => *due <= now,
-                (None, Some(played)) => *end <= played,
-                (None, None) => true,
-            };
-            if !heard {
-                break;
-            }
-            if let Some((text, end, _)) = self.closed.pop_front() {
-                out.push(ClientBoundMessage::model_speech_progress(
-                    turn.0, text, end, exact,
-                ));
-            }
-        }
-        out
-    }
-}
-
 /// ElevenLabs' PCM output rates (`output_format=pcm_<rate>`).
 const ELEVENLABS_RATES: [u32; 5] = [8_000, 16_000, 22_050, 24_000, 44_100];
 
@@ -1070,5 +896,238 @@ fn category(c: ErrorCategory) -> SessionErrorCategory {
         ErrorCategory::Audio => SessionErrorCategory::ErrorAudio,
         ErrorCategory::Tts => SessionErrorCategory::ErrorTts,
         _ => SessionErrorCategory::ErrorInternal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use voxgate_engine::{ProviderRequest, RequestId};
+    use voxgate_realtime::proto::client_bound_message::Payload as Cb;
+
+    fn door() -> RealtimeDoor {
+        RealtimeDoor::new(
+            Arc::new(Metrics::new()),
+            RealtimeSettings {
+                elevenlabs_base_url: None,
+                max_context_chars: 0,
+            },
+        )
+    }
+
+    fn feed(d: &mut RealtimeDoor, now: Instant, m: ServiceBoundMessage) -> Out {
+        let mut out = Out::new();
+        d.on_client(now, Incoming::Message(Box::new(m)), &mut out);
+        out
+    }
+
+    fn payloads(out: &mut Out) -> Vec<Cb> {
+        out.take_frames()
+            .into_iter()
+            .map(|f| match f {
+                ServerFrame::Binary(b) => ClientBoundMessage::decode_frame(b)
+                    .unwrap()
+                    .payload
+                    .unwrap(),
+                ServerFrame::Text(t) => panic!("text frame {t}"),
+            })
+            .collect()
+    }
+
+    fn init(d: &mut RealtimeDoor, now: Instant) {
+        let config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+        let mut out = feed(d, now, ServiceBoundMessage::initialize(&config).unwrap());
+        assert!(matches!(payloads(&mut out)[..], [Cb::SessionReady(_)]));
+        assert!(d.initialized());
+    }
+
+    #[test]
+    fn decode_sorts_audio_from_control_and_answers_bad_frames() {
+        let audio = ServiceBoundMessage::user_audio(
+            1,
+            InferenceTriggerMode::Immediate,
+            Bytes::from_static(&[0; 32]),
+        );
+        let frame = ClientFrame::Binary(audio.to_frame());
+        assert!(matches!(
+            RealtimeDoor::decode(frame, 1024),
+            Inbound::Droppable(Incoming::Message(_))
+        ));
+        let ping = ClientFrame::Binary(ServiceBoundMessage::ping().to_frame());
+        assert!(matches!(
+            RealtimeDoor::decode(ping, 1024),
+            Inbound::Keep(Incoming::Message(_))
+        ));
+        let big = ClientFrame::Binary(Bytes::from(vec![0u8; 2048]));
+        assert!(matches!(
+            RealtimeDoor::decode(big, 1024),
+            Inbound::Keep(Incoming::Bad(_))
+        ));
+        let text = ClientFrame::Text("{}".into());
+        assert!(matches!(
+            RealtimeDoor::decode(text, 1024),
+            Inbound::Keep(Incoming::Bad(_))
+        ));
+        let junk = ClientFrame::Binary(Bytes::from_static(&[0xff, 0xff, 0xff]));
+        assert!(matches!(
+            RealtimeDoor::decode(junk, 1024),
+            Inbound::Keep(Incoming::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn messages_before_initialization_are_errors_and_the_session_goes_on() {
+        let mut d = door();
+        let now = Instant::now();
+        let mut out = feed(&mut d, now, ServiceBoundMessage::ping());
+        let p = payloads(&mut out);
+        assert!(
+            matches!(&p[..], [Cb::Error(e)] if e.message.contains("initialize") || e.message.contains("Initialize")),
+            "{p:?}"
+        );
+        assert!(out.closing().is_none());
+        assert!(!d.initialized());
+        assert!(d.poll_timeout().is_none());
+        init(&mut d, now);
+        let mut out = feed(&mut d, now, ServiceBoundMessage::ping());
+        assert!(matches!(payloads(&mut out)[..], [Cb::Pong(_)]));
+    }
+
+    #[test]
+    fn a_second_initialization_is_refused_without_closing() {
+        let mut d = door();
+        let now = Instant::now();
+        init(&mut d, now);
+        let config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+        let mut out = feed(
+            &mut d,
+            now,
+            ServiceBoundMessage::initialize(&config).unwrap(),
+        );
+        assert!(matches!(payloads(&mut out)[..], [Cb::Error(_)]));
+        assert!(out.closing().is_none());
+    }
+
+    #[test]
+    fn an_unusable_initialization_is_answered_then_closed_with_policy() {
+        let mut d = door();
+        // No audio lines at all.
+        let init = proto::InitializeSessionRequest::default();
+        let mut out = feed(&mut d, Instant::now(), ServiceBoundMessage::from(init));
+        assert!(matches!(payloads(&mut out)[..], [Cb::Error(_)]));
+        assert_eq!(out.closing().map(|c| c.code), Some(close_code::POLICY));
+        assert!(!d.initialized());
+    }
+
+    #[test]
+    fn the_init_timeout_says_why_before_the_close() {
+        let mut d = door();
+        let mut out = Out::new();
+        d.on_init_timeout(Instant::now(), &mut out);
+        let p = payloads(&mut out);
+        assert!(
+            matches!(&p[..], [Cb::Error(e)] if e.category == SessionErrorCategory::ErrorSession as i32)
+        );
+    }
+
+    #[test]
+    fn a_text_turn_asks_the_model_and_streams_its_reply_on_a_virtual_clock() {
+        let mut d = door();
+        let t0 = Instant::now();
+        init(&mut d, t0);
+        assert!(d.is_idle());
+        let mut out = feed(
+            &mut d,
+            t0,
+            ServiceBoundMessage::user_text(1, InferenceTriggerMode::Immediate, "hello"),
+        );
+        // The engine may wait for its own deadline before asking the model.
+        let mut requests = out.take_requests();
+        let mut now = t0;
+        for _ in 0..10 {
+            if !requests.is_empty() {
+                break;
+            }
+            now = d
+                .poll_timeout()
+                .expect("a deadline while the turn is pending");
+            let mut out = Out::new();
+            d.on_timeout(now, &mut out);
+            requests = out.take_requests();
+        }
+        let id = match &requests[..] {
+            [ProviderRequest::Generate { id, .. }] => *id,
+            other => panic!("expected one Generate, got {other:?}"),
+        };
+        assert!(!d.is_idle());
+        let mut out = Out::new();
+        d.on_provider(
+            now,
+            ProviderEvent::TextDelta {
+                id,
+                delta: "Hi there.".into(),
+            },
+            &mut out,
+        );
+        d.on_provider(now, ProviderEvent::Done { id }, &mut out);
+        let p = payloads(&mut out);
+        assert!(p.iter().any(|m| matches!(m, Cb::ResponseBegin(_))), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|m| matches!(m, Cb::ModelTextFragment(f) if f.text.contains("Hi there"))),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|m| matches!(m, Cb::ResponseEnd(_))), "{p:?}");
+        // A stale event for a request no longer awaited is ignored.
+        let mut out = Out::new();
+        d.on_provider(
+            now,
+            ProviderEvent::TextDelta {
+                id: RequestId(9_999),
+                delta: "late".into(),
+            },
+            &mut out,
+        );
+        assert!(payloads(&mut out).is_empty());
+    }
+
+    /// Feeds a text turn and runs the virtual clock until the engine asks the model.
+    fn until_generate(d: &mut RealtimeDoor, t0: Instant) -> (Instant, RequestId) {
+        let mut out = feed(
+            d,
+            t0,
+            ServiceBoundMessage::user_text(1, InferenceTriggerMode::Immediate, "hello"),
+        );
+        let mut requests = out.take_requests();
+        let mut now = t0;
+        for _ in 0..10 {
+            if let [ProviderRequest::Generate { id, .. }] = &requests[..] {
+                return (now, *id);
+            }
+            now = d
+                .poll_timeout()
+                .expect("a deadline while the turn is pending");
+            let mut out = Out::new();
+            d.on_timeout(now, &mut out);
+            requests = out.take_requests();
+        }
+        panic!("no Generate request: {requests:?}");
+    }
+
+    #[test]
+    fn close_cancels_provider_work() {
+        let mut d = door();
+        let t0 = Instant::now();
+        init(&mut d, t0);
+        let (now, id) = until_generate(&mut d, t0);
+        let mut out = Out::new();
+        d.on_close(now, &mut out);
+        let requests = out.take_requests();
+        assert!(
+            requests
+                .iter()
+                .any(|r| matches!(r, ProviderRequest::Cancel { id: c } if *c == id)),
+            "{requests:?}"
+        );
     }
 }
