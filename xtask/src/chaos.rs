@@ -51,12 +51,15 @@ pub(crate) struct Args {
     /// The server's `max_sessions` [default: sessions + probes + headroom].
     #[arg(long)]
     max_sessions: Option<usize>,
-    /// The server's `max_sessions_per_ip` (high, so the capacity limit is what is measured).
-    #[arg(long, default_value_t = 100_000)]
+    /// The server's `max_sessions_per_ip` (0: off, so the capacity limit is what is measured).
+    #[arg(long, default_value_t = 0)]
     max_sessions_per_ip: usize,
-    /// The server's `max_handshakes_per_sec_per_ip` (high, likewise; lower it to see 429s).
-    #[arg(long, default_value_t = 100_000)]
+    /// The server's `max_handshakes_per_sec_per_ip` (0: off, likewise; set it to see 429s).
+    #[arg(long, default_value_t = 0)]
     max_handshakes_per_sec_per_ip: usize,
+    /// The server's `max_scheduling_delay_ms` overload guard [default: the server's].
+    #[arg(long)]
+    max_scheduling_delay_ms: Option<u64>,
     /// The server's init timeout, seconds.
     #[arg(long, default_value_t = 2)]
     init_timeout: u64,
@@ -179,7 +182,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 /// The server's environment: limits from the flags, plus the Xiaozhi door's own hello and
 /// idle timeouts (which it honours until the shared lifecycle limits replace them).
 fn server_env(a: &Args, p: &Plan) -> Vec<(&'static str, String)> {
-    vec![
+    let mut env = vec![
         ("VOXGATE_MAX_SESSIONS", p.max_sessions.to_string()),
         ("VOXGATE_MAX_SESSIONS_PER_DOOR", p.max_sessions.to_string()),
         (
@@ -203,7 +206,11 @@ fn server_env(a: &Args, p: &Plan) -> Vec<(&'static str, String)> {
             "VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS",
             a.idle_timeout.to_string(),
         ),
-    ]
+    ];
+    if let Some(ms) = a.max_scheduling_delay_ms {
+        env.push(("VOXGATE_MAX_SCHEDULING_DELAY_MS", ms.to_string()));
+    }
+    env
 }
 
 fn chaos(
@@ -401,7 +408,7 @@ fn table(
         [
             "server limits".into(),
             format!(
-                "max_sessions {}, per IP {}, handshakes/s/IP {}",
+                "max_sessions {}, per IP {}, handshakes/s/IP {} (0: off)",
                 p.max_sessions, a.max_sessions_per_ip, a.max_handshakes_per_sec_per_ip
             ),
             String::new(),
@@ -677,5 +684,6 @@ mod tests {
         assert!(t.contains("NOT closed: still open after 8s"), "{t}");
         assert!(t.contains("capacity 496"), "{t}");
         assert!(t.contains("VOXGATE_MAX_SESSIONS=28 "), "{t}");
+        assert!(t.contains("VOXGATE_MAX_SESSIONS_PER_IP=0 "), "{t}");
     }
 }
