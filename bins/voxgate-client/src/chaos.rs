@@ -18,8 +18,8 @@
 //!    open files and memory, and whether a fresh session is still admitted.
 //! 5. **timeouts**, concurrently: an upgraded connection that never initializes (Xiaozhi and
 //!    realtime), a peer that initializes and then stops reading while the server writes to it,
-//!    and a dead peer (initialized, then silent: no frames, no pongs): when the server closed
-//!    each, and with which close code, each bounded by `check_limit`.
+//!    and a dead peer (initialized, then silent: no frames, no pongs; Xiaozhi and realtime):
+//!    when the server closed each, and with which close code, each bounded by `check_limit`.
 //!
 //! The server's `/metrics` is read between phases (dropped frames, refusals by reason).
 //! Every loop is bounded in count and time, and only 127.0.0.0/8 addresses are used.
@@ -313,10 +313,11 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     for i in 0..opts.sessions {
         let (frames, stop, addr) = (Arc::clone(&frames), stop.clone(), opts.addr);
         let begin = began + step * u32::try_from(i).unwrap_or(u32::MAX);
+        let offset = u64::try_from(i * frames.frames.len() / opts.sessions.max(1)).unwrap_or(0);
         devices.push(tokio::spawn(async move {
             sleep_until(begin).await;
             let mut rec = Recorded::default();
-            if let Err(e) = device(i, addr, &frames, stop, &mut rec).await {
+            if let Err(e) = device(i, offset, addr, &frames, stop, &mut rec).await {
                 rec.error = Some(format!("xiaozhi: {e:#}"));
             }
             rec
@@ -360,11 +361,12 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     eprintln!("chaos: timeout checks (at most {:?})", opts.check_limit);
     let t_checks = Instant::now();
     let m_checks = scrape(opts.addr).await;
-    let (a, b, c, d) = tokio::join!(
+    let (a, b, c, d, e) = tokio::join!(
         check_never_initializes(opts.addr, XIAOZHI_PATH, opts.check_limit),
         check_never_initializes(opts.addr, REALTIME_PATH, opts.check_limit),
         check_stops_reading(opts.addr, opts.check_limit),
-        check_dead_peer(opts.addr, opts.check_limit),
+        check_dead_peer(opts.addr, XIAOZHI_PATH, opts.check_limit),
+        check_dead_peer(opts.addr, REALTIME_PATH, opts.check_limit),
     );
     let _ = stop_tx.send(true);
 
@@ -418,7 +420,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         during_slowloris: phase(t_slow, t_checks, &m_slow, &m_checks),
         flood,
         slowloris,
-        checks: vec![a, b, c, d],
+        checks: vec![a, b, c, d, e],
         refused_by_reason,
         server_dropped_total: metric_sum(&m_end, "voxgate_dropped_frames_total", "")
             - metric_sum(&m_start, "voxgate_dropped_frames_total", ""),
@@ -518,9 +520,12 @@ fn speech_frames(wav: &std::path::Path) -> anyhow::Result<Speech> {
 }
 
 /// One admitted device: auto-mode turns until stopped, recording each turn's latency from the
-/// end of its speech (the end of the last voiced frame's slot) to the first reply frame.
+/// end of its speech (the end of the last voiced frame's slot) to the first reply frame. The
+/// first turn starts `offset` frames into the speech, so the devices' turns are spread over
+/// time and every phase gets samples, however short.
 async fn device(
     index: usize,
+    offset: u64,
     addr: SocketAddr,
     speech: &Speech,
     mut stop: watch::Receiver<bool>,
@@ -547,6 +552,7 @@ async fn device(
     let mut speech_end: Option<Instant> = None;
     let hello_by = Instant::now() + Duration::from_secs(10);
     let len = u64::try_from(speech.frames.len()).unwrap_or(1).max(1);
+    let mut first = offset;
     loop {
         let next = streaming.map(|(p, i)| p.due(i));
         tokio::select! {
@@ -554,7 +560,7 @@ async fn device(
             () = sleep_until(hello_by), if !rec.connected => bail!("no hello within 10 s"),
             () = sleep_until(next.unwrap_or(hello_by)), if next.is_some() => {
                 let Some((pacing, i)) = streaming.as_mut() else { continue };
-                let k = usize::try_from(*i % len).unwrap_or(0);
+                let k = usize::try_from((*i + first) % len).unwrap_or(0);
                 let frame = speech.frames[k].clone();
                 let now = Instant::now();
                 if pacing.lateness(*i, now) > SLACK {
@@ -599,6 +605,7 @@ async fn device(
                             playback.stop();
                             rec.turns += 1;
                             speech_end = None;
+                            first = 0;
                             listen(&mut ws, &session_id).await?;
                             streaming = Some((Pacing::new(Instant::now(), UPLINK_FRAME), 0));
                         }
@@ -1263,26 +1270,42 @@ async fn check_never_initializes(addr: SocketAddr, path: &str, limit: Duration) 
     check
 }
 
-/// A device that says hello and then goes silent: no frames, no pongs.
-async fn check_dead_peer(addr: SocketAddr, limit: Duration) -> CheckReport {
+/// A peer that initializes (a Xiaozhi hello, or a realtime initialization) and then goes
+/// silent: no frames, no pongs.
+async fn check_dead_peer(addr: SocketAddr, path: &str, limit: Duration) -> CheckReport {
+    let door = if path == XIAOZHI_PATH {
+        "xiaozhi"
+    } else {
+        "realtime"
+    };
     let mut check = CheckReport {
-        name: "dead peer, no pongs (xiaozhi)".into(),
+        name: format!("dead peer, no pongs ({door})"),
         ..CheckReport::default()
+    };
+    let init = if path == XIAOZHI_PATH {
+        client_frame(
+            1,
+            xiaozhi::hello(ProtocolVersion::V1, false).as_bytes(),
+            [7, 1, 3, 9],
+        )
+    } else {
+        match realtime_init(false) {
+            Ok(frame) => client_frame(2, &frame, [7, 1, 3, 9]),
+            Err(e) => {
+                check.error = Some(format!("{e:#}"));
+                return check;
+            }
+        }
     };
     match timeout(
         ATTEMPT_TIMEOUT,
-        upgrade(addr, Ipv4Addr::LOCALHOST, XIAOZHI_PATH, 200_002, None),
+        upgrade(addr, Ipv4Addr::LOCALHOST, path, 200_002, None),
     )
     .await
     {
         Ok(Ok(mut up)) if up.head.status == 101 => {
-            let hello = xiaozhi::hello(ProtocolVersion::V1, false);
-            if let Err(e) = up
-                .stream
-                .write_all(&client_frame(1, hello.as_bytes(), [7, 1, 3, 9]))
-                .await
-            {
-                check.error = Some(format!("sending hello: {e}"));
+            if let Err(e) = up.stream.write_all(&init).await {
+                check.error = Some(format!("initializing: {e}"));
                 return check;
             }
             let since = Instant::now();
