@@ -2,6 +2,7 @@
 //!
 //! Everything CI does is a command here, so a contributor can run exactly what CI runs.
 
+mod chaos;
 mod ci;
 mod codegen;
 mod deps;
@@ -38,6 +39,10 @@ enum Command {
     /// Load test: N concurrent streaming Xiaozhi sessions against the real server; prints CPU,
     /// memory per session and dropped frames.
     Load(load::Args),
+    /// Chaos test of admission control and timeouts: admitted streaming sessions, a flood of
+    /// upgrades over capacity, slowloris and misbehaving peers against the real server; prints
+    /// one table.
+    Chaos(Box<chaos::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,5 +54,6 @@ fn main() -> anyhow::Result<()> {
         Command::Golden(args) => golden::run(&args),
         Command::Interop(args) => interop::run(&args),
         Command::Load(args) => load::run(&args),
+        Command::Chaos(args) => chaos::run(&args),
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use voxgate_xiaozhi::control::ListenMode;
 
+use crate::chaos::ChaosOptions;
 use crate::events::Events;
 use crate::gemini::GeminiOptions;
 use crate::load::LoadOptions;
@@ -36,6 +37,9 @@ pub enum Command {
     /// Generate load.
     #[command(subcommand)]
     Load(LoadCommand),
+    /// Admission control and timeouts under abuse (floods, slowloris, dead peers) against a
+    /// loopback server; prints a JSON report.
+    Chaos(ChaosArgs),
 }
 
 /// What to load.
@@ -196,6 +200,81 @@ pub struct LoadArgs {
     pub protocol_version: u8,
 }
 
+/// `voxgate-client chaos` (run by `cargo xtask chaos`, which starts the server with limits).
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    /// The server's address, on 127.0.0.0/8, e.g. 127.0.0.1:8080.
+    pub addr: std::net::SocketAddr,
+    /// Admitted streaming Xiaozhi sessions.
+    #[arg(long, default_value_t = 100)]
+    pub sessions: usize,
+    /// Admitted realtime sessions measuring ping round trips.
+    #[arg(long, default_value_t = 4)]
+    pub probes: usize,
+    /// Speech the sessions stream (looped).
+    #[arg(long, value_name = "FILE")]
+    pub wav: PathBuf,
+    /// Seconds over which the sessions start.
+    #[arg(long, default_value_t = 5.0)]
+    pub ramp: f64,
+    /// Seconds of baseline before the flood.
+    #[arg(long, default_value_t = 15.0)]
+    pub before: f64,
+    /// Upgrade attempts in the flood.
+    #[arg(long, default_value_t = 5000)]
+    pub attempts: usize,
+    /// Flood attempts in flight at once.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: usize,
+    /// Seconds the flood's attempts are spread over (0: as fast as possible).
+    #[arg(long, default_value_t = 15.0)]
+    pub flood_seconds: f64,
+    /// Loopback source addresses for the flood (127.0.0.2 onwards; 0: 127.0.0.1 only).
+    #[arg(long, default_value_t = 4)]
+    pub sources: u8,
+    /// Slowloris connections (half drip the upgrade request, half send nothing).
+    #[arg(long, default_value_t = 200)]
+    pub slow: usize,
+    /// Seconds the slowloris connections are held.
+    #[arg(long, default_value_t = 10.0)]
+    pub slow_seconds: f64,
+    /// Seconds between the dripped bytes.
+    #[arg(long, default_value_t = 0.5)]
+    pub drip: f64,
+    /// The longest any timeout check waits for the server to close, in seconds.
+    #[arg(long, default_value_t = 12.0)]
+    pub check_limit: f64,
+    /// The server's process id, to sample its open files and memory.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+}
+
+fn secs(s: f64, default: u64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::from_secs(default))
+}
+
+impl From<&ChaosArgs> for ChaosOptions {
+    fn from(a: &ChaosArgs) -> Self {
+        Self {
+            addr: a.addr,
+            sessions: a.sessions,
+            probes: a.probes,
+            wav: a.wav.clone(),
+            ramp: secs(a.ramp, 5),
+            before: secs(a.before, 15),
+            attempts: a.attempts,
+            concurrency: a.concurrency,
+            flood: secs(a.flood_seconds, 15),
+            sources: a.sources,
+            slow: a.slow,
+            slow_for: secs(a.slow_seconds, 10),
+            drip: secs(a.drip, 1),
+            check_limit: secs(a.check_limit, 12),
+            server_pid: a.server_pid,
+        }
+    }
+}
+
 impl From<&RealtimeArgs> for RealtimeOptions {
     fn from(a: &RealtimeArgs) -> Self {
         Self {
@@ -290,6 +369,11 @@ impl Cli {
                 println!("{}", serde_json::to_string(&summary)?);
                 Ok(())
             }
+            Command::Chaos(a) => {
+                let report = crate::chaos::run(&a.into()).await?;
+                println!("{}", serde_json::to_string(&report)?);
+                Ok(())
+            }
         }
     }
 }
@@ -378,6 +462,31 @@ mod tests {
         };
         let o = LoadOptions::from(a);
         assert_eq!((o.sessions, o.seconds), (200, 30));
+    }
+
+    #[test]
+    fn chaos_takes_an_address_and_durations() {
+        assert!(parse(&["chaos", "not-an-address", "--wav", "s.wav"]).is_err());
+        let cli = parse(&[
+            "chaos",
+            "127.0.0.1:8080",
+            "--wav",
+            "s.wav",
+            "--attempts",
+            "500",
+            "--flood-seconds",
+            "2.5",
+            "--server-pid",
+            "42",
+        ])
+        .unwrap();
+        let Command::Chaos(a) = &cli.command else {
+            panic!()
+        };
+        let o = ChaosOptions::from(a);
+        assert_eq!((o.attempts, o.sessions, o.server_pid), (500, 100, Some(42)));
+        assert_eq!(o.flood, Duration::from_millis(2500));
+        assert_eq!(o.drip, Duration::from_millis(500));
     }
 
     #[test]

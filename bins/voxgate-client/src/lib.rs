@@ -11,10 +11,12 @@
 //! | [`retell`] | `/llm-websocket/{call_id}` | Retell's side of the custom-LLM socket (voxgate-retell) |
 //! | [`gemini`] | `/gemini`, port 3001 | the Gemini bridge JSON protocol (voxgate-gemini) |
 //! | [`load`] | `/xiaozhi/v1/` | N concurrent streaming devices, counting frames |
+//! | [`chaos`] | `/xiaozhi/v1/`, `/realtime` | floods, slowloris and misbehaving peers against admission control and timeouts |
 //!
 //! [`cli`] holds the command-line grammar and turns arguments into options.
 
 pub mod audio;
+pub mod chaos;
 pub mod cli;
 pub mod events;
 pub mod gemini;

@@ -6,6 +6,7 @@
 //! voxgate-client retell URL [--text T]...
 //! voxgate-client gemini URL [--text T]... [--wav FILE] [--save-reply FILE]
 //! voxgate-client load xiaozhi URL --sessions N --seconds S --wav FILE
+//! voxgate-client chaos 127.0.0.1:PORT --wav FILE [--sessions N] [--attempts M] ...
 //! ```
 //!
 //! Every server event is printed on stdout as one JSON object per line; errors go to stderr

@@ -1,0 +1,690 @@
+//! Chaos test of admission control and lifecycle timeouts against the real server (release
+//! builds): admitted streaming sessions, a flood of upgrades over capacity, slowloris, and
+//! peers that never initialize, stop reading or die. Prints one table.
+//!
+//! The server runs on `127.0.0.1` with a free port, the embedded defaults and limits set from
+//! the flags through its environment (`VOXGATE_MAX_SESSIONS` just above the admitted sessions,
+//! short init/ping/write timeouts so the checks finish quickly). `voxgate-client chaos` does
+//! all the socket work and prints a JSON report, which this turns into the table. Every phase
+//! is bounded; the default run takes about a minute after the build, `--quick` about 25 s.
+
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+use crate::util;
+
+/// Options of `cargo xtask chaos`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// A short run for CI: 20 sessions, 500 attempts, 50 slow connections, about 25 s.
+    #[arg(long)]
+    quick: bool,
+    /// Admitted streaming Xiaozhi sessions [default: 100, quick 20].
+    #[arg(long)]
+    sessions: Option<usize>,
+    /// Admitted realtime sessions measuring ping round trips.
+    #[arg(long, default_value_t = 4)]
+    probes: usize,
+    /// Upgrade attempts in the flood [default: 5000, quick 500].
+    #[arg(long)]
+    attempts: Option<usize>,
+    /// Flood attempts in flight at once.
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Loopback source addresses for the flood and slowloris (127.0.0.2 onwards).
+    #[arg(long, default_value_t = 4)]
+    sources: u8,
+    /// Slowloris connections [default: 200, quick 50].
+    #[arg(long)]
+    slow: Option<usize>,
+    /// Free session slots above the admitted sessions: the flood may take them (and holds
+    /// them until it ends); afterwards the five timeout checks need them.
+    #[arg(long, default_value_t = 5)]
+    headroom: usize,
+    /// The server's `max_sessions` [default: sessions + probes + headroom].
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// The server's `max_sessions_per_ip` (0: off, so the capacity limit is what is measured).
+    #[arg(long, default_value_t = 0)]
+    max_sessions_per_ip: usize,
+    /// The server's `max_handshakes_per_sec_per_ip` (0: off, likewise; set it to see 429s).
+    #[arg(long, default_value_t = 0)]
+    max_handshakes_per_sec_per_ip: usize,
+    /// The server's `max_scheduling_delay_ms` overload guard [default: the server's].
+    #[arg(long)]
+    max_scheduling_delay_ms: Option<u64>,
+    /// The server's init timeout, seconds.
+    #[arg(long, default_value_t = 2)]
+    init_timeout: u64,
+    /// The server's ping interval, seconds.
+    #[arg(long, default_value_t = 1)]
+    ping_interval: u64,
+    /// The server's write timeout, seconds.
+    #[arg(long, default_value_t = 2)]
+    write_timeout: u64,
+    /// The server's idle timeout, seconds (long: the dead peer must be found by pings).
+    #[arg(long, default_value_t = 60)]
+    idle_timeout: u64,
+    /// Seconds over which the sessions start [default: 5, quick 2].
+    #[arg(long)]
+    ramp: Option<f64>,
+    /// Seconds of baseline before the flood [default: 15, quick 4].
+    #[arg(long)]
+    before: Option<f64>,
+    /// Seconds the flood is spread over [default: 15, quick 4].
+    #[arg(long)]
+    flood_seconds: Option<f64>,
+    /// Seconds slowloris lasts [default: 10, quick 4].
+    #[arg(long)]
+    slow_seconds: Option<f64>,
+    /// The longest each timeout check waits, seconds [default: 12, quick 8].
+    #[arg(long)]
+    check_limit: Option<f64>,
+    /// Speech the sessions stream (default: the audio crate's speech fixture).
+    #[arg(long)]
+    wav: Option<PathBuf>,
+    /// Also write the client's JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Use the release binaries already built (skip `cargo build --release`).
+    #[arg(long)]
+    no_build: bool,
+    /// Test this server binary instead of the workspace's release build.
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Use this client binary instead of the workspace's release build.
+    #[arg(long)]
+    client_bin: Option<PathBuf>,
+}
+
+/// The run's settings after `--quick` and the defaults are applied.
+struct Plan {
+    sessions: usize,
+    attempts: usize,
+    slow: usize,
+    max_sessions: usize,
+    ramp: f64,
+    before: f64,
+    flood_seconds: f64,
+    slow_seconds: f64,
+    check_limit: f64,
+}
+
+impl Plan {
+    fn new(a: &Args) -> Self {
+        let q = |quick: f64, full: f64| if a.quick { quick } else { full };
+        let sessions = a.sessions.unwrap_or(if a.quick { 20 } else { 100 });
+        Self {
+            sessions,
+            attempts: a.attempts.unwrap_or(if a.quick { 500 } else { 5000 }),
+            slow: a.slow.unwrap_or(if a.quick { 50 } else { 200 }),
+            max_sessions: a.max_sessions.unwrap_or(sessions + a.probes + a.headroom),
+            ramp: a.ramp.unwrap_or(q(2.0, 5.0)),
+            before: a.before.unwrap_or(q(4.0, 15.0)),
+            flood_seconds: a.flood_seconds.unwrap_or(q(4.0, 15.0)),
+            slow_seconds: a.slow_seconds.unwrap_or(q(4.0, 10.0)),
+            check_limit: a.check_limit.unwrap_or(q(8.0, 12.0)),
+        }
+    }
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let root = util::root();
+    let plan = Plan::new(args);
+    if !args.no_build && (args.server_bin.is_none() || args.client_bin.is_none()) {
+        util::run(util::cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "voxgate-server-bin",
+            "-p",
+            "voxgate-client",
+        ]))?;
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let server_bin = args
+        .server_bin
+        .clone()
+        .unwrap_or_else(|| target.join("release/voxgate-server"));
+    let client_bin = args
+        .client_bin
+        .clone()
+        .unwrap_or_else(|| target.join("release/voxgate-client"));
+    let wav = args
+        .wav
+        .clone()
+        .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/speech.wav"));
+
+    let env = server_env(args, &plan);
+    let (mut server, addr, warnings) = start_server(&server_bin, &env)?;
+    let result = chaos(args, &plan, &client_bin, &wav, &server, addr);
+    // Our own child, by handle.
+    let _ = server.kill();
+    let _ = server.wait();
+    let report = result?;
+    let warned = warnings.load(Ordering::Relaxed);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{}", table(args, &plan, &env, &report, warned));
+    Ok(())
+}
+
+/// The server's environment: limits from the flags, plus the Xiaozhi door's own hello and
+/// idle timeouts (which it honours until the shared lifecycle limits replace them).
+fn server_env(a: &Args, p: &Plan) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("VOXGATE_MAX_SESSIONS", p.max_sessions.to_string()),
+        ("VOXGATE_MAX_SESSIONS_PER_DOOR", p.max_sessions.to_string()),
+        (
+            "VOXGATE_MAX_SESSIONS_PER_IP",
+            a.max_sessions_per_ip.to_string(),
+        ),
+        (
+            "VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP",
+            a.max_handshakes_per_sec_per_ip.to_string(),
+        ),
+        ("VOXGATE_INIT_TIMEOUT_SECS", a.init_timeout.to_string()),
+        ("VOXGATE_IDLE_TIMEOUT_SECS", a.idle_timeout.to_string()),
+        ("VOXGATE_PING_INTERVAL_SECS", a.ping_interval.to_string()),
+        ("VOXGATE_WRITE_TIMEOUT_SECS", a.write_timeout.to_string()),
+        ("VOXGATE_SHUTDOWN_GRACE_SECS", "1".to_owned()),
+        (
+            "VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS",
+            (a.init_timeout * 1000).to_string(),
+        ),
+        (
+            "VOXGATE_XIAOZHI_IDLE_TIMEOUT_SECS",
+            a.idle_timeout.to_string(),
+        ),
+    ];
+    if let Some(ms) = a.max_scheduling_delay_ms {
+        env.push(("VOXGATE_MAX_SCHEDULING_DELAY_MS", ms.to_string()));
+    }
+    env
+}
+
+fn chaos(
+    a: &Args,
+    p: &Plan,
+    client_bin: &Path,
+    wav: &Path,
+    server: &Child,
+    addr: SocketAddr,
+) -> anyhow::Result<Value> {
+    let mut cmd = Command::new(client_bin);
+    cmd.arg("chaos")
+        .arg(addr.to_string())
+        .arg("--wav")
+        .arg(wav)
+        .args(["--sessions", &p.sessions.to_string()])
+        .args(["--probes", &a.probes.to_string()])
+        .args(["--ramp", &p.ramp.to_string()])
+        .args(["--before", &p.before.to_string()])
+        .args(["--attempts", &p.attempts.to_string()])
+        .args(["--concurrency", &a.concurrency.to_string()])
+        .args(["--flood-seconds", &p.flood_seconds.to_string()])
+        .args(["--sources", &a.sources.to_string()])
+        .args(["--slow", &p.slow.to_string()])
+        .args(["--slow-seconds", &p.slow_seconds.to_string()])
+        .args(["--check-limit", &p.check_limit.to_string()])
+        .args(["--server-pid", &server.id().to_string()]);
+    eprintln!("$ {}", util::describe(&cmd));
+    let mut client = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting voxgate-client")?;
+    let mut out = String::new();
+    client
+        .stdout
+        .take()
+        .context("client stdout")?
+        .read_to_string(&mut out)?;
+    let status = client.wait()?;
+    if !status.success() {
+        bail!("voxgate-client chaos failed with {status}");
+    }
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .context("the client printed no report")
+}
+
+/// Starts the release server on a free loopback port with `env`; returns it, its address and
+/// a count of the warnings it logged (the first few are echoed).
+fn start_server(
+    bin: &Path,
+    env: &[(&'static str, String)],
+) -> anyhow::Result<(Child, SocketAddr, Arc<AtomicU64>)> {
+    let mut cmd = Command::new(bin);
+    cmd.args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    eprintln!("$ {}", util::describe(&cmd));
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stderr = child.stderr.take().context("server stderr")?;
+    let (tx, rx) = mpsc::channel();
+    let warnings = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&warnings);
+    // Keep draining the server's log so it never blocks on a full pipe; a flood may make it
+    // warn thousands of times, so only the first few lines are shown.
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent && let Some(addr) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(addr.trim().to_owned());
+                sent = true;
+            } else if (line.contains("ERROR") || line.contains("WARN"))
+                && counted.fetch_add(1, Ordering::Relaxed) < 10
+            {
+                eprintln!("server: {line}");
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(addr) => Ok((
+            child,
+            addr.parse()
+                .with_context(|| format!("server address {addr}"))?,
+            warnings,
+        )),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the server did not report its address within 20 s")
+        }
+    }
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+/// `p50 / p99 ms (n)` of a latency object.
+fn lat(v: &Value) -> String {
+    if v["n"].as_u64().unwrap_or(0) == 0 {
+        return "no samples".into();
+    }
+    format!(
+        "{:.1} / {:.1} ms (n={})",
+        num(&v["p50"]),
+        num(&v["p99"]),
+        v["n"]
+    )
+}
+
+fn secs_or(v: &Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1} s"))
+}
+
+/// The report as one Markdown table: measured against what the configuration promises.
+fn table(
+    a: &Args,
+    p: &Plan,
+    env: &[(&'static str, String)],
+    r: &Value,
+    server_warnings: u64,
+) -> String {
+    let f = &r["flood"];
+    let s = &r["slowloris"];
+    let status = |code: &str| f["by_status"][code].as_u64().unwrap_or(0);
+    let (s503, s429, s101) = (status("503"), status("429"), status("101"));
+    let others: Vec<String> = f["by_status"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !matches!(k.as_str(), "503" | "429" | "101"))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let errors: Vec<String> = f["errors"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let refused = s503 + s429;
+    let free = (p.max_sessions as f64 - num(&f["sessions_open_before"])).max(0.0);
+    let reasons: Vec<String> = r["refused_by_reason"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k} {}", num(v)))
+        .collect();
+    let phase = |name: &str, key: &str| -> String {
+        ["before", "during_flood", "during_slowloris"]
+            .iter()
+            .map(|ph| lat(&r[*ph][key]))
+            .collect::<Vec<_>>()
+            .join(" → ")
+            + &format!(" ({name})")
+    };
+    let sum = |key: &str| -> f64 {
+        ["before", "during_flood", "during_slowloris"]
+            .iter()
+            .map(|ph| num(&r[*ph][key]))
+            .sum()
+    };
+    let per_phase = |key: &str| -> String {
+        ["before", "during_flood", "during_slowloris"]
+            .iter()
+            .map(|ph| num(&r[*ph][key]).to_string())
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    let opt = |v: &Value| v.as_u64().map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let fresh = s["fresh_session_ms"].as_f64().map_or_else(
+        || {
+            format!(
+                "REFUSED ({})",
+                s["fresh_session_error"].as_str().unwrap_or("?")
+            )
+        },
+        |ms| format!("admitted, greeted in {ms:.0} ms"),
+    );
+    let mut rows: Vec<[String; 3]> = vec![
+        [
+            "admitted sessions (Xiaozhi streaming + realtime ping)".into(),
+            format!(
+                "{}/{} + {}/{}",
+                r["connected"], r["sessions"], r["probes_connected"], r["probes"]
+            ),
+            "all".into(),
+        ],
+        [
+            "server limits".into(),
+            format!(
+                "max_sessions {}, per IP {}, handshakes/s/IP {} (0: off)",
+                p.max_sessions, a.max_sessions_per_ip, a.max_handshakes_per_sec_per_ip
+            ),
+            String::new(),
+        ],
+        [
+            "flood attempts".into(),
+            format!(
+                "{} in {:.1} s ({} in flight, {} source addresses, {} started late)",
+                f["attempts"],
+                num(&f["seconds"]),
+                a.concurrency,
+                a.sources.max(1),
+                f["late_starts"]
+            ),
+            format!("{} (0 late)", p.attempts),
+        ],
+        [
+            "refused 503 / 429".into(),
+            format!("{s503} / {s429} ({refused} total)"),
+            format!(
+                "{} (all but the free slots)",
+                (p.attempts as f64 - free).max(0.0)
+            ),
+        ],
+        [
+            "admitted over capacity (101)".into(),
+            format!("{s101} ({free} slots were free)"),
+            format!("≤ {free}"),
+        ],
+        [
+            "refusals with Retry-After".into(),
+            format!("{}/{refused}", f["retry_after"]),
+            "all".into(),
+        ],
+        [
+            "other statuses / no response".into(),
+            format!(
+                "{} / {}",
+                if others.is_empty() {
+                    "none".into()
+                } else {
+                    others.join(", ")
+                },
+                if errors.is_empty() {
+                    "none".into()
+                } else {
+                    errors.join(", ")
+                }
+            ),
+            "none / none".into(),
+        ],
+        [
+            "refusal latency p50 / p99 / max".into(),
+            if f["refusal_ms"]["n"].as_u64().unwrap_or(0) == 0 {
+                "no refusals".into()
+            } else {
+                format!(
+                    "{:.1} / {:.1} / {:.1} ms",
+                    num(&f["refusal_ms"]["p50"]),
+                    num(&f["refusal_ms"]["p99"]),
+                    num(&f["refusal_ms"]["max"])
+                )
+            },
+            "fast".into(),
+        ],
+        [
+            "server refusals by reason (/metrics)".into(),
+            if reasons.is_empty() {
+                "none".into()
+            } else {
+                reasons.join(", ")
+            },
+            format!("{refused} in all"),
+        ],
+        [
+            "turn latency p50 / p99: before → flood → slowloris".into(),
+            phase("end of speech to first reply frame", "turn_ms"),
+            "unchanged".into(),
+        ],
+        [
+            "ping round trip p50 / p99: before → flood → slowloris".into(),
+            phase("realtime Ping to Pong", "ping_ms"),
+            "unchanged".into(),
+        ],
+        [
+            "server dropped frames up + down: before / flood / slowloris".into(),
+            format!(
+                "{} + {} / {} + {} / {} + {} (whole run, timeout checks included: {})",
+                num(&r["before"]["server_dropped_uplink"]),
+                num(&r["before"]["server_dropped_downlink"]),
+                num(&r["during_flood"]["server_dropped_uplink"]),
+                num(&r["during_flood"]["server_dropped_downlink"]),
+                num(&r["during_slowloris"]["server_dropped_uplink"]),
+                num(&r["during_slowloris"]["server_dropped_downlink"]),
+                num(&r["server_dropped_total"])
+            ),
+            "0".into(),
+        ],
+        [
+            "client late frames / late sends: before / flood / slowloris".into(),
+            format!(
+                "{} ; {} (total {} ; {})",
+                per_phase("late_frames"),
+                per_phase("late_sends"),
+                sum("late_frames"),
+                sum("late_sends")
+            ),
+            "0".into(),
+        ],
+        [
+            "admitted sessions with errors".into(),
+            format!(
+                "{}{}",
+                r["session_errors"],
+                r["errors"]
+                    .as_array()
+                    .filter(|e| !e.is_empty())
+                    .map(|e| format!(
+                        " ({})",
+                        e.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ))
+                    .unwrap_or_default()
+            ),
+            "0".into(),
+        ],
+        [
+            "slowloris: drip / silent connections, closed by server".into(),
+            format!(
+                "{} / {}, {} closed (first {}, last {}), {} failed to open, {} bytes dripped",
+                s["drip"],
+                s["silent"],
+                s["closed_by_server"],
+                secs_or(&s["first_close_secs"]),
+                secs_or(&s["last_close_secs"]),
+                s["open_failed"],
+                s["bytes_dripped"]
+            ),
+            "closed, or held without a session slot".into(),
+        ],
+        [
+            "slowloris: a fresh device meanwhile".into(),
+            fresh,
+            "admitted".into(),
+        ],
+        [
+            "slowloris: server open files / RSS".into(),
+            format!(
+                "fds {} → {} → {} ; RSS {} → {} KB",
+                opt(&s["server_fds_before"]),
+                opt(&s["server_fds_during"]),
+                opt(&s["server_fds_after"]),
+                opt(&s["server_rss_kb_before"]),
+                opt(&s["server_rss_kb_during"])
+            ),
+            "back to the baseline after".into(),
+        ],
+    ];
+    let init = format!("≈ {} s (init timeout), 1008", a.init_timeout);
+    for c in r["checks"].as_array().into_iter().flatten() {
+        let name = c["name"].as_str().unwrap_or("?");
+        let measured = match (c["closed_after_secs"].as_f64(), c["error"].as_str()) {
+            (_, Some(e)) => format!("could not run: {e}"),
+            (Some(t), None) => format!(
+                "closed after {t:.2} s, code {}{} — {}",
+                opt(&c["close_code"]),
+                if c["pings"].as_u64().unwrap_or(0) > 0 {
+                    format!(", after {} pings", c["pings"])
+                } else {
+                    String::new()
+                },
+                c["detail"].as_str().unwrap_or("")
+            ),
+            (None, None) => format!("NOT closed: {}", c["detail"].as_str().unwrap_or("")),
+        };
+        let goal = if name.starts_with("never initializes") {
+            init.clone()
+        } else if name.starts_with("stops reading") {
+            format!("write timeout {} s after its buffers fill", a.write_timeout)
+        } else if name.starts_with("dead peer") {
+            format!(
+                "≤ {} s (two missed pongs at {} s)",
+                3 * a.ping_interval,
+                a.ping_interval
+            )
+        } else {
+            String::new()
+        };
+        rows.push([format!("timeout: {name}"), measured, goal]);
+    }
+    rows.push([
+        "server warnings logged".into(),
+        server_warnings.to_string(),
+        String::new(),
+    ]);
+    rows.push([
+        "run length".into(),
+        format!("{:.1} s", num(&r["seconds"])),
+        "< 120 s".into(),
+    ]);
+    let mut out = format!(
+        "== chaos{}: {}\n\n| | measured | expected |\n|---|---|---|\n",
+        if a.quick { " --quick" } else { "" },
+        env.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for [k, m, e] in rows {
+        out.push_str(&format!("| {k} | {m} | {e} |\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        Cli::parse_from(std::iter::once("chaos").chain(extra.iter().copied())).args
+    }
+
+    #[test]
+    fn quick_shrinks_the_run_and_flags_still_win() {
+        let full = Plan::new(&args(&[]));
+        assert_eq!((full.sessions, full.attempts, full.slow), (100, 5000, 200));
+        assert_eq!(full.max_sessions, 109);
+        let quick = Plan::new(&args(&["--quick", "--attempts", "700"]));
+        assert_eq!(
+            (quick.sessions, quick.attempts, quick.max_sessions),
+            (20, 700, 29)
+        );
+        // The whole quick run stays short: phases plus the longest check.
+        let total = quick.ramp + 1.0 + quick.before + quick.flood_seconds + quick.slow_seconds;
+        assert!(total + quick.check_limit < 35.0, "{total}");
+    }
+
+    #[test]
+    fn the_table_reads_the_report() {
+        let a = args(&["--quick"]);
+        let p = Plan::new(&a);
+        let report = serde_json::json!({
+            "sessions": 20, "connected": 20, "probes": 4, "probes_connected": 4,
+            "session_errors": 0, "errors": [], "seconds": 21.5,
+            "before": {"turn_ms": {"n": 3, "p50": 900.0, "p99": 1200.0, "max": 1200.0},
+                       "ping_ms": {"n": 0}, "server_dropped_uplink": 0.0},
+            "flood": {"attempts": 500, "seconds": 4.1, "sessions_open_before": 25.0,
+                      "by_status": {"503": 496, "101": 4}, "retry_after": 496,
+                      "errors": {}, "refusal_ms": {"n": 496, "p50": 0.5, "p99": 3.0, "max": 9.0}},
+            "slowloris": {"drip": 25, "silent": 25, "closed_by_server": 0},
+            "checks": [{"name": "never initializes (xiaozhi)", "closed_after_secs": 2.01,
+                        "close_code": 1008, "pings": 0, "detail": "close frame, then TCP close"},
+                       {"name": "dead peer, no pongs (xiaozhi)", "detail": "still open after 8s"}],
+            "refused_by_reason": {"capacity": 496.0},
+        });
+        let t = table(&a, &p, &server_env(&a, &p), &report, 0);
+        assert!(
+            t.contains("| refused 503 / 429 | 496 / 0 (496 total) |"),
+            "{t}"
+        );
+        assert!(t.contains("| 4 (4 slots were free) | ≤ 4 |"), "{t}");
+        assert!(t.contains("900.0 / 1200.0 ms (n=3) → no samples"), "{t}");
+        assert!(t.contains("closed after 2.01 s, code 1008"), "{t}");
+        assert!(t.contains("NOT closed: still open after 8s"), "{t}");
+        assert!(t.contains("capacity 496"), "{t}");
+        assert!(t.contains("VOXGATE_MAX_SESSIONS=29 "), "{t}");
+        assert!(t.contains("VOXGATE_MAX_SESSIONS_PER_IP=0 "), "{t}");
+    }
+}
