@@ -35,7 +35,6 @@
 mod admission;
 mod bridge;
 pub mod config;
-#[allow(dead_code, reason = "the doors are moving onto the driver one by one")]
 mod door;
 mod gemini;
 mod mcp_endpoint;

@@ -23,6 +23,8 @@ pub(crate) struct Persona {
     pub(crate) system_prompt: String,
     /// For emoji channels: the faces allowed and the default; the reply always starts with one.
     pub(crate) emoji: Option<EmojiPolicy>,
+    /// Messages the conversation's history keeps in memory (`[limits]`; 0: unlimited).
+    pub(crate) max_history_messages: usize,
 }
 
 /// One conversation.
@@ -94,6 +96,7 @@ impl Conversation {
                     .unwrap_or_else(|| EmojiPolicy::any(String::new())),
             ),
             keep_user_audio: false,
+            max_history_messages: persona.max_history_messages,
             ..EngineConfig::default()
         };
         let engine = Engine::new(config, now).map_err(|e| e.to_string())?;

@@ -154,11 +154,12 @@ impl BridgeConfig {
         Ok(())
     }
 
-    fn persona(&self, channel: &str) -> Persona {
+    fn persona(&self, channel: &str, max_history_messages: usize) -> Persona {
         if !self.emoji_channels.iter().any(|c| c == channel) {
             return Persona {
                 system_prompt: self.system_prompt.clone(),
                 emoji: None,
+                max_history_messages,
             };
         }
         let policy = EmojiPolicy::new(self.emoji_allowlist.iter().cloned(), &*self.default_emoji);
@@ -173,6 +174,7 @@ impl BridgeConfig {
         Persona {
             system_prompt: system_prompt.trim_start().to_owned(),
             emoji: Some(policy),
+            max_history_messages,
         }
     }
 }
@@ -392,10 +394,9 @@ async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
     let session = optional_string(&v, "session_id")?.unwrap_or_else(|| "default".into());
     let key = format!("{channel}:{session}");
     let cfg = &app.config.bridge;
-    let conversation = app
-        .shared
-        .conversations
-        .get_or_create(&key, || cfg.persona(&channel))?;
+    let conversation = app.shared.conversations.get_or_create(&key, || {
+        cfg.persona(&channel, app.config.limits.max_history_messages)
+    })?;
     let ctx = TurnContext {
         providers: &app.providers,
         metrics: &app.metrics,
@@ -664,10 +665,10 @@ mod tests {
         assert_eq!(c.emoji_channels, ["stackchan", "robot"]);
         assert_eq!(c.turn_timeout_secs, 9);
         c.check().unwrap();
-        let p = c.persona("robot");
+        let p = c.persona("robot", 100);
         assert!(p.emoji.is_some());
         assert!(p.system_prompt.contains("😴"), "{}", p.system_prompt);
-        assert!(c.persona("web").emoji.is_none());
+        assert!(c.persona("web", 100).emoji.is_none());
         c.mask_secrets();
         assert_eq!(c.tokens, ["***", "***"]);
         let bad = |k: &str| (k == "VOXGATE_BRIDGE_MAX_BODY_BYTES").then(|| "big".to_owned());

@@ -38,8 +38,10 @@ pub const SESSIONS_PER_CORE: usize = 400;
 ///   in standby keeps its socket), ping every 20 s (a peer is dead after two missed pongs,
 ///   within a NAT's usual 60 s mapping lifetime), write 10 s (a peer not reading for that long
 ///   is gone), shutdown grace 5 s (most replies finish within it).
-/// - [`max_history_messages`](Self::max_history_messages): 200 messages, about 100 exchanges,
-///   which bounds a long session's memory while staying above any context window we send.
+/// - [`max_history_messages`](Self::max_history_messages): 100 messages (about 50 exchanges):
+///   a full history of long messages (400-character questions, 1,200-character answers with a
+///   tool call) measured about 163 KB, well under 256 KB a session; the LLM context keeps its
+///   own character budget, smaller than that.
 ///
 /// Behind a reverse proxy every session comes from the proxy's address: set
 /// `max_sessions_per_ip` and `max_handshakes_per_sec_per_ip` to 0 there (the proxy should do
@@ -82,7 +84,7 @@ pub const DEFAULT_MAX_HANDSHAKES_PER_SEC_PER_IP: u32 = 20;
 /// Default [`LimitsConfig::max_scheduling_delay_ms`].
 pub const DEFAULT_MAX_SCHEDULING_DELAY_MS: u64 = 50;
 /// Default [`LimitsConfig::max_history_messages`].
-pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = 200;
+pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = voxgate_engine::DEFAULT_MAX_HISTORY_MESSAGES;
 
 /// [`SESSIONS_PER_CORE`] times the cores this process may use (1 when unknown).
 #[must_use]

@@ -84,8 +84,6 @@ pub(crate) enum Inbound<M> {
     Keep(M),
     /// Audio: dropped (and counted) when the session is behind.
     Droppable(M),
-    /// Nothing for the session.
-    Skip,
 }
 
 /// A frame for the client.
@@ -503,7 +501,6 @@ async fn read<T: Translator>(
             Message::Ping(_) | Message::Pong(_) => continue,
         };
         match T::decode(frame, max) {
-            Inbound::Skip => {}
             Inbound::Keep(m) => {
                 if tx.send(FromReader::Message(m)).await.is_err() {
                     return discard_until_close(stream).await;

@@ -34,6 +34,8 @@ use crate::metrics::{Door, Metrics};
 pub(super) struct Flags {
     pub(super) audio_chunks: bool,
     pub(super) assistant_speaking: bool,
+    /// `[limits] max_history_messages` (0: unlimited).
+    pub(super) max_history_messages: usize,
 }
 
 /// Ids of cancelled calls remembered so a late `SEND_TOOL_RESPONSE` for one is ignored quietly.
@@ -281,6 +283,7 @@ impl EngineSession {
             // The bridge protocol has no history export: keeping speech would only cost memory.
             keep_user_audio: false,
             max_history_audio: Duration::ZERO,
+            max_history_messages: flags.max_history_messages,
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
@@ -744,6 +747,7 @@ mod tests {
     const FLAGS: Flags = Flags {
         audio_chunks: false,
         assistant_speaking: true,
+        max_history_messages: 0,
     };
     const MS: Duration = Duration::from_millis(1);
 

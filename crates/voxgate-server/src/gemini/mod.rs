@@ -87,7 +87,8 @@ async fn serve(socket: WebSocket, app: Arc<App>) {
         Arc::clone(&app.metrics),
         passthrough::connector(),
         cx.limits.init_timeout,
-    );
+    )
+    .with_history_limit(app.config.limits.max_history_messages);
     crate::door::run(socket, door, cx).await;
 }
 

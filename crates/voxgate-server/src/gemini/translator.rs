@@ -44,6 +44,8 @@ pub(super) struct GeminiDoor {
     initialized: bool,
     /// The initialization timeout, for the error that tells the client about it.
     init_timeout: Option<Duration>,
+    /// `[limits] max_history_messages` for the engine sessions (0: unlimited).
+    max_history_messages: usize,
 }
 
 fn too_big(len: usize, max: usize) -> ServerMessage {
@@ -76,7 +78,14 @@ impl GeminiDoor {
             generation: 0,
             initialized: false,
             init_timeout,
+            max_history_messages: crate::config::limits::DEFAULT_MAX_HISTORY_MESSAGES,
         }
+    }
+
+    /// Bounds the history of the engine sessions this connection opens.
+    pub(super) fn with_history_limit(mut self, max_history_messages: usize) -> Self {
+        self.max_history_messages = max_history_messages;
+        self
     }
 
     /// Ends the current session, if any: its provider work is cancelled, its upstream
@@ -201,6 +210,7 @@ impl GeminiDoor {
                 let flags = Flags {
                     audio_chunks: self.config.audio_chunks,
                     assistant_speaking: self.config.assistant_speaking,
+                    max_history_messages: self.max_history_messages,
                 };
                 self.generation = self.generation.wrapping_add(1);
                 let ids = Ids::new(self.generation);
@@ -423,7 +433,6 @@ mod tests {
                 Inbound::Keep(m) | Inbound::Droppable(m) => {
                     self.door.on_client(self.now, m, &mut self.out);
                 }
-                Inbound::Skip => {}
             }
         }
 

@@ -36,6 +36,7 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>) {
     let settings = RealtimeSettings {
         elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
         max_context_chars: app.config.realtime.max_context_chars,
+        max_history_messages: app.config.limits.max_history_messages,
     };
     let door = RealtimeDoor::new(Arc::clone(&app.metrics), settings);
     crate::door::run(socket, door, app.driver(Door::Realtime)).await;

@@ -41,6 +41,9 @@ pub(crate) struct RealtimeSettings {
     pub(crate) elevenlabs_base_url: Option<String>,
     /// The sessions' LLM context budget (`[realtime] max_context_chars`; 0: unlimited).
     pub(crate) max_context_chars: usize,
+    /// Messages a session's history keeps in memory (`[limits] max_history_messages`; 0:
+    /// unlimited).
+    pub(crate) max_history_messages: usize,
 }
 
 /// A decoded frame, or the error to report for it.
@@ -254,12 +257,8 @@ impl RealtimeDoor {
                 Err(e) => self.fatal(out, &voxgate_realtime::Error::from(e).to_client_message()),
                 Ok(config) => {
                     match session_tts(&config, self.settings.elevenlabs_base_url.as_deref())
-                        .and_then(|tts| {
-                            Ok((
-                                tts,
-                                Session::new(config, self.settings.max_context_chars, now)?,
-                            ))
-                        }) {
+                        .and_then(|tts| Ok((tts, Session::new(config, &self.settings, now)?)))
+                    {
                         Ok((tts, s)) => {
                             if let Some(tts) = tts {
                                 out.set_tts(tts);
@@ -434,7 +433,11 @@ impl RealtimeDoor {
 }
 
 impl Session {
-    fn new(config: SessionConfig, max_context_chars: usize, now: Instant) -> Result<Self, String> {
+    fn new(
+        config: SessionConfig,
+        settings: &RealtimeSettings,
+        now: Instant,
+    ) -> Result<Self, String> {
         let engine_config = EngineConfig {
             turn: voxgate_turn_config(config.supports_playback_reporting),
             vad: VadConfig {
@@ -453,7 +456,8 @@ impl Session {
             system_prompt: config.inference.system_prompt().to_owned(),
             temperature: Some(config.inference.temperature()),
             vad_frame_telemetry: config.enable_vad_frame_telemetry,
-            max_context_chars,
+            max_context_chars: settings.max_context_chars,
+            max_history_messages: settings.max_history_messages,
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
@@ -911,6 +915,7 @@ mod tests {
             RealtimeSettings {
                 elevenlabs_base_url: None,
                 max_context_chars: 0,
+                max_history_messages: 0,
             },
         )
     }

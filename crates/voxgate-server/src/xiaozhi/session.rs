@@ -315,7 +315,12 @@ impl XiaozhiDoor {
                     .and_then(|v| ProtocolVersion::from_number(u64::from(v)).ok())
             })
             .unwrap_or(ProtocolVersion::V1);
-        let mut session = match Session::new(self.xcfg(), version, now) {
+        let mut session = match Session::new(
+            self.xcfg(),
+            self.app.config.limits.max_history_messages,
+            version,
+            now,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "xiaozhi session setup failed");
@@ -550,7 +555,12 @@ impl XiaozhiDoor {
 }
 
 impl Session {
-    fn new(config: &XiaozhiConfig, version: ProtocolVersion, now: Instant) -> Result<Self, String> {
+    fn new(
+        config: &XiaozhiConfig,
+        max_history_messages: usize,
+        version: ProtocolVersion,
+        now: Instant,
+    ) -> Result<Self, String> {
         let engine_config = EngineConfig {
             system_prompt: config.system_prompt.clone(),
             emotion: Some(config.emoji_policy()),
@@ -559,6 +569,7 @@ impl Session {
             // memory does not grow with the length of its replies or of the conversation.
             keep_user_audio: false,
             max_history_audio: Duration::ZERO,
+            max_history_messages,
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
@@ -757,7 +768,6 @@ mod tests {
                 Inbound::Keep(m) | Inbound::Droppable(m) => {
                     self.step(|c, now, out| c.on_client(now, m, out))
                 }
-                Inbound::Skip => Vec::new(),
             }
         }
 
