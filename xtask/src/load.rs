@@ -265,6 +265,13 @@ fn start_server(bin: &Path, opus_backend: &str) -> anyhow::Result<(Child, Socket
     cmd.args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .env("VOXGATE_XIAOZHI_OPUS_BACKEND", opus_backend)
+        // Every session comes from one address and the point is to measure what the server
+        // carries: admission control stays out of the way (`cargo xtask chaos` tests it).
+        .env("VOXGATE_MAX_SESSIONS", "0")
+        .env("VOXGATE_MAX_SESSIONS_PER_DOOR", "0")
+        .env("VOXGATE_MAX_SESSIONS_PER_IP", "0")
+        .env("VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP", "0")
+        .env("VOXGATE_MAX_SCHEDULING_DELAY_MS", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     eprintln!("$ {}", util::describe(&cmd));
