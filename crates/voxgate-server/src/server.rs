@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::State;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
@@ -296,17 +296,9 @@ fn router(app: Arc<App>) -> Router {
         .merge(crate::gemini::routes())
         .merge(crate::bridge::routes())
         .merge(crate::mcp_endpoint::routes())
+        .merge(crate::realtime::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route("/realtime", get(realtime_upgrade))
-        .route(
-            "/api/v1/vendors/{vendor}/organizations/{org}/realtime",
-            get(realtime_upgrade),
-        )
-        .route(
-            "/api/v1/vendors/{vendor}/organizations/{org}/realtime/{model}",
-            get(realtime_upgrade),
-        )
         .with_state(app)
 }
 
@@ -335,60 +327,4 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(),
     )
         .into_response()
-}
-
-/// Whether the request carries one of the configured bearer keys (always, when none are
-/// configured).
-fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
-    if keys.is_empty() {
-        return true;
-    }
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|token| keys.iter().any(|k| k == token.trim()))
-}
-
-async fn realtime_upgrade(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
-    let permit = match app.admission.try_admit(Door::Realtime, peer.ip()) {
-        Ok(p) => p,
-        Err(refused) => return refused.into_response(),
-    };
-    if !authorized(&app.config.realtime.api_keys, &headers) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "missing or unknown bearer API key",
-        )
-            .into_response();
-    }
-    let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
-    ws.max_message_size(hard_limit)
-        .max_frame_size(hard_limit)
-        .on_upgrade(move |socket| async move {
-            let _permit = permit;
-            crate::realtime::serve(socket, app).await;
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bearer_keys() {
-        let mut h = HeaderMap::new();
-        assert!(authorized(&[], &h));
-        let keys = vec!["k1".to_owned()];
-        assert!(!authorized(&keys, &h));
-        h.insert(header::AUTHORIZATION, "Bearer k2".parse().unwrap());
-        assert!(!authorized(&keys, &h));
-        h.insert(header::AUTHORIZATION, "Bearer k1".parse().unwrap());
-        assert!(authorized(&keys, &h));
-    }
 }

@@ -335,6 +335,54 @@ async fn history_export_and_conversation_query() {
 }
 
 #[tokio::test]
+async fn history_in_memory_is_bounded_and_an_export_says_how_much_was_dropped() {
+    let mut config = Config::default();
+    config.limits.max_history_messages = 3;
+    let server = Running::start(config).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    for (i, words) in ["one", "two", "three"].into_iter().enumerate() {
+        send(
+            &mut ws,
+            &ServiceBoundMessage::user_text(i as u64, InferenceTriggerMode::Queue, words),
+        )
+        .await;
+        response_text(&mut ws).await;
+    }
+    send(
+        &mut ws,
+        &ServiceBoundMessage::export_chat_history(true, true),
+    )
+    .await;
+    let history = match recv_payload(&mut ws).await {
+        Down::ChatHistory(h) => h,
+        other => panic!("expected ChatHistory, got {other:?}"),
+    };
+    use voxgate_realtime::proto::ChatMessageRole as R;
+    use voxgate_realtime::proto::chat_message_content::Content as C;
+    let text = |m: &voxgate_realtime::proto::ChatMessage| -> String {
+        m.content
+            .iter()
+            .filter_map(|c| match &c.content {
+                Some(C::TextContent(t)) => Some(t.text.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    // Six messages were said, three are kept: a note says the other three are gone.
+    assert_eq!(history.messages.len(), 4, "{history:?}");
+    let note = &history.messages[0];
+    assert_eq!(note.role, R::System as i32);
+    assert!(note.ephemeral);
+    assert!(
+        text(note).starts_with("3 earlier messages"),
+        "{}",
+        text(note)
+    );
+    assert_eq!(text(&history.messages[3]), "You said: three");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_small_context_budget_truncates_old_turns_and_reports_them() {
     let mut config = Config::default();
     // Each exchange is 20 + 30 characters ("You said: " + the 20): three fit with a new

@@ -237,7 +237,7 @@ mod tests {
         assert_eq!(l.ping_interval(), Some(Duration::from_secs(20)));
         assert_eq!(l.write_timeout(), Some(Duration::from_secs(10)));
         assert_eq!(l.shutdown_grace(), Duration::from_secs(5));
-        assert_eq!(l.history_limit(), Some(200));
+        assert_eq!(l.history_limit(), Some(100));
     }
 
     #[test]

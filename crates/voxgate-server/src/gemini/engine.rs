@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use voxgate_audio::format::{f32_to_i16, i16_to_f32};
-use voxgate_audio::resample::Resampler;
+use voxgate_audio::format::i16_to_f32;
+use voxgate_audio::resample::RateConverter;
 use voxgate_engine::{
     ClientEvent, Engine, EngineConfig, Input, Output, OutputAudio, ProviderEvent, ProviderRequest,
     RequestId, State, ToolDefinition, TriggerMode, TurnId,
@@ -102,57 +102,6 @@ impl Ids {
         };
         *id = RequestId(id.0 & ((1 << ID_BITS) - 1));
         Some(event)
-    }
-}
-
-/// Mono audio at a source rate that may change between calls, converted to one fixed rate.
-///
-/// Kept apart so the rate-aware resampler planned for `voxgate_audio::resample` can replace it
-/// in one place.
-struct RateConverter {
-    to: u32,
-    state: Option<(u32, Resampler)>,
-}
-
-impl RateConverter {
-    fn new(to: u32) -> Self {
-        Self { to, state: None }
-    }
-
-    /// Appends `input` (at `from` Hz) converted to `out`; a source at the target rate is
-    /// copied. `Err` when `from` cannot be converted (nothing is appended).
-    fn process(&mut self, from: u32, input: &[f32], out: &mut Vec<f32>) -> Result<(), String> {
-        if from == self.to {
-            out.extend_from_slice(input);
-            return Ok(());
-        }
-        if self.state.as_ref().is_none_or(|(rate, _)| *rate != from) {
-            match Resampler::new(from, self.to) {
-                Ok(r) => self.state = Some((from, r)),
-                Err(e) => {
-                    self.state = None;
-                    return Err(e.to_string());
-                }
-            }
-        }
-        if let Some((_, r)) = &mut self.state {
-            r.process(input, out);
-        }
-        Ok(())
-    }
-
-    /// Appends what the resampler still holds (the end of a stream).
-    fn flush(&mut self, out: &mut Vec<f32>) {
-        if let Some((_, r)) = &mut self.state {
-            r.flush(out);
-        }
-    }
-
-    /// Forgets held samples (playback was cut).
-    fn reset(&mut self) {
-        if let Some((_, r)) = &mut self.state {
-            r.reset();
-        }
     }
 }
 
@@ -293,8 +242,8 @@ impl EngineSession {
             metrics,
             flags,
             audio_out,
-            in_resampler: RateConverter::new(INPUT_SAMPLE_RATE),
-            out_resampler: RateConverter::new(OUTPUT_SAMPLE_RATE),
+            in_resampler: RateConverter::new(INPUT_SAMPLE_RATE).map_err(|e| e.to_string())?,
+            out_resampler: RateConverter::new(OUTPUT_SAMPLE_RATE).map_err(|e| e.to_string())?,
             samples: Vec::new(),
             floats: Vec::new(),
             turn_open: false,
@@ -478,7 +427,7 @@ impl EngineSession {
             let mut converted = Vec::new();
             if let Err(e) = self
                 .in_resampler
-                .process(rate, &self.floats, &mut converted)
+                .process(&self.floats, rate, &mut converted)
             {
                 self.metrics.error(Door::Gemini);
                 emit(
@@ -718,22 +667,21 @@ impl EngineSession {
 
     /// Reply audio (mono i16 at `rate`) at the bridge's 24 kHz.
     fn convert(&mut self, samples: &[i16], rate: u32) -> Vec<i16> {
-        if rate == OUTPUT_SAMPLE_RATE {
-            return samples.to_vec();
-        }
-        let floats: Vec<f32> = samples.iter().map(|&s| i16_to_f32(s)).collect();
-        let mut converted = Vec::new();
-        if let Err(e) = self.out_resampler.process(rate, &floats, &mut converted) {
+        let mut converted = Vec::with_capacity(samples.len());
+        if let Err(e) = self
+            .out_resampler
+            .process_i16_to_i16(samples, rate, &mut converted)
+        {
             tracing::warn!(%e, rate, "cannot resample reply audio");
             return Vec::new();
         }
-        converted.into_iter().map(f32_to_i16).collect()
+        converted
     }
 
     fn flush_audio(&mut self) -> Vec<i16> {
         let mut tail = Vec::new();
-        self.out_resampler.flush(&mut tail);
-        tail.into_iter().map(f32_to_i16).collect()
+        self.out_resampler.flush_i16(&mut tail);
+        tail
     }
 }
 

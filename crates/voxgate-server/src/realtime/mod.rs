@@ -23,12 +23,32 @@ mod session;
 
 use session::{RealtimeDoor, RealtimeSettings};
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::ws::WebSocket;
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 
 use crate::metrics::Door;
 use crate::server::App;
+
+/// The door's routes on the main listener: `/realtime` and the Deepslate-style vendor paths.
+pub(crate) fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/realtime", get(realtime_upgrade))
+        .route(
+            "/api/v1/vendors/{vendor}/organizations/{org}/realtime",
+            get(realtime_upgrade),
+        )
+        .route(
+            "/api/v1/vendors/{vendor}/organizations/{org}/realtime/{model}",
+            get(realtime_upgrade),
+        )
+}
 
 /// Serves one upgraded connection until the client leaves, a fatal error, a timeout or
 /// shutdown.
@@ -40,4 +60,60 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>) {
     };
     let door = RealtimeDoor::new(Arc::clone(&app.metrics), settings);
     crate::door::run(socket, door, app.driver(Door::Realtime)).await;
+}
+
+/// Whether the request carries one of the configured bearer keys (always, when none are
+/// configured).
+fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
+    if keys.is_empty() {
+        return true;
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| keys.iter().any(|k| k == token.trim()))
+}
+
+async fn realtime_upgrade(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let permit = match app.admission.try_admit(Door::Realtime, peer.ip()) {
+        Ok(p) => p,
+        Err(refused) => return refused.into_response(),
+    };
+    if !authorized(&app.config.realtime.api_keys, &headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "missing or unknown bearer API key",
+        )
+            .into_response();
+    }
+    let hard_limit = app.config.max_frame_bytes.saturating_mul(4);
+    ws.max_message_size(hard_limit)
+        .max_frame_size(hard_limit)
+        .on_upgrade(move |socket| async move {
+            let _permit = permit;
+            serve(socket, app).await;
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_keys() {
+        let mut h = HeaderMap::new();
+        assert!(authorized(&[], &h));
+        let keys = vec!["k1".to_owned()];
+        assert!(!authorized(&keys, &h));
+        h.insert(header::AUTHORIZATION, "Bearer k2".parse().unwrap());
+        assert!(!authorized(&keys, &h));
+        h.insert(header::AUTHORIZATION, "Bearer k1".parse().unwrap());
+        assert!(authorized(&keys, &h));
+    }
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat, i16_to_f32};
-use voxgate_audio::resample::Resampler;
+use voxgate_audio::format::{PcmDecoder, PcmEncoder, PcmFormat, SampleFormat};
+use voxgate_audio::resample::RateConverter;
 use voxgate_audio::vad::{VadConfig, VadState};
 use voxgate_engine::history::{self, Content, DeliveryStatus};
 use voxgate_engine::{
@@ -69,8 +69,10 @@ struct Session {
     config: SessionConfig,
     decoder: PcmDecoder,
     encoder: PcmEncoder,
-    /// Reply audio resampler, keyed by its source rate.
-    resampler: Option<(u32, Resampler)>,
+    /// Reply audio to the output rate, following the synthesizer's rate.
+    resampler: RateConverter,
+    /// Reply audio at the output rate, reused between chunks.
+    converted: Vec<f32>,
     scratch: Vec<f32>,
     last_packet: u64,
     /// The response being delivered (playback reports without `turn_id` refer to it).
@@ -461,6 +463,8 @@ impl Session {
             ..EngineConfig::default()
         };
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
+        let resampler =
+            RateConverter::new(config.output.sample_rate()).map_err(|e| e.to_string())?;
         let (Some(input), Some(output)) = (pcm_format(config.input), pcm_format(config.output))
         else {
             return Err("unusable audio line".into());
@@ -470,7 +474,8 @@ impl Session {
             decoder: PcmDecoder::new(input),
             encoder: PcmEncoder::new(output),
             config,
-            resampler: None,
+            resampler,
+            converted: Vec::new(),
             scratch: Vec::new(),
             last_packet: 0,
             current_turn: None,
@@ -555,9 +560,7 @@ impl Session {
             }
             ClientEvent::ClearPlayback => {
                 self.progress = Progress::default();
-                if let Some((_, r)) = &mut self.resampler {
-                    r.reset();
-                }
+                self.resampler.reset();
                 vec![ClientBoundMessage::playback_clear_buffer()]
             }
             ClientEvent::VadState { from, to, position } => {
@@ -608,9 +611,23 @@ impl Session {
                 });
                 vec![ClientBoundMessage::tool_call_request(request)]
             }
-            ClientEvent::History { messages, .. } => {
-                let messages = messages.iter().map(|m| self.chat_message(m)).collect();
-                vec![ClientBoundMessage::chat_history(messages)]
+            ClientEvent::History { messages, dropped } => {
+                let mut out: Vec<proto::ChatMessage> = Vec::with_capacity(messages.len() + 1);
+                if dropped > 0 {
+                    // `ChatHistory` has no field for it: an ephemeral system note, first,
+                    // tells the client that older messages left the session's memory.
+                    out.push(proto::ChatMessage {
+                        role: ChatMessageRole::System.into(),
+                        content: vec![ChatMessageContent::text(dropped_note(dropped), None)],
+                        delivery_status: ChatDeliveryStatus::DeliveryComplete.into(),
+                        ephemeral: true,
+                        created_at: Some(self.wall_time(now)),
+                        turn_id: None,
+                        truncated_at_response_turn_id: None,
+                    });
+                }
+                out.extend(messages.iter().map(|m| self.chat_message(m)));
+                vec![ClientBoundMessage::chat_history(out)]
             }
             ClientEvent::QueryResult { text } => {
                 vec![ClientBoundMessage::conversation_query_result(text)]
@@ -674,45 +691,28 @@ impl Session {
 
     /// Reply audio (mono i16 at `rate`) in the client's output format.
     fn convert_audio(&mut self, samples: &[i16], rate: u32) -> Bytes {
-        let out_rate = self.config.output.sample_rate();
-        let floats: Vec<f32> = samples.iter().map(|&s| i16_to_f32(s)).collect();
-        let mut bytes = Vec::new();
-        if rate == out_rate {
-            self.encoder.encode_f32(&floats, &mut bytes);
-            return Bytes::from(bytes);
-        }
-        if self
+        self.converted.clear();
+        if let Err(e) = self
             .resampler
-            .as_ref()
-            .is_none_or(|(from, _)| *from != rate)
+            .process_i16(samples, rate, &mut self.converted)
         {
-            match Resampler::new(rate, out_rate) {
-                Ok(r) => self.resampler = Some((rate, r)),
-                Err(e) => {
-                    tracing::warn!(%e, rate, out_rate, "cannot resample reply audio");
-                    self.resampler = None;
-                    return Bytes::new();
-                }
-            }
+            tracing::warn!(%e, rate, "cannot resample reply audio");
+            return Bytes::new();
         }
-        let mut converted = Vec::new();
-        if let Some((_, r)) = &mut self.resampler {
-            r.process(&floats, &mut converted);
-        }
-        self.encoder.encode_f32(&converted, &mut bytes);
+        let mut bytes = Vec::new();
+        self.encoder.encode_f32(&self.converted, &mut bytes);
         Bytes::from(bytes)
     }
 
     /// The resampler's buffered tail at the end of a response.
     fn flush_audio(&mut self) -> Option<Bytes> {
-        let (_, r) = self.resampler.as_mut()?;
-        let mut tail = Vec::new();
-        r.flush(&mut tail);
-        if tail.is_empty() {
+        self.converted.clear();
+        self.resampler.flush(&mut self.converted);
+        if self.converted.is_empty() {
             return None;
         }
         let mut bytes = Vec::new();
-        self.encoder.encode_f32(&tail, &mut bytes);
+        self.encoder.encode_f32(&self.converted, &mut bytes);
         Some(Bytes::from(bytes))
     }
 
@@ -791,6 +791,16 @@ impl Session {
             truncated_at_response_turn_id: m.truncated_at_response_turn.map(|t| t.0),
         }
     }
+}
+
+/// The note an export starts with when older messages were dropped from memory
+/// (`[limits] max_history_messages`).
+fn dropped_note(dropped: u64) -> String {
+    format!(
+        "{dropped} earlier message{} of this session were dropped from memory \
+         ([limits] max_history_messages)",
+        if dropped == 1 { "" } else { "s" }
+    )
 }
 
 fn chat_audio(a: &history::AudioData) -> proto::ChatAudioData {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::opus::{OpusEncoder, OpusEncoderConfig, OpusError};
 use voxgate_audio::pacer::{Pacer, PacerConfig};
-use voxgate_audio::resample::Resampler;
+use voxgate_audio::resample::RateConverter;
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
 /// Reply frames held by the pacer: 2 minutes of 60 ms frames.
@@ -50,46 +50,6 @@ pub(super) struct Released {
     pub(super) frame: Option<Bytes>,
 }
 
-/// Reply audio at the TTS's rate to the announced rate, following the source rate when it
-/// changes. One small type so a rate-aware resampler can take its place.
-struct RateConverter {
-    to: u32,
-    current: Option<(u32, Resampler)>,
-}
-
-impl RateConverter {
-    fn new(to: u32) -> Self {
-        Self { to, current: None }
-    }
-
-    /// Appends `input` (at `from` Hz) to `out` at the target rate.
-    fn process(&mut self, from: u32, input: &[f32], out: &mut Vec<f32>) {
-        if from == self.to {
-            out.extend_from_slice(input);
-            return;
-        }
-        if self.current.as_ref().is_none_or(|(rate, _)| *rate != from) {
-            match Resampler::new(from, self.to) {
-                Ok(r) => self.current = Some((from, r)),
-                Err(e) => {
-                    tracing::warn!(%e, from, "cannot resample reply audio");
-                    return;
-                }
-            }
-        }
-        if let Some((_, r)) = &mut self.current {
-            r.process(input, out);
-        }
-    }
-
-    /// The resampler's tail, at the end of a reply's audio.
-    fn flush(&mut self, out: &mut Vec<f32>) {
-        if let Some((_, r)) = &mut self.current {
-            r.flush(out);
-        }
-    }
-}
-
 /// What turns reply audio into Opus packets: it exists only from a response's first audio to
 /// its end. The pure-Rust encoder alone holds about 310 KB of fixed buffers, and replies are
 /// encoded as fast as the TTS delivers them (the pacer then holds packets), so keeping it only
@@ -105,12 +65,12 @@ struct Encoding {
 }
 
 impl Encoding {
-    fn new(config: OpusEncoderConfig) -> Result<Self, OpusError> {
-        let encoder = OpusEncoder::new(config)?;
+    fn new(config: OpusEncoderConfig) -> Result<Self, String> {
+        let encoder = OpusEncoder::new(config).map_err(|e| e.to_string())?;
         let n = encoder.frame_samples();
         Ok(Self {
             encoder,
-            rate: RateConverter::new(config.sample_rate),
+            rate: RateConverter::new(config.sample_rate).map_err(|e| e.to_string())?,
             pcm: Vec::with_capacity(n * 2),
             scratch: Vec::new(),
             frame_pcm: Vec::with_capacity(n),
@@ -189,7 +149,10 @@ impl Reply {
             if let Some(e) = &mut self.encoding {
                 e.scratch.clear();
                 e.scratch.extend(slice.iter().map(|&s| i16_to_f32(s)));
-                e.rate.process(rate, &e.scratch, &mut e.pcm);
+                if let Err(err) = e.rate.process(&e.scratch, rate, &mut e.pcm) {
+                    tracing::warn!(%err, rate, "cannot resample reply audio");
+                    return dropped;
+                }
             }
             dropped += self.encode_frames(now);
         }
