@@ -96,6 +96,7 @@ pub mod history;
 mod playback;
 pub mod provider;
 mod record;
+mod reply;
 pub mod sentence;
 mod tools;
 mod types;
