@@ -499,6 +499,51 @@ mod tests {
     }
 
     #[test]
+    fn transcripts_apply_in_request_order_and_commit_what_was_heard() {
+        let mut r = Record::new(0);
+        let max = Duration::from_secs(60);
+        r.transcribe(RequestId(1), vec![1; 10]);
+        r.transcribe(RequestId(2), vec![2; 20]);
+        assert!(r.transcribing() && r.awaits_transcript(RequestId(2)));
+        r.transcribed(RequestId(2), " later ".into(), "fr".into());
+        assert!(!r.awaits_transcript(RequestId(2)));
+        // The second waits for the first.
+        assert_eq!(r.next_transcript(max), None);
+        r.transcribed(RequestId(1), "first".into(), String::new());
+        let first = r.next_transcript(max);
+        let second = r.next_transcript(max);
+        assert_eq!(
+            (first, second),
+            (
+                Some(Transcript {
+                    text: "first".into(),
+                    more: true
+                }),
+                Some(Transcript {
+                    text: "later".into(),
+                    more: false
+                })
+            )
+        );
+        assert!(!r.transcribing());
+        let now = std::time::Instant::now();
+        let event = r.user_speech(now, crate::TurnId(1), "first later".into(), true, max);
+        assert_eq!(
+            event,
+            ClientEvent::UserTranscription {
+                turn: crate::TurnId(1),
+                text: "first later".into(),
+                language: "fr".into()
+            }
+        );
+        assert!(r.heard.is_empty());
+        match &r.messages()[0].content[0] {
+            Content::InputAudio(a) => assert_eq!(a.samples.len(), 30),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn heard_utterances_and_their_audio_are_bounded() {
         let mut r = Record::new(0);
         let max = Duration::from_secs(1);

@@ -617,3 +617,252 @@ impl Reply {
         self.resp.take().map(|r| r.running()).unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emotion::Emotion;
+
+    const T: TurnId = TurnId(7);
+
+    fn text_only() -> Reply {
+        Reply::new(&EngineConfig {
+            output_audio: None,
+            ..EngineConfig::default()
+        })
+    }
+
+    fn spoken() -> Reply {
+        Reply::new(&EngineConfig::default())
+    }
+
+    fn chunk_text(input: Option<TurnInput>) -> Option<String> {
+        match input {
+            Some(TurnInput::ResponseChunk { text, .. }) => Some(text),
+            _ => None,
+        }
+    }
+
+    fn synth(requests: &[ProviderRequest]) -> Vec<(RequestId, &str)> {
+        requests
+            .iter()
+            .filter_map(|r| match r {
+                ProviderRequest::Synthesize { id, text, .. } => Some((*id, text.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn audio(id: RequestId, n: usize) -> ProviderEvent {
+        ProviderEvent::Audio {
+            id,
+            samples: vec![1; n],
+            sample_rate: 24_000,
+        }
+    }
+
+    #[test]
+    fn leading_emoji_is_held_until_settled_then_read_as_the_face() {
+        let mut r = text_only();
+        let mut next = 1;
+        r.begin(T, Some(RequestId(99)));
+        let policy = EmojiPolicy::faces();
+        // The face could still grow (a ZWJ sequence): nothing goes out yet.
+        assert_eq!(r.text("😆", Some(&policy), &mut next), Routed::default());
+        assert_eq!(r.end_generation(), None);
+        let routed = r.text(" Hello", Some(&policy), &mut next);
+        assert!(matches!(
+            routed.emotion,
+            Some(ClientEvent::Emotion { turn: T, ref emoji, emotion: Emotion::Laughing }) if emoji == "😆"
+        ));
+        assert_eq!(chunk_text(routed.chunk).as_deref(), Some("Hello"));
+        assert_eq!(
+            r.deliver(T, 0),
+            vec![ClientEvent::TextFragment {
+                turn: T,
+                text: "Hello".into()
+            }]
+        );
+        // Settled: later text is routed at once, no second face.
+        let routed = r.text(" there.", Some(&policy), &mut next);
+        assert_eq!(routed.emotion, None);
+        assert_eq!(chunk_text(routed.chunk).as_deref(), Some(" there."));
+    }
+
+    #[test]
+    fn text_fragments_are_stripped_of_emoji_keeping_one_space() {
+        let mut r = text_only();
+        let mut next = 1;
+        r.begin_direct(T);
+        let shown: Vec<String> = ["see you ", "👋", " soon"]
+            .into_iter()
+            .filter_map(|t| chunk_text(r.text(t, None, &mut next).chunk))
+            .collect();
+        assert_eq!(shown.concat(), "see you soon");
+    }
+
+    #[test]
+    fn sentences_are_synthesized_and_their_audio_delivered_in_order() {
+        let mut r = spoken();
+        let t0 = Instant::now();
+        let mut next = 10;
+        r.begin(T, Some(RequestId(1)));
+        assert!(r.mark_started());
+        assert!(!r.mark_started());
+        r.settle_emotion(None, &mut next);
+        let first = r.text("Hello there. How are", None, &mut next).synthesize;
+        assert_eq!(synth(&first), vec![(RequestId(10), "Hello there.")]);
+        let rest = r.end_text(&mut next);
+        assert_eq!(synth(&rest), vec![(RequestId(11), "How are")]);
+        assert_eq!(r.generating(), None);
+        assert!(r.is_tts(RequestId(11)) && !r.is_llm(RequestId(11)));
+
+        // The second sentence's audio waits for the first to finish.
+        assert_eq!(r.tts(audio(RequestId(11), 240)), Tts::Applied);
+        assert_eq!(chunk_text(r.next_audio(t0)), None);
+        assert_eq!(r.tts(audio(RequestId(10), 240)), Tts::Applied);
+        assert_eq!(
+            chunk_text(r.next_audio(t0)).as_deref(),
+            Some("Hello there.")
+        );
+        assert!(matches!(
+            r.deliver(T, 0).as_slice(),
+            [
+                ClientEvent::SentenceStart { .. },
+                ClientEvent::AudioChunk { .. }
+            ]
+        ));
+        assert_eq!(r.next_audio(t0), None);
+        assert_eq!(r.tts(audio(RequestId(10), 240)), Tts::Applied);
+        // A later chunk of the same sentence carries no text and no SentenceStart.
+        assert_eq!(chunk_text(r.next_audio(t0)).as_deref(), Some(""));
+        assert!(matches!(
+            r.deliver(T, 1).as_slice(),
+            [ClientEvent::AudioChunk {
+                transcript: None,
+                ..
+            }]
+        ));
+        assert_eq!(
+            r.tts(ProviderEvent::Done { id: RequestId(10) }),
+            Tts::Applied
+        );
+        assert_eq!(r.tts(audio(RequestId(10), 240)), Tts::Stale);
+        // The first is done: the second's held audio follows, after a space.
+        assert_eq!(chunk_text(r.next_audio(t0)).as_deref(), Some(" How are"));
+        assert!(matches!(
+            r.deliver(T, 2).as_slice(),
+            [ClientEvent::SentenceStart { .. }, _]
+        ));
+        assert_eq!(r.end_generation(), None);
+        assert_eq!(
+            r.tts(ProviderEvent::Failed {
+                id: RequestId(11),
+                message: "tts down".into()
+            }),
+            Tts::Failed("tts down".into())
+        );
+        assert_eq!(r.next_audio(t0), None);
+        assert_eq!(
+            r.end_generation(),
+            Some(GenerationEnd {
+                turn: T,
+                awaits_user: false,
+                refused: vec![]
+            })
+        );
+        assert_eq!(r.end_generation(), None);
+        let ended = r.end(T, t0, false, false).unwrap();
+        assert_eq!(
+            ended
+                .sentences
+                .unwrap()
+                .into_iter()
+                .map(|(text, a)| (text, a.map(|a| a.samples.len())))
+                .collect::<Vec<_>>(),
+            vec![
+                ("Hello there.".to_owned(), Some(480)),
+                ("How are".to_owned(), Some(240))
+            ]
+        );
+        assert!(!ended.end_sent);
+    }
+
+    #[test]
+    fn a_question_awaits_the_user_and_refused_calls_wait_for_the_end() {
+        let mut r = text_only();
+        let mut next = 1;
+        r.begin(T, Some(RequestId(1)));
+        r.settle_emotion(None, &mut next);
+        r.refuse("call-1".into());
+        assert!(r.end_text(&mut next).is_empty());
+        // Text-only replies never set awaits_user from sentences: none are split.
+        assert_eq!(
+            r.end_generation(),
+            Some(GenerationEnd {
+                turn: T,
+                awaits_user: false,
+                refused: vec!["call-1".into()]
+            })
+        );
+        let mut r = spoken();
+        r.begin(T, Some(RequestId(1)));
+        let mut requests = r.text("Ready? Shall we go?", None, &mut next).synthesize;
+        requests.extend(r.end_text(&mut next));
+        let ids = synth(&requests)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect::<Vec<_>>();
+        assert_eq!(ids.len(), 2);
+        for id in ids {
+            r.tts(ProviderEvent::Done { id });
+        }
+        assert_eq!(r.next_audio(Instant::now()), None);
+        assert!(r.end_generation().is_some_and(|e| e.awaits_user));
+    }
+
+    #[test]
+    fn one_chunk_is_held_and_a_refused_one_is_never_delivered() {
+        let mut r = text_only();
+        let mut next = 1;
+        r.begin_direct(T);
+        assert!(r.text("one", None, &mut next).chunk.is_some());
+        // The turn machine refused chunk 0 (no Deliver); chunk 1 replaces it.
+        assert!(r.text(" two", None, &mut next).chunk.is_some());
+        assert_eq!(r.deliver(T, 0), vec![]);
+        assert!(r.text(" three", None, &mut next).chunk.is_some());
+        // A Deliver that is not the held chunk's drops it.
+        assert_eq!(r.deliver(TurnId(8), 2), vec![]);
+        assert_eq!(r.deliver(T, 2), vec![]);
+        assert!(r.text(" four", None, &mut next).chunk.is_some());
+        assert_eq!(r.deliver(T, 3).len(), 1);
+    }
+
+    #[test]
+    fn a_cancelled_response_closes_until_its_record_and_stops_its_requests() {
+        let mut r = spoken();
+        let mut next = 10;
+        r.begin(T, Some(RequestId(1)));
+        r.settle_emotion(None, &mut next);
+        r.text("One. Two. Three", None, &mut next);
+        r.tts(ProviderEvent::Done { id: RequestId(10) });
+        r.tts(audio(RequestId(11), 24));
+        assert!(r.next_audio(Instant::now()).is_some());
+        assert!(r.generation_ended(T));
+        assert!(!r.generation_ended(T));
+        // Another turn's cancel is not this response's.
+        assert_eq!(r.cancel(TurnId(3)), vec![]);
+        // The LLM first, then the sentences not done.
+        assert_eq!(r.cancel(T), vec![RequestId(1), RequestId(11)]);
+        assert_eq!(r.deliver(T, 0), vec![]);
+        assert!(!r.is_llm(RequestId(1)) && !r.is_tts(RequestId(11)));
+        assert_eq!(r.tts(audio(RequestId(11), 24)), Tts::Unknown);
+        let ended = r.end(T, Instant::now(), true, false).unwrap();
+        assert!(ended.end_sent);
+        assert_eq!(r.end(T, Instant::now(), true, false), None);
+        // Close cancels what the response in progress still runs.
+        r.begin(TurnId(8), Some(RequestId(20)));
+        assert_eq!(r.close(), vec![RequestId(20)]);
+        assert_eq!(r.generating(), None);
+    }
+}
