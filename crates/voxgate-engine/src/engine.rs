@@ -545,10 +545,8 @@ impl Engine {
                     self.client(e);
                 }
             }
-            TurnOutput::GenerationEnded { turn } => {
-                if self.reply.generation_ended(turn) {
-                    self.client(ClientEvent::ResponseEnd { turn });
-                }
+            TurnOutput::GenerationEnded { turn } if self.reply.generation_ended(turn) => {
+                self.client(ClientEvent::ResponseEnd { turn });
             }
             TurnOutput::CancelResponse { turn } => {
                 for id in self.reply.cancel(turn) {

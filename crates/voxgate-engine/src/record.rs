@@ -148,7 +148,7 @@ impl Record {
     /// audio). Feed each to the turn machine before asking for the next: a user turn committed
     /// on one takes the utterances heard so far.
     pub(crate) fn next_transcript(&mut self, max_utterance: Duration) -> Option<Transcript> {
-        if !self.asr.front().is_some_and(|a| a.result.is_some()) {
+        if self.asr.front().is_none_or(|a| a.result.is_none()) {
             return None;
         }
         let Some(Asr {
@@ -526,12 +526,12 @@ mod tests {
             )
         );
         assert!(!r.transcribing());
-        let now = std::time::Instant::now();
-        let event = r.user_speech(now, crate::TurnId(1), "first later".into(), true, max);
+        let now = Instant::now();
+        let event = r.user_speech(now, TurnId(1), "first later".into(), true, max);
         assert_eq!(
             event,
             ClientEvent::UserTranscription {
-                turn: crate::TurnId(1),
+                turn: TurnId(1),
                 text: "first later".into(),
                 language: "fr".into()
             }
