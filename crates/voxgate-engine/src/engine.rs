@@ -1,24 +1,24 @@
-//! The conversation machine.
+//! The conversation machine: a composition of the turn machine, the capture (VAD), the reply
+//! machine ([`crate::reply`]), the tools machine ([`crate::tools`]) and the record machine
+//! ([`crate::record`]). Each owns its state; this file routes inputs to them, feeds the turn
+//! machine what they report and acts on its outputs, in the order they come.
 
 use std::collections::VecDeque;
 use std::mem;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::emotion::{self, EmojiPolicy, extends_emoji, lead_settled, strip_chunk};
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
 use voxgate_turn::{
-    AudioSpan, Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine,
-    UserSource,
+    Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine, UserSource,
 };
 
 use crate::capture::{Capture, CaptureEvent};
 use crate::config::EngineConfig;
-use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus};
-use crate::playback::Ledger;
-use crate::provider::{ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
-use crate::record::{Asr, Record};
-use crate::sentence::Splitter;
+use crate::history::{ChatMessage, Content};
+use crate::provider::{ProviderEvent, ProviderRequest, ToolSpec};
+use crate::record::{Record, Said};
+use crate::reply::{Reply, Routed, Tts};
 use crate::tools::{Dispatch, Tools, ToolsEvent};
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
@@ -27,46 +27,6 @@ use crate::types::{
 /// History's result for a tool call cancelled before it answered, so every call there is
 /// answered and later contexts stay valid.
 const CANCELLED_CALL: &str = "the call was cancelled before it finished";
-
-/// One sentence on its way through TTS.
-#[derive(Debug)]
-struct Sentence {
-    id: RequestId,
-    text: String,
-    /// Audio that arrived before earlier sentences finished.
-    held: VecDeque<(Vec<i16>, u32)>,
-    started: bool,
-    done: bool,
-}
-
-/// The response in progress.
-#[derive(Debug)]
-struct Response {
-    turn: TurnId,
-    /// The LLM request feeding it (`None` for direct speech).
-    llm: Option<RequestId>,
-    llm_done: bool,
-    started: bool,
-    /// The start of the reply, held back until its leading emoji (if any) is complete: it is
-    /// read as the face (with an emotion policy) or stripped whole, never shown in pieces.
-    /// `None` once settled.
-    emotion_buf: Option<String>,
-    splitter: Splitter,
-    sentences: VecDeque<Sentence>,
-    ledger: Ledger,
-    /// Calls refused before running: their error results go to the turn machine once
-    /// generation has ended, so it asks the model to follow up.
-    refused: Vec<String>,
-    generation_ended: bool,
-    end_sent: bool,
-    asks_question: bool,
-    /// Text-only replies: everything shown so far.
-    shown: String,
-    /// Text-only replies: the last fragment with text ended in an emoji (removed).
-    emoji_gap: bool,
-    /// Spoken replies: each delivered sentence's audio, in ledger segment order.
-    spoken: Vec<AudioData>,
-}
 
 /// One conversation as a sans-IO machine. See the crate docs for the drive loop.
 #[derive(Debug)]
@@ -81,12 +41,8 @@ pub struct Engine {
     outputs: VecDeque<Output>,
     /// Transcripts in flight, what was heard, history, queries and exports.
     record: Record,
-    resp: Option<Response>,
-    /// A response just cancelled by the turn machine, kept until its record comes out.
-    closing: Option<Response>,
-    /// Client events waiting for the turn machine's `Deliver` of their chunk.
-    held: VecDeque<(TurnId, u32, Vec<ClientEvent>)>,
-    chunk_seq: u32,
+    /// The reply in progress (and the one closing), its sentences and undelivered chunk.
+    reply: Reply,
     /// Provider events for requests no longer awaited.
     stale_events: u64,
     /// [`Input::Close`] was handled.
@@ -103,6 +59,7 @@ impl Engine {
             return Err(ConfigError::OutputAudio);
         }
         let capture = new_capture(&config, config.input_rate)?;
+        let reply = Reply::new(&config);
         let max_history_messages = config.max_history_messages;
         let mut turn = TurnMachine::new(config.turn.clone());
         for input in [TurnInput::Connect, TurnInput::Connected] {
@@ -117,12 +74,9 @@ impl Engine {
             transcribing_enabled: false,
             tools: Tools::new(),
             record: Record::new(max_history_messages),
+            reply,
             next_request: 1,
             outputs: VecDeque::new(),
-            resp: None,
-            closing: None,
-            held: VecDeque::new(),
-            chunk_seq: 0,
             stale_events: 0,
             closed: false,
         })
@@ -137,7 +91,7 @@ impl Engine {
     /// The conversation so far.
     #[must_use]
     pub fn history(&self) -> &[ChatMessage] {
-        self.record.history.messages()
+        self.record.messages()
     }
 
     /// The tools offered to the model, with the names it sees.
@@ -291,9 +245,7 @@ impl Engine {
                 },
             )?,
             Input::PlaybackReport { turn, bytes_played } => {
-                if let Some(r) = self.resp.as_mut().filter(|r| r.turn == turn) {
-                    r.ledger.report(bytes_played);
-                }
+                self.reply.report_playback(turn, bytes_played);
                 self.feed(now, TurnInput::PlaybackProgress { turn, bytes_played })?;
             }
             Input::SetTools(tools) => {
@@ -353,11 +305,11 @@ impl Engine {
         instructions: Option<String>,
         flush_vad: bool,
     ) -> Result<(), InputError> {
-        let transcribing = self.capture.in_utterance() || !self.record.asr.is_empty();
+        let transcribing = self.capture.in_utterance() || self.record.transcribing();
         if flush_vad && transcribing && self.turn.state() == State::Listening {
             self.capture.flush();
             self.capture_events(now);
-            if !self.record.asr.is_empty() {
+            if self.record.transcribing() {
                 // Words already in (an earlier part's transcript) must not end the turn
                 // before the flushed part is transcribed; its transcript resets this.
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
@@ -386,15 +338,9 @@ impl Engine {
         self.feed_internal(now, TurnInput::Disconnected);
         self.pump(now);
         // The turn machine's CancelResponse already cancelled the work of a response it cut
-        // off (now in `closing`); anything still in `resp` was not cancelled yet.
-        self.closing = None;
-        if let Some(r) = self.resp.take() {
-            if let Some(id) = r.llm.filter(|_| !r.llm_done) {
-                self.provider(ProviderRequest::Cancel { id });
-            }
-            for s in r.sentences.iter().filter(|s| !s.done) {
-                self.provider(ProviderRequest::Cancel { id: s.id });
-            }
+        // off (closing in the reply machine); the response in progress was not cancelled yet.
+        for id in self.reply.close() {
+            self.provider(ProviderRequest::Cancel { id });
         }
         for id in self.record.close() {
             self.provider(ProviderRequest::Cancel { id });
@@ -402,10 +348,8 @@ impl Engine {
         // Calls the turn machine did not track (refused ones awaiting generation's end).
         for call_id in self.tools.close() {
             self.record
-                .history
-                .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
+                .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
         }
-        self.held.clear();
         self.closed = true;
     }
 
@@ -522,11 +466,7 @@ impl Engine {
                 } else {
                     Vec::new()
                 };
-                self.record.asr.push_back(Asr {
-                    id,
-                    audio: kept,
-                    result: None,
-                });
+                self.record.transcribe(id, kept);
                 self.provider(ProviderRequest::Transcribe {
                     id,
                     audio,
@@ -542,8 +482,8 @@ impl Engine {
         while let Some(out) = self.turn.poll_output() {
             self.on_turn_output(now, out);
         }
-        if !self.record.exports.is_empty() && !self.pending_work() {
-            for exclude_audio in mem::take(&mut self.record.exports) {
+        if self.record.has_exports() && !self.pending_work() {
+            for exclude_audio in self.record.take_exports() {
                 self.export_now(exclude_audio);
             }
         }
@@ -551,44 +491,37 @@ impl Engine {
 
     fn on_turn_output(&mut self, now: Instant, out: TurnOutput) {
         match out {
-            TurnOutput::UserTurn(u) => {
-                if u.source == UserSource::Speech {
-                    let heard = mem::take(&mut self.record.heard);
-                    let mut samples = Vec::new();
-                    if self.config.keep_user_audio {
-                        for (audio, _) in &heard {
-                            samples.extend_from_slice(audio);
-                        }
-                    }
-                    self.record.history.push_user_audio(
-                        now,
-                        u.turn,
-                        AudioData {
-                            samples,
-                            sample_rate: voxgate_audio::vad::MODEL_RATE,
-                            transcription: u.text.clone(),
-                        },
-                    );
-                    self.record.history.cap_audio(self.config.max_history_audio);
-                    self.client(ClientEvent::UserTranscription {
-                        turn: u.turn,
-                        text: u.text,
-                        language: self.record.language.clone(),
-                    });
-                } else {
-                    self.record.history.push_user_text(now, u.turn, u.text);
-                }
+            TurnOutput::UserTurn(u) if u.source == UserSource::Speech => {
+                let event = self.record.user_speech(
+                    now,
+                    u.turn,
+                    u.text,
+                    self.config.keep_user_audio,
+                    self.config.max_history_audio,
+                );
+                self.client(event);
             }
-            TurnOutput::UserTurnDiscarded => self.record.heard.clear(),
+            TurnOutput::UserTurn(u) => self.record.user_text(now, u.turn, u.text),
+            TurnOutput::UserTurnDiscarded => self.record.discard_heard(),
             TurnOutput::StartResponse {
                 turn, instructions, ..
             } => {
                 if let Some(text) = instructions {
-                    self.record.history.push_instructions(now, turn, text);
+                    self.record.instructions(now, turn, text);
                 }
                 let id = self.request();
-                self.new_response(turn, Some(id));
-                let messages = self.response_context(turn);
+                self.reply.begin(turn, Some(id));
+                let (messages, truncated) = self.record.response_context(
+                    &self.config.system_prompt,
+                    self.config.max_context_chars,
+                    turn,
+                );
+                if !truncated.is_empty() {
+                    self.client(ClientEvent::ContextTruncated {
+                        truncated,
+                        response: turn,
+                    });
+                }
                 let tools = self.llm_tools();
                 self.provider(ProviderRequest::Generate {
                     id,
@@ -599,100 +532,53 @@ impl Engine {
                 });
             }
             TurnOutput::Speak { turn, text } | TurnOutput::ResumeResponse { turn, text, .. } => {
-                self.new_response(turn, None);
-                if let Some(r) = &mut self.resp {
-                    r.started = true;
-                    r.llm_done = true;
-                    r.emotion_buf = None;
-                }
+                self.reply.begin_direct(turn);
                 self.reply_text(now, &text);
                 self.end_reply_text(now);
             }
             TurnOutput::ResponseBegun { turn } => {
-                self.record.history.assistant(now, turn);
+                self.record.begin_reply(now, turn);
                 self.client(ClientEvent::ResponseBegin { turn });
             }
             TurnOutput::Deliver { turn, seq } => {
-                while let Some((t, s, events)) = self.held.pop_front() {
-                    if (t, s) == (turn, seq) {
-                        for e in events {
-                            self.client(e);
-                        }
-                        break;
-                    }
+                for e in self.reply.deliver(turn, seq) {
+                    self.client(e);
                 }
             }
-            TurnOutput::GenerationEnded { turn } => self.send_end(turn),
+            TurnOutput::GenerationEnded { turn } if self.reply.generation_ended(turn) => {
+                self.client(ClientEvent::ResponseEnd { turn });
+            }
             TurnOutput::CancelResponse { turn } => {
-                if self.resp.as_ref().is_some_and(|r| r.turn == turn)
-                    && let Some(r) = self.resp.take()
-                {
-                    if let Some(id) = r.llm.filter(|_| !r.llm_done) {
-                        self.provider(ProviderRequest::Cancel { id });
-                    }
-                    for s in r.sentences.iter().filter(|s| !s.done) {
-                        self.outputs
-                            .push_back(Output::Provider(ProviderRequest::Cancel { id: s.id }));
-                    }
-                    self.held.retain(|(t, _, _)| *t != turn);
-                    self.closing = Some(r);
+                for id in self.reply.cancel(turn) {
+                    self.provider(ProviderRequest::Cancel { id });
                 }
             }
             TurnOutput::CancelTool { call_id } if self.tools.cancel(&call_id) => {
                 self.record
-                    .history
-                    .push_tool_result(now, &call_id, CANCELLED_CALL.to_owned());
+                    .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
             }
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
             TurnOutput::ResponseEnded(a) => {
                 let interrupted = matches!(a.delivery, Delivery::Interrupted { .. });
-                let mut r = if self.resp.as_ref().is_some_and(|r| r.turn == a.turn) {
-                    self.resp.take()
-                } else if self.closing.as_ref().is_some_and(|r| r.turn == a.turn) {
-                    self.closing.take()
-                } else {
-                    None
+                let reports = self.config.turn.playback_reports;
+                let ended = self.reply.end(a.turn, now, interrupted, reports);
+                let (said, end_sent) = match ended {
+                    Some(e) => (e.sentences, e.end_sent),
+                    None => (None, false),
                 };
-                match r {
-                    Some(Response {
-                        ref ledger,
-                        ref mut spoken,
-                        ..
-                    }) if ledger.has_audio() => {
-                        let texts = if interrupted {
-                            ledger.heard_segments(now, self.config.turn.playback_reports)
-                        } else {
-                            ledger.segment_texts()
-                        };
-                        let mut audio = mem::take(spoken).into_iter();
-                        let sentences = texts
-                            .into_iter()
-                            .map(|text| {
-                                let a = audio.next().map(|mut a| {
-                                    a.transcription.clone_from(&text);
-                                    a
-                                });
-                                (text, a)
-                            })
-                            .collect();
-                        self.record
-                            .history
-                            .set_assistant_sentences(now, a.turn, sentences);
-                        self.record.history.cap_audio(self.config.max_history_audio);
-                    }
-                    _ => {
-                        let text = a.heard_text.trim().to_owned();
-                        self.record.history.set_assistant_text(now, a.turn, text);
-                    }
-                }
-                let m = self.record.history.assistant(now, a.turn);
-                m.delivery = if interrupted {
-                    DeliveryStatus::Interrupted
-                } else {
-                    DeliveryStatus::Complete
-                };
-                m.ephemeral = a.ephemeral;
-                if r.as_ref().is_none_or(|r| !r.end_sent) {
+                let said = said.map_or_else(
+                    || Said::Text(a.heard_text.trim().to_owned()),
+                    Said::Sentences,
+                );
+                self.record.reply_ended(
+                    now,
+                    a.turn,
+                    said,
+                    interrupted,
+                    a.ephemeral,
+                    self.config.max_history_audio,
+                );
+                if !end_sent {
                     self.client(ClientEvent::ResponseEnd { turn: a.turn });
                 }
                 self.client(ClientEvent::ResponseFinished {
@@ -708,290 +594,65 @@ impl Engine {
         }
     }
 
-    /// The LLM context for response `turn`, within the budget: exchanges left out now leave
-    /// the context for good, are marked in history and reported to the client.
-    fn response_context(&mut self, turn: TurnId) -> Vec<ContextMessage> {
-        let context = self.record.history.context(
-            &self.config.system_prompt,
-            self.config.max_context_chars,
-            0,
-        );
-        let truncated = self.record.history.mark_truncated(&context.dropped, turn);
-        if !truncated.is_empty() {
-            self.client(ClientEvent::ContextTruncated {
-                truncated,
-                response: turn,
-            });
-        }
-        context.messages
-    }
+    // ---- the reply -----------------------------------------------------------------------
 
-    fn send_end(&mut self, turn: TurnId) {
-        if let Some(r) = self.resp.as_mut().filter(|r| r.turn == turn)
-            && !r.end_sent
-        {
-            r.end_sent = true;
-            self.client(ClientEvent::ResponseEnd { turn });
-        }
-    }
-
-    fn new_response(&mut self, turn: TurnId, llm: Option<RequestId>) {
-        self.closing = None;
-        self.chunk_seq = 0;
-        self.held.clear();
-        self.resp = Some(Response {
-            turn,
-            llm,
-            llm_done: false,
-            started: false,
-            emotion_buf: Some(String::new()),
-            splitter: Splitter::new(self.config.max_sentence_chars),
-            sentences: VecDeque::new(),
-            ledger: Ledger::default(),
-            refused: Vec::new(),
-            generation_ended: false,
-            end_sent: false,
-            asks_question: false,
-            shown: String::new(),
-            emoji_gap: false,
-            spoken: Vec::new(),
-        });
-    }
-
-    // ---- reply text ----------------------------------------------------------------------
-
-    /// Routes reply text: held for the emotion decision, then to TTS sentences or text chunks.
+    /// Streamed reply text, through the reply machine.
     fn reply_text(&mut self, now: Instant, text: &str) {
-        let Some(r) = &mut self.resp else { return };
-        if let Some(buf) = &mut r.emotion_buf {
-            buf.push_str(text);
-            if lead_settled(buf) {
-                self.decide_emotion(now);
-            }
-            return;
-        }
-        self.route_text(now, text);
+        let routed = self
+            .reply
+            .text(text, self.config.emotion.as_ref(), &mut self.next_request);
+        self.routed(now, routed);
     }
 
-    fn route_text(&mut self, now: Instant, text: &str) {
-        let Some(r) = &mut self.resp else { return };
-        if self.config.output_audio.is_some() {
-            r.splitter.push(text);
-            self.start_sentences();
-        } else {
-            let mut out = strip_chunk(text, r.shown.is_empty());
-            // "see you " + "👋" + " soon": the spaces on both sides of a removed emoji
-            // arrive in different fragments; keep one.
-            if r.emoji_gap && r.shown.ends_with(char::is_whitespace) {
-                out = out.trim_start().to_owned();
-            }
-            if !text.trim().is_empty() {
-                r.emoji_gap = text.trim_end().chars().next_back().is_some_and(|c| {
-                    extends_emoji(c) || emotion::contains_emoji(c.encode_utf8(&mut [0; 4]))
-                });
-            }
-            self.text_chunk(now, out);
+    /// Acts on what reply text became: the face, the sentences to synthesize, the text chunk
+    /// (fed to the turn machine, which delivers it).
+    fn routed(&mut self, now: Instant, routed: Routed) {
+        if let Some(event) = routed.emotion {
+            self.client(event);
         }
-    }
-
-    fn decide_emotion(&mut self, now: Instant) {
-        let Some(r) = &mut self.resp else {
-            return;
-        };
-        let Some(buf) = r.emotion_buf.take() else {
-            return;
-        };
-        let rest = match &self.config.emotion {
-            Some(policy) => {
-                let (event, rest) = expression(policy, r.turn, &buf);
-                self.client(event);
-                rest
-            }
-            None => buf,
-        };
-        if !rest.is_empty() {
-            self.route_text(now, &rest);
+        for request in routed.synthesize {
+            self.provider(request);
         }
-    }
-
-    /// Sends completed sentences to TTS.
-    fn start_sentences(&mut self) {
-        loop {
-            let Some(r) = &mut self.resp else { return };
-            let Some(sentence) = r.splitter.pop() else {
-                return;
-            };
-            let text = emotion::strip_emoji(&sentence).into_owned();
-            if !text.chars().any(char::is_alphanumeric) {
-                continue;
-            }
-            r.asks_question = text.ends_with('?') || text.ends_with('？');
-            let turn = r.turn;
-            let id = self.request();
-            if let Some(r) = &mut self.resp {
-                r.sentences.push_back(Sentence {
-                    id,
-                    text: text.clone(),
-                    held: VecDeque::new(),
-                    started: false,
-                    done: false,
-                });
-            }
-            self.provider(ProviderRequest::Synthesize { id, turn, text });
-        }
-    }
-
-    fn text_chunk(&mut self, now: Instant, text: String) {
-        let Some(r) = &mut self.resp else { return };
-        if text.is_empty() || r.generation_ended {
-            return;
-        }
-        r.shown.push_str(&text);
-        let turn = r.turn;
-        let seq = self.chunk_seq;
-        self.chunk_seq += 1;
-        self.held.push_back((
-            turn,
-            seq,
-            vec![ClientEvent::TextFragment {
-                turn,
-                text: text.clone(),
-            }],
-        ));
-        self.feed_internal(
-            now,
-            TurnInput::ResponseChunk {
-                turn,
-                text,
-                audio: None,
-            },
-        );
-        self.pump(now);
-    }
-
-    /// Delivers TTS audio of the head sentence(s) in order, then ends generation when all is
-    /// said.
-    fn flush_reply(&mut self, now: Instant) {
-        loop {
-            let Some(r) = &mut self.resp else { return };
-            let Some(head) = r.sentences.front_mut() else {
-                break;
-            };
-            if let Some((samples, rate)) = head.held.pop_front() {
-                let first = !head.started;
-                head.started = true;
-                let text = head.text.clone();
-                self.audio_chunk(now, first.then_some(text), samples, rate);
-                continue;
-            }
-            if head.done {
-                r.sentences.pop_front();
-                r.ledger.finish_segment();
-                continue;
-            }
-            break;
-        }
-        self.maybe_end_generation(now);
-    }
-
-    fn audio_chunk(
-        &mut self,
-        now: Instant,
-        first_of: Option<String>,
-        samples: Vec<i16>,
-        rate: u32,
-    ) {
-        let (Some(r), Some(out)) = (&mut self.resp, self.config.output_audio) else {
-            return;
-        };
-        if r.generation_ended || rate == 0 {
-            return;
-        }
-        let turn = r.turn;
-        let n = samples.len() as u64;
-        let duration = Duration::from_nanos(
-            u64::try_from(u128::from(n) * 1_000_000_000 / u128::from(rate)).unwrap_or(u64::MAX),
-        );
-        let bytes = n * u64::from(out.bytes_per_second) / u64::from(rate);
-        let mut events = Vec::with_capacity(2);
-        let mut chunk_text = String::new();
-        // History keeps each sentence's audio; a chunk at another rate than its sentence's
-        // first (a provider switching rates mid-sentence) is delivered but not kept.
-        let keep = !self.config.max_history_audio.is_zero();
-        match (&first_of, r.spoken.last_mut()) {
-            _ if !keep => {}
-            (Some(text), _) => r.spoken.push(AudioData {
-                samples: samples.clone(),
-                sample_rate: rate,
-                transcription: text.clone(),
-            }),
-            (None, Some(a)) if a.sample_rate == rate => a.samples.extend_from_slice(&samples),
-            _ => {}
-        }
-        if let Some(text) = &first_of {
-            r.ledger.start_segment(text);
-            events.push(ClientEvent::SentenceStart {
-                turn,
-                text: text.clone(),
-            });
-            chunk_text = if r.ledger.has_audio() {
-                format!(" {text}")
-            } else {
-                text.clone()
-            };
-        }
-        r.ledger.push_audio(now, bytes, duration);
-        events.push(ClientEvent::AudioChunk {
-            turn,
-            samples,
-            sample_rate: rate,
-            transcript: first_of,
-        });
-        let seq = self.chunk_seq;
-        self.chunk_seq += 1;
-        self.held.push_back((turn, seq, events));
-        self.feed_internal(
-            now,
-            TurnInput::ResponseChunk {
-                turn,
-                text: chunk_text,
-                audio: Some(AudioSpan { bytes, duration }),
-            },
-        );
-        self.pump(now);
-    }
-
-    fn maybe_end_generation(&mut self, now: Instant) {
-        let Some(r) = &mut self.resp else { return };
-        let idle = r.llm_done
-            && r.emotion_buf.is_none()
-            && r.sentences.is_empty()
-            && r.splitter.is_empty();
-        if !idle || r.generation_ended {
-            return;
-        }
-        r.generation_ended = true;
-        let turn = r.turn;
-        let awaits_user = r.asks_question;
-        let refused = mem::take(&mut r.refused);
-        self.feed_internal(now, TurnInput::ResponseEnd { turn, awaits_user });
-        self.pump(now);
-        for call_id in refused {
-            self.finish_call(now, &call_id, false);
+        if let Some(chunk) = routed.chunk {
+            self.feed_internal(now, chunk);
+            self.pump(now);
         }
     }
 
     /// Ends the reply's text: flushes the emotion lookahead and the last sentence.
     fn end_reply_text(&mut self, now: Instant) {
-        if self.resp.as_ref().is_some_and(|r| r.emotion_buf.is_some()) {
-            self.decide_emotion(now);
+        let routed = self
+            .reply
+            .settle_emotion(self.config.emotion.as_ref(), &mut self.next_request);
+        self.routed(now, routed);
+        for request in self.reply.end_text(&mut self.next_request) {
+            self.provider(request);
         }
-        if let Some(r) = &mut self.resp {
-            r.llm_done = true;
-            r.splitter.finish();
-        }
-        self.start_sentences();
         self.flush_reply(now);
+    }
+
+    /// Delivers TTS audio of the head sentence(s) in order, one chunk at a time so the turn
+    /// machine sees each (and may cut the reply) before the next, then ends generation when
+    /// all is said.
+    fn flush_reply(&mut self, now: Instant) {
+        while let Some(chunk) = self.reply.next_audio(now) {
+            self.feed_internal(now, chunk);
+            self.pump(now);
+        }
+        let Some(end) = self.reply.end_generation() else {
+            return;
+        };
+        self.feed_internal(
+            now,
+            TurnInput::ResponseEnd {
+                turn: end.turn,
+                awaits_user: end.awaits_user,
+            },
+        );
+        self.pump(now);
+        for call_id in end.refused {
+            self.finish_call(now, &call_id, false);
+        }
     }
 }
 
@@ -1000,22 +661,13 @@ impl Engine {
 
     fn provider_event(&mut self, now: Instant, event: ProviderEvent) {
         let id = event.id();
-        if let Some(pos) = self
-            .record
-            .asr
-            .iter()
-            .position(|a| a.id == id && a.result.is_none())
-        {
-            self.asr_event(now, pos, event);
-        } else if self.resp.as_ref().is_some_and(|r| r.llm == Some(id)) {
+        if self.record.awaits_transcript(id) {
+            self.asr_event(now, event);
+        } else if self.reply.is_llm(id) {
             self.llm_event(now, event);
-        } else if self
-            .resp
-            .as_ref()
-            .is_some_and(|r| r.sentences.iter().any(|s| s.id == id))
-        {
+        } else if self.reply.is_tts(id) {
             self.tts_event(now, event);
-        } else if self.record.queries.iter().any(|q| q.id == id) {
+        } else if self.record.awaits_query(id) {
             if let Some(events) = self.record.query_event(event) {
                 for e in events {
                     self.client(e);
@@ -1028,7 +680,8 @@ impl Engine {
         }
     }
 
-    fn asr_event(&mut self, now: Instant, pos: usize, event: ProviderEvent) {
+    fn asr_event(&mut self, now: Instant, event: ProviderEvent) {
+        let id = event.id();
         let (text, language) = match event {
             ProviderEvent::Transcript { text, language, .. } => (text, language),
             ProviderEvent::Failed { message, .. } => {
@@ -1041,28 +694,9 @@ impl Engine {
             // Partial results are not part of the contract; wait for the transcript.
             _ => return,
         };
-        if let Some(a) = self.record.asr.get_mut(pos) {
-            a.result = Some((text, language));
-        }
-        while self.record.asr.front().is_some_and(|a| a.result.is_some()) {
-            let Some(Asr {
-                audio,
-                result: Some((text, language)),
-                ..
-            }) = self.record.asr.pop_front()
-            else {
-                break;
-            };
-            if !language.is_empty() {
-                self.record.language = language;
-            }
-            let text = text.trim().to_owned();
-            let empty = text.is_empty();
-            if !empty {
-                self.record
-                    .hear(audio, text.clone(), self.config.max_utterance);
-            }
-            if !self.record.asr.is_empty() {
+        self.record.transcribed(id, text, language);
+        while let Some(t) = self.record.next_transcript(self.config.max_utterance) {
+            if t.more {
                 // More of the user's speech is still being transcribed: the turn must not
                 // end on this part alone (set before the words, which re-check endpointing).
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 0.0 });
@@ -1070,11 +704,11 @@ impl Engine {
             self.feed_internal(
                 now,
                 TurnInput::Words {
-                    text,
+                    text: t.text,
                     is_final: true,
                 },
             );
-            if self.record.asr.is_empty() {
+            if !t.more {
                 // All speech is transcribed: end the turn after the short delay (at once when
                 // nothing was said) rather than after the longest wait.
                 self.feed_internal(now, TurnInput::EndOfTurnPrediction { probability: 1.0 });
@@ -1084,19 +718,15 @@ impl Engine {
     }
 
     fn llm_event(&mut self, now: Instant, event: ProviderEvent) {
-        let Some(r) = &mut self.resp else { return };
-        if r.llm_done {
+        let Some(turn) = self.reply.generating() else {
             self.stale_events += 1;
             return;
-        }
-        let turn = r.turn;
-        if !r.started
-            && matches!(
-                event,
-                ProviderEvent::TextDelta { .. } | ProviderEvent::ToolCall { .. }
-            )
+        };
+        if matches!(
+            event,
+            ProviderEvent::TextDelta { .. } | ProviderEvent::ToolCall { .. }
+        ) && self.reply.mark_started()
         {
-            r.started = true;
             self.feed_internal(now, TurnInput::ResponseStarted { turn });
             self.pump(now);
         }
@@ -1121,33 +751,17 @@ impl Engine {
     }
 
     fn tts_event(&mut self, now: Instant, event: ProviderEvent) {
-        let Some(r) = &mut self.resp else { return };
-        let id = event.id();
-        let Some(s) = r.sentences.iter_mut().find(|s| s.id == id) else {
-            return;
-        };
-        if s.done {
-            self.stale_events += 1;
-            return;
-        }
-        match event {
-            ProviderEvent::Audio {
-                samples,
-                sample_rate,
-                ..
-            } => s.held.push_back((samples, sample_rate)),
-            ProviderEvent::Done { .. } => s.done = true,
-            ProviderEvent::Failed { message, .. } => {
-                s.done = true;
-                self.client(ClientEvent::Error {
-                    category: ErrorCategory::Tts,
-                    message,
-                });
-            }
-            _ => {
+        match self.reply.tts(event) {
+            Tts::Applied => {}
+            Tts::Failed(message) => self.client(ClientEvent::Error {
+                category: ErrorCategory::Tts,
+                message,
+            }),
+            Tts::Stale => {
                 self.stale_events += 1;
                 return;
             }
+            Tts::Unknown => return,
         }
         self.flush_reply(now);
     }
@@ -1168,16 +782,16 @@ impl Engine {
         }
         let prepared = self.tools.prepare(llm_name, arguments);
         let name = prepared.name.clone();
-        self.record
-            .history
-            .assistant(now, turn)
-            .content
-            .push(Content::ToolCall {
+        self.record.tool_call(
+            now,
+            turn,
+            Content::ToolCall {
                 id: call_id.clone(),
                 name: name.clone(),
                 llm_name: llm_name.to_owned(),
                 arguments: prepared.arguments.clone(),
-            });
+            },
+        );
         self.feed_internal(
             now,
             TurnInput::ToolCallStarted {
@@ -1193,10 +807,8 @@ impl Engine {
             Dispatch::Client(request) => self.client(request),
             Dispatch::Device => self.pump_mcp(now),
             Dispatch::Refused(message) => {
-                self.record.history.push_tool_result(now, &call_id, message);
-                if let Some(r) = &mut self.resp {
-                    r.refused.push(call_id);
-                }
+                self.record.tool_result(now, &call_id, message);
+                self.reply.refuse(call_id);
             }
         }
     }
@@ -1210,7 +822,7 @@ impl Engine {
         if !self.tools.awaits_client(&id) {
             return Err(InputError::UnknownToolCall(id));
         }
-        self.record.history.push_tool_result(now, &id, result);
+        self.record.tool_result(now, &id, result);
         self.finish_call(now, &id, true);
         Ok(())
     }
@@ -1235,14 +847,12 @@ impl Engine {
             match event {
                 ToolsEvent::Client(e) => self.client(e),
                 ToolsEvent::Finished { call_id, text, ok } => {
-                    self.record.history.push_tool_result(now, &call_id, text);
+                    self.record.tool_result(now, &call_id, text);
                     self.finish_call(now, &call_id, ok);
                 }
             }
         }
     }
-
-    // ---- queries -------------------------------------------------------------------------
 }
 
 /// The VAD and utterance buffer for audio at `rate`.
@@ -1250,17 +860,4 @@ fn new_capture(config: &EngineConfig, rate: u32) -> Result<Capture, voxgate_audi
     let max_samples = usize::try_from(config.max_utterance.as_millis() * u128::from(rate) / 1000)
         .unwrap_or(usize::MAX);
     Capture::new(config.vad, rate, max_samples, config.vad_frame_telemetry)
-}
-
-/// The face for a reply and the text after it.
-fn expression(policy: &EmojiPolicy, turn: TurnId, text: &str) -> (ClientEvent, String) {
-    let e = policy.expression(text);
-    (
-        ClientEvent::Emotion {
-            turn,
-            emoji: e.emoji.to_owned(),
-            emotion: e.emotion,
-        },
-        e.text.to_owned(),
-    )
 }

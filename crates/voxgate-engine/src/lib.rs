@@ -10,14 +10,29 @@
 //! answers come back as [`Input::Provider`] tagged with the engine's [`RequestId`].
 //!
 //! # Structure
-//! [`Engine`] is a composition: it routes each input to the part that owns the state and
-//! collects their outputs. The tools machine holds the tool registry, the device MCP client
-//! and the calls in flight; the record machine the transcriptions in flight, the utterances
-//! heard for the user turn, the [`history`] and the queries and exports waiting for answers;
-//! the turn machine decides who has the floor. Every per-session queue is bounded
-//! ([`EngineConfig::max_history_messages`], [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`],
-//! [`voxgate_turn::MAX_QUEUED_INPUTS`]): beyond a bound the oldest history is dropped and
-//! counted, or the request is refused with [`ClientEvent::Error`].
+//! [`Engine`] is a composition, in the manner of a sans-IO peer connection built from parts:
+//! it routes each input to the part that owns the state, feeds the turn machine what the
+//! parts report and acts on the turn machine's outputs, in the order they come. The parts:
+//! - the turn machine ([`voxgate_turn`]) decides who has the floor and which reply chunks
+//!   reach the client;
+//! - the capture (the VAD and the utterance being spoken) cuts speech into utterances;
+//! - the reply machine owns the response being generated and delivered, the one being closed
+//!   after a cancel, the chunk waiting for the turn machine's `Deliver`, chunk sequence
+//!   numbers, sentence splitting and the emotion lookahead of streamed text. Each step that
+//!   makes a chunk hands it back to the engine, which feeds it to the turn machine and drains
+//!   its outputs before the next step, so a barge-in caused by one chunk stops the next;
+//! - the tools machine holds the tool registry, the device MCP client and the calls in
+//!   flight;
+//! - the record machine holds the transcriptions in flight (applied in request order), the
+//!   utterances heard for the user turn, the [`history`] and the queries and exports waiting
+//!   for answers.
+//!
+//! Every per-session queue is bounded ([`EngineConfig::max_history_messages`],
+//! [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`], [`voxgate_turn::MAX_QUEUED_INPUTS`]):
+//! beyond a bound the oldest history is dropped and counted, or the request is refused with
+//! [`ClientEvent::Error`]. What the reply machine holds comes from the model's reply, never
+//! from the client: one response (and the one closing), one undelivered chunk, the reply's
+//! sentences (each at most [`EngineConfig::max_sentence_chars`]) and their TTS audio.
 //!
 //! # Drive loop
 //! ```text
@@ -96,6 +111,7 @@ pub mod history;
 mod playback;
 pub mod provider;
 mod record;
+mod reply;
 pub mod sentence;
 mod tools;
 mod types;

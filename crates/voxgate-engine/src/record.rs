@@ -13,9 +13,11 @@ use std::collections::VecDeque;
 use std::mem;
 use std::time::Duration;
 
-use crate::history::History;
+use std::time::Instant;
+
+use crate::history::{AudioData, ChatMessage, Content, DeliveryStatus, History};
 use crate::provider::{ChatRole, ContextMessage, ProviderEvent, ProviderRequest};
-use crate::types::{ClientEvent, ErrorCategory, InputError, RequestId};
+use crate::types::{ClientEvent, ErrorCategory, InputError, RequestId, TurnId};
 
 /// Most conversation queries answered at once (each is an LLM request): a client asking more
 /// before the answers come is refused with [`ClientEvent::Error`], so it cannot make the session
@@ -41,16 +43,34 @@ pub(crate) fn next_id(next: &mut u64) -> RequestId {
 
 /// A transcription in flight; results are applied in request order.
 #[derive(Debug)]
-pub(crate) struct Asr {
-    pub(crate) id: RequestId,
-    pub(crate) audio: Vec<i16>,
-    pub(crate) result: Option<(String, String)>,
+struct Asr {
+    id: RequestId,
+    audio: Vec<i16>,
+    result: Option<(String, String)>,
+}
+
+/// A transcript applied in request order ([`Record::next_transcript`]).
+#[derive(Debug, PartialEq)]
+pub(crate) struct Transcript {
+    /// What was said, trimmed (empty: nothing was recognised).
+    pub(crate) text: String,
+    /// More of the user's speech is still being transcribed.
+    pub(crate) more: bool,
+}
+
+/// What a finished reply said, for its history entry.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Said {
+    /// A spoken reply: the sentences heard, each with its audio when kept.
+    Sentences(Vec<(String, Option<AudioData>)>),
+    /// A text reply (or one without audio): the text heard.
+    Text(String),
 }
 
 /// A conversation query being answered.
 #[derive(Debug)]
-pub(crate) struct Query {
-    pub(crate) id: RequestId,
+struct Query {
+    id: RequestId,
     text: String,
     outcome: Option<Result<(), String>>,
 }
@@ -59,16 +79,16 @@ pub(crate) struct Query {
 #[derive(Debug)]
 pub(crate) struct Record {
     /// Transcriptions in flight, oldest first.
-    pub(crate) asr: VecDeque<Asr>,
+    asr: VecDeque<Asr>,
     /// Transcribed utterances not yet committed as a user turn.
-    pub(crate) heard: Vec<(Vec<i16>, String)>,
+    heard: Vec<(Vec<i16>, String)>,
     /// The recognizer's latest language.
-    pub(crate) language: String,
+    language: String,
     /// The conversation so far.
-    pub(crate) history: History,
-    pub(crate) queries: VecDeque<Query>,
+    history: History,
+    queries: VecDeque<Query>,
     /// Exports waiting for the response in progress (`exclude_audio` each).
-    pub(crate) exports: VecDeque<bool>,
+    exports: VecDeque<bool>,
 }
 
 impl Record {
@@ -84,10 +104,183 @@ impl Record {
         }
     }
 
+    /// The conversation so far.
+    pub(crate) fn messages(&self) -> &[ChatMessage] {
+        self.history.messages()
+    }
+
+    // ---- transcripts ---------------------------------------------------------------------
+
+    /// Whether speech is still being transcribed.
+    pub(crate) fn transcribing(&self) -> bool {
+        !self.asr.is_empty()
+    }
+
+    /// An utterance sent for transcription as request `id`; `audio` is kept for history
+    /// (empty when user audio is not kept).
+    pub(crate) fn transcribe(&mut self, id: RequestId, audio: Vec<i16>) {
+        self.asr.push_back(Asr {
+            id,
+            audio,
+            result: None,
+        });
+    }
+
+    /// Whether `id` is a transcription still waiting for its result.
+    pub(crate) fn awaits_transcript(&self, id: RequestId) -> bool {
+        self.asr.iter().any(|a| a.id == id && a.result.is_none())
+    }
+
+    /// The result of transcription `id` (empty text when it failed); it is applied once the
+    /// transcriptions before it are ([`Record::next_transcript`]).
+    pub(crate) fn transcribed(&mut self, id: RequestId, text: String, language: String) {
+        if let Some(a) = self
+            .asr
+            .iter_mut()
+            .find(|a| a.id == id && a.result.is_none())
+        {
+            a.result = Some((text, language));
+        }
+    }
+
+    /// The oldest transcript if its result is in, applied: its language becomes the
+    /// recognizer's, and its utterance is heard for the user turn (within `max_utterance` of
+    /// audio). Feed each to the turn machine before asking for the next: a user turn committed
+    /// on one takes the utterances heard so far.
+    pub(crate) fn next_transcript(&mut self, max_utterance: Duration) -> Option<Transcript> {
+        if self.asr.front().is_none_or(|a| a.result.is_none()) {
+            return None;
+        }
+        let Some(Asr {
+            audio,
+            result: Some((text, language)),
+            ..
+        }) = self.asr.pop_front()
+        else {
+            return None;
+        };
+        if !language.is_empty() {
+            self.language = language;
+        }
+        let text = text.trim().to_owned();
+        if !text.is_empty() {
+            self.hear(audio, text.clone(), max_utterance);
+        }
+        Some(Transcript {
+            text,
+            more: !self.asr.is_empty(),
+        })
+    }
+
+    // ---- history -------------------------------------------------------------------------
+
+    /// Commits a spoken user turn with the audio heard for it (when `keep_audio`), within
+    /// `max_audio` of history audio; returns its transcription event for the client.
+    pub(crate) fn user_speech(
+        &mut self,
+        now: Instant,
+        turn: TurnId,
+        text: String,
+        keep_audio: bool,
+        max_audio: Duration,
+    ) -> ClientEvent {
+        let heard = mem::take(&mut self.heard);
+        let mut samples = Vec::new();
+        if keep_audio {
+            for (audio, _) in &heard {
+                samples.extend_from_slice(audio);
+            }
+        }
+        self.history.push_user_audio(
+            now,
+            turn,
+            AudioData {
+                samples,
+                sample_rate: voxgate_audio::vad::MODEL_RATE,
+                transcription: text.clone(),
+            },
+        );
+        self.history.cap_audio(max_audio);
+        ClientEvent::UserTranscription {
+            turn,
+            text,
+            language: self.language.clone(),
+        }
+    }
+
+    /// Commits a typed user turn.
+    pub(crate) fn user_text(&mut self, now: Instant, turn: TurnId, text: String) {
+        self.history.push_user_text(now, turn, text);
+    }
+
+    /// The spoken turn being built was discarded: forgets what was heard for it.
+    pub(crate) fn discard_heard(&mut self) {
+        self.heard.clear();
+    }
+
+    /// Instructions given for response `turn`.
+    pub(crate) fn instructions(&mut self, now: Instant, turn: TurnId, text: String) {
+        self.history.push_instructions(now, turn, text);
+    }
+
+    /// Response `turn` began: its (in progress) history entry exists from now on.
+    pub(crate) fn begin_reply(&mut self, now: Instant, turn: TurnId) {
+        self.history.assistant(now, turn);
+    }
+
+    /// A tool call made in response `turn` ([`Content::ToolCall`]).
+    pub(crate) fn tool_call(&mut self, now: Instant, turn: TurnId, call: Content) {
+        self.history.assistant(now, turn).content.push(call);
+    }
+
+    /// The result of tool call `call_id`.
+    pub(crate) fn tool_result(&mut self, now: Instant, call_id: &str, result: String) {
+        self.history.push_tool_result(now, call_id, result);
+    }
+
+    /// Files what response `turn` said once it is over, within `max_audio` of history audio.
+    pub(crate) fn reply_ended(
+        &mut self,
+        now: Instant,
+        turn: TurnId,
+        said: Said,
+        interrupted: bool,
+        ephemeral: bool,
+        max_audio: Duration,
+    ) {
+        match said {
+            Said::Sentences(sentences) => {
+                self.history.set_assistant_sentences(now, turn, sentences);
+                self.history.cap_audio(max_audio);
+            }
+            Said::Text(text) => self.history.set_assistant_text(now, turn, text),
+        }
+        let m = self.history.assistant(now, turn);
+        m.delivery = if interrupted {
+            DeliveryStatus::Interrupted
+        } else {
+            DeliveryStatus::Complete
+        };
+        m.ephemeral = ephemeral;
+    }
+
+    /// The LLM context for response `turn`, within `max_chars`, and the turns that left it
+    /// for good now (marked in history, to report to the client).
+    pub(crate) fn response_context(
+        &mut self,
+        system_prompt: &str,
+        max_chars: usize,
+        turn: TurnId,
+    ) -> (Vec<ContextMessage>, Vec<TurnId>) {
+        let context = self.history.context(system_prompt, max_chars, 0);
+        let truncated = self.history.mark_truncated(&context.dropped, turn);
+        (context.messages, truncated)
+    }
+
     /// Keeps a transcribed utterance for the user turn, within [`MAX_HEARD_UTTERANCES`] and,
     /// for its audio, within one `max_utterance` for the whole turn (beyond it the text still
     /// counts, the audio is not kept).
-    pub(crate) fn hear(&mut self, mut audio: Vec<i16>, text: String, max_utterance: Duration) {
+    fn hear(&mut self, mut audio: Vec<i16>, text: String, max_utterance: Duration) {
         let max_samples = usize::try_from(
             max_utterance.as_millis() * u128::from(voxgate_audio::vad::MODEL_RATE) / 1000,
         )
@@ -122,6 +315,16 @@ impl Record {
             messages,
             dropped: self.history.dropped(),
         }
+    }
+
+    /// Whether exports wait for the response in progress.
+    pub(crate) fn has_exports(&self) -> bool {
+        !self.exports.is_empty()
+    }
+
+    /// The exports waiting for the response in progress, taken (`exclude_audio` each).
+    pub(crate) fn take_exports(&mut self) -> VecDeque<bool> {
+        mem::take(&mut self.exports)
     }
 
     /// Queues an export until the response in progress is over; `Err` is the refusal to send
@@ -188,6 +391,11 @@ impl Record {
             outcome: None,
         });
         Ok(Ok(ProviderRequest::Query { id, messages }))
+    }
+
+    /// Whether `id` is a conversation query being answered.
+    pub(crate) fn awaits_query(&self, id: RequestId) -> bool {
+        self.queries.iter().any(|q| q.id == id)
     }
 
     /// Applies an event of a query; the answers now due go out in the order the queries came.
@@ -288,6 +496,51 @@ mod tests {
         assert_eq!(r.exports.len(), MAX_PENDING_EXPORTS);
         assert!(r.close().is_empty());
         assert!(r.exports.is_empty());
+    }
+
+    #[test]
+    fn transcripts_apply_in_request_order_and_commit_what_was_heard() {
+        let mut r = Record::new(0);
+        let max = Duration::from_secs(60);
+        r.transcribe(RequestId(1), vec![1; 10]);
+        r.transcribe(RequestId(2), vec![2; 20]);
+        assert!(r.transcribing() && r.awaits_transcript(RequestId(2)));
+        r.transcribed(RequestId(2), " later ".into(), "fr".into());
+        assert!(!r.awaits_transcript(RequestId(2)));
+        // The second waits for the first.
+        assert_eq!(r.next_transcript(max), None);
+        r.transcribed(RequestId(1), "first".into(), String::new());
+        let first = r.next_transcript(max);
+        let second = r.next_transcript(max);
+        assert_eq!(
+            (first, second),
+            (
+                Some(Transcript {
+                    text: "first".into(),
+                    more: true
+                }),
+                Some(Transcript {
+                    text: "later".into(),
+                    more: false
+                })
+            )
+        );
+        assert!(!r.transcribing());
+        let now = Instant::now();
+        let event = r.user_speech(now, TurnId(1), "first later".into(), true, max);
+        assert_eq!(
+            event,
+            ClientEvent::UserTranscription {
+                turn: TurnId(1),
+                text: "first later".into(),
+                language: "fr".into()
+            }
+        );
+        assert!(r.heard.is_empty());
+        match &r.messages()[0].content[0] {
+            Content::InputAudio(a) => assert_eq!(a.samples.len(), 30),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
