@@ -4,8 +4,9 @@
 //!
 //! `cargo run -p voxgate-examples --example xiaozhi_turn`
 
-use voxgate_xiaozhi::control::{DeviceMessage, ServerHello, ServerMessage, Stt, Tts};
-use voxgate_xiaozhi::emotion::{EmojiPolicy, strip_emoji};
+use voxgate_engine::emotion::{EmojiPolicy, strip_emoji};
+use voxgate_xiaozhi::control::{DeviceMessage, Llm, ServerHello, ServerMessage, Stt, Tts};
+use voxgate_xiaozhi::emotion::Emotion;
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,14 +35,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("server: {}", ServerMessage::from(Tts::start()).to_json());
 
-    // The model's reply leads with an emoji: it becomes the face, never the speech.
+    // The model's reply leads with an emoji: it becomes the face, never the speech. The engine
+    // reads the face; the firmware knows it under the same name.
     let reply = format!("🤔 You asked: {heard} Let me check.");
-    let policy = EmojiPolicy::firmware();
+    let policy = EmojiPolicy::faces();
     let face = policy.expression(&reply);
-    println!(
-        "server: {}",
-        ServerMessage::from(face.llm_message()).to_json()
-    );
+    let llm = Llm {
+        session_id: None,
+        text: face.emoji.to_owned(),
+        emotion: Emotion::from(face.emotion.as_str()),
+    };
+    println!("server: {}", ServerMessage::from(llm).to_json());
     let spoken = strip_emoji(face.text);
     println!(
         "server: {}",

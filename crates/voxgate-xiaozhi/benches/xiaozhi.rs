@@ -5,7 +5,7 @@
 
 use divan::{AllocProfiler, Bencher, black_box};
 use voxgate_xiaozhi::control::{DeviceMessage, Llm, Mcp, ServerHello, ServerMessage, Tts};
-use voxgate_xiaozhi::emotion::{EmojiPolicy, strip_emoji};
+use voxgate_xiaozhi::emotion::Emotion;
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 use voxgate_xiaozhi::token::{self, TokenSecret};
 
@@ -131,7 +131,7 @@ mod control {
 
     #[divan::bench]
     fn serialize_llm(bencher: Bencher<'_, '_>) {
-        let message = ServerMessage::from(Llm::from_emoji("😊"));
+        let message = ServerMessage::from(Llm::from_emotion(Emotion::Happy));
         bencher.bench_local(|| black_box(&message).to_json());
     }
 
@@ -141,23 +141,6 @@ mod control {
             "params": {"name": "self.audio_speaker.set_volume", "arguments": {"volume": 50}}});
         let message = ServerMessage::from(Mcp::wrap(payload).with_session_id("a1b2c3d4"));
         bencher.bench_local(|| black_box(&message).to_json());
-    }
-}
-
-mod emotion {
-    use super::*;
-
-    const REPLY: &str = "😊 Sure! The weather in Shanghai is sunny 🌞, 25 °C. 今天天气很好！";
-
-    #[divan::bench]
-    fn expression(bencher: Bencher<'_, '_>) {
-        let policy = EmojiPolicy::bridge();
-        bencher.bench_local(|| policy.expression(black_box(REPLY)).emotion);
-    }
-
-    #[divan::bench]
-    fn strip(bencher: Bencher<'_, '_>) {
-        bencher.bench_local(|| strip_emoji(black_box(REPLY)).len());
     }
 }
 

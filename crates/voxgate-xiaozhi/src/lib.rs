@@ -10,7 +10,7 @@
 //! |---------------|------------------------------------------------------------------------|
 //! | [`frame`]     | binary framing v1/v2/v3, fixed per connection, allocation-free         |
 //! | [`control`]   | every JSON control message in both directions, tolerant parsing        |
-//! | [`emotion`]   | the 21-face emoji table, leading-emoji extraction, allowlists, stripping |
+//! | [`emotion`]   | the firmware's 21 face names and their emoji, for `llm` and `alert`   |
 //! | [`ota`]       | the OTA request (lenient) and response                                 |
 //! | [`token`]     | HMAC-SHA256 device tokens                                              |
 //! | [`connect`]   | WebSocket upgrade parameters and authentication                        |
@@ -65,18 +65,20 @@
 //!
 //! # Emotion
 //!
-//! ```
-//! use voxgate_xiaozhi::control::ServerMessage;
-//! use voxgate_xiaozhi::emotion::{strip_emoji, EmojiPolicy};
+//! The `llm` frame names one of the firmware's faces; the emoji goes along as `text`. Choosing
+//! the face from a model's reply is the engine's job (`voxgate_engine::emotion`), not the
+//! protocol's.
 //!
-//! let policy = EmojiPolicy::firmware();
-//! let reply = "😂 That is a good one! 🎉";
-//! let face = policy.expression(reply);
+//! ```
+//! use voxgate_xiaozhi::control::{Llm, ServerMessage};
+//! use voxgate_xiaozhi::emotion::Emotion;
+//!
+//! let llm = Llm { session_id: None, text: "😂".to_owned(), emotion: Emotion::Funny };
 //! assert_eq!(
-//!     ServerMessage::from(face.llm_message()).to_json(),
+//!     ServerMessage::from(llm).to_json(),
 //!     r#"{"type":"llm","text":"😂","emotion":"funny"}"#
 //! );
-//! assert_eq!(strip_emoji(face.text), "That is a good one!");
+//! assert_eq!(Emotion::Funny.emoji(), Some("😂"));
 //! ```
 //!
 //! # MCP envelope

@@ -150,7 +150,14 @@ fn stt_tts_llm() {
         server(with_session(Tts::stop(), |m| m.session_id = Some("s1".into())))
     );
     insta::assert_snapshot!("llm", server(Llm::from_emotion(Emotion::Happy)));
-    insta::assert_snapshot!("llm_from_unlisted_emoji", server(Llm::from_emoji("😊")));
+    insta::assert_snapshot!(
+        "llm_from_unlisted_emoji",
+        server(Llm {
+            session_id: None,
+            text: "😊".into(),
+            emotion: Emotion::Happy,
+        })
+    );
 }
 
 #[test]

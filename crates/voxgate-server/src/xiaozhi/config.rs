@@ -32,16 +32,10 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use voxgate_audio::opus::{OpusApplication, OpusBackend};
 use voxgate_engine::emotion::EmojiPolicy;
-use voxgate_xiaozhi::emotion::Emotion;
+use voxgate_xiaozhi::emotion::{Emotion, FIRMWARE_EMOJI};
 
 use crate::config::ConfigError;
 use crate::config::env::{EnvVars, Secret};
-
-/// The firmware's 21 faces, the default allowlist.
-const FIRMWARE_FACES: [&str; 21] = [
-    "😶", "🙂", "😆", "😂", "😔", "😠", "😭", "😍", "😳", "😲", "😱", "🤔", "😉", "😎", "😌", "🤤",
-    "😘", "😏", "😴", "😜", "🙄",
-];
 
 const DEFAULT_WAKE_WORDS: [&str; 8] = [
     "你好小智",
@@ -221,7 +215,11 @@ impl Default for XiaozhiConfig {
             opus_application: DownlinkApplication::Audio,
             opus_bitrate: 24_000,
             opus_complexity: 5,
-            emotions: FIRMWARE_FACES.iter().map(|s| (*s).to_owned()).collect(),
+            // The firmware's 21 faces.
+            emotions: FIRMWARE_EMOJI
+                .iter()
+                .map(|(e, _)| (*e).to_owned())
+                .collect(),
             default_emotion: "🙂".to_owned(),
             wake_words: DEFAULT_WAKE_WORDS.iter().map(|s| (*s).to_owned()).collect(),
             greet_on_wake: true,

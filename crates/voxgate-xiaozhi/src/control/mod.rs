@@ -611,8 +611,8 @@ impl Tts {
 
 /// `llm`: the face to show. The device reads only `emotion`.
 ///
-/// Build it from model text with [`EmojiPolicy`](crate::emotion::EmojiPolicy) or
-/// [`Llm::from_emoji`].
+/// Build it with [`Llm::from_emotion`], or set `text` to the emoji the model chose (reading that
+/// emoji out of model text is the caller's job, e.g. the engine's `emotion` module).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Llm {
     /// The session, when known.
@@ -626,17 +626,6 @@ pub struct Llm {
 }
 
 impl Llm {
-    /// The frame for `emoji`, named with [`Emotion::nearest`] (neutral for unknown emoji).
-    pub fn from_emoji(emoji: impl Into<String>) -> Self {
-        let text = emoji.into();
-        let emotion = Emotion::nearest(&text);
-        Self {
-            session_id: None,
-            text,
-            emotion,
-        }
-    }
-
     /// The frame for a firmware face name, with its emoji as text.
     pub fn from_emotion(emotion: Emotion) -> Self {
         Self {
