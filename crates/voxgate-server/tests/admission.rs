@@ -478,3 +478,202 @@ async fn a_stalled_runtime_refuses_new_sessions_as_overload_until_it_recovers() 
     }
     server.stop().await;
 }
+
+/// One admitted session of `door` that keeps its door busy (audio or keep-alives) until the
+/// flood is over, then must still be answered: returns the answer's text.
+async fn busy_session(
+    door: Door,
+    server: SocketAddr,
+    n: usize,
+    mut ws: Ws,
+    flood_over: watch::Receiver<bool>,
+) -> String {
+    use voxgate_realtime::proto::InferenceTriggerMode;
+    use voxgate_realtime::proto::client_bound_message::Payload as Down;
+    use voxgate_realtime::{AudioFormat, ClientBoundMessage, ServiceBoundMessage, SessionConfig};
+    let _ = server;
+    let words = format!("hello number {n}");
+    let next_json = |m: Message| match m {
+        Message::Text(t) => serde_json::from_str::<Value>(t.as_str()).ok(),
+        _ => None,
+    };
+    match door {
+        Door::Realtime => {
+            let c = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+            let init = ServiceBoundMessage::initialize(&c).unwrap();
+            ws.send(Message::Binary(init.to_frame())).await.unwrap();
+            let mut packet = 0;
+            while !*flood_over.borrow() {
+                packet += 1;
+                let audio = ServiceBoundMessage::user_audio(
+                    packet,
+                    InferenceTriggerMode::Immediate,
+                    vec![0u8; 640].into(),
+                );
+                ws.send(Message::Binary(audio.to_frame())).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let ask = ServiceBoundMessage::user_text(0, InferenceTriggerMode::Immediate, &words);
+            ws.send(Message::Binary(ask.to_frame())).await.unwrap();
+            let mut text = String::new();
+            loop {
+                let m = tokio::time::timeout(WAIT, ws.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                if let Message::Binary(b) = m.unwrap() {
+                    match ClientBoundMessage::decode_frame(b)
+                        .unwrap()
+                        .payload
+                        .unwrap()
+                    {
+                        Down::ModelTextFragment(f) => text.push_str(&f.text),
+                        Down::ResponseEnd(_) => return text,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Door::Gemini => {
+            let connect = json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": {
+                "model": "models/test",
+                "generationConfig": {"responseModalities": ["TEXT"]}}}});
+            ws.send(Message::Text(connect.to_string().into()))
+                .await
+                .unwrap();
+            while !*flood_over.borrow() {
+                let audio = json!({"type": "SEND_REALTIME_INPUT", "payload": {"audio": {
+                    "mimeType": "audio/pcm;rate=16000",
+                    "data": "A".repeat(64)}}});
+                ws.send(Message::Text(audio.to_string().into()))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let ask = json!({"type": "SEND_MESSAGE", "payload": {
+                "parts": [{"text": words}], "turnComplete": true}});
+            ws.send(Message::Text(ask.to_string().into()))
+                .await
+                .unwrap();
+            let mut text = String::new();
+            loop {
+                let m = tokio::time::timeout(WAIT, ws.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let Some(v) = next_json(m.unwrap()) else {
+                    continue;
+                };
+                if v["type"] == "TURN_COMPLETE" {
+                    return text;
+                }
+                if let Some(parts) = v["payload"]["serverContent"]["modelTurn"]["parts"].as_array()
+                {
+                    text.extend(parts.iter().filter_map(|p| p["text"].as_str()));
+                }
+            }
+        }
+        _ => {
+            // Retell: the server speaks first; the call keeps pinging like Retell does.
+            let mut stamp = 0u64;
+            while !*flood_over.borrow() {
+                stamp += 1;
+                let ping = json!({"interaction_type": "ping_pong", "timestamp": stamp});
+                ws.send(Message::Text(ping.to_string().into()))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let ask = json!({"interaction_type": "response_required", "response_id": 1,
+                "transcript": [{"role": "user", "content": words}]});
+            ws.send(Message::Text(ask.to_string().into()))
+                .await
+                .unwrap();
+            let mut text = String::new();
+            loop {
+                let m = tokio::time::timeout(WAIT, ws.next())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let Some(v) = next_json(m.unwrap()) else {
+                    continue;
+                };
+                if v["response_type"] == "response" && v["response_id"] == 1 {
+                    text.push_str(v["content"].as_str().unwrap_or_default());
+                    if v["content_complete"] == true {
+                        return text;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_door_refuses_past_capacity_while_its_sessions_keep_working() {
+    const CAPACITY: usize = 4;
+    let server = Running::start_with(
+        config(LimitsConfig {
+            max_sessions_per_door: CAPACITY,
+            ..LimitsConfig::unlimited()
+        }),
+        providers(),
+    )
+    .await;
+    let me = loopback(1);
+    for (door, path) in [
+        (Door::Realtime, "/realtime".to_owned()),
+        (Door::Gemini, "/gemini".to_owned()),
+        (Door::Retell, "/llm-websocket/call-{n}".to_owned()),
+    ] {
+        let path_of = |n: usize| path.replace("{n}", &n.to_string());
+        let (flood_over_tx, flood_over) = watch::channel(false);
+        let mut sessions = Vec::new();
+        for n in 0..CAPACITY {
+            let ws = connect_from(me, server.addr, &path_of(n), &[])
+                .await
+                .unwrap();
+            sessions.push(tokio::spawn(busy_session(
+                door,
+                server.addr,
+                n,
+                ws,
+                flood_over.clone(),
+            )));
+        }
+        server.wait_sessions(door, CAPACITY as u64).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for attempt in 0..50 {
+            let t0 = Instant::now();
+            let r = refused(connect_from(me, server.addr, &path_of(100 + attempt), &[]).await);
+            let took = t0.elapsed();
+            assert_eq!(r.status, 503, "{}: attempt {attempt}: {r:?}", door.label());
+            assert_eq!(r.retry_after, "5");
+            assert!(
+                took < Duration::from_millis(100),
+                "{}: attempt {attempt} took {took:?}",
+                door.label()
+            );
+        }
+        flood_over_tx.send(true).unwrap();
+        for (n, s) in sessions.into_iter().enumerate() {
+            let text = s.await.unwrap();
+            assert!(
+                text.contains(&format!("hello number {n}")),
+                "{}: {text:?}",
+                door.label()
+            );
+        }
+        for direction in [Direction::Uplink, Direction::Downlink] {
+            assert_eq!(server.metrics.dropped_frames(door, direction), 0);
+        }
+        assert_eq!(
+            server
+                .metrics
+                .refused_sessions(door, RefusalReason::CapacityDoor),
+            50
+        );
+        server.sessions_drain(door).await;
+    }
+    server.stop().await;
+}
