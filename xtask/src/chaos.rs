@@ -64,6 +64,10 @@ pub(crate) struct Args {
     /// The server's init timeout, seconds.
     #[arg(long, default_value_t = 2)]
     init_timeout: u64,
+    /// The server's header timeout (first request head of a connection), seconds: slowloris
+    /// connections are dropped after it.
+    #[arg(long, default_value_t = 2)]
+    header_timeout: u64,
     /// The server's ping interval, seconds.
     #[arg(long, default_value_t = 1)]
     ping_interval: u64,
@@ -194,6 +198,7 @@ fn server_env(a: &Args, p: &Plan) -> Vec<(&'static str, String)> {
             "VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP",
             a.max_handshakes_per_sec_per_ip.to_string(),
         ),
+        ("VOXGATE_HEADER_TIMEOUT_SECS", a.header_timeout.to_string()),
         ("VOXGATE_INIT_TIMEOUT_SECS", a.init_timeout.to_string()),
         ("VOXGATE_IDLE_TIMEOUT_SECS", a.idle_timeout.to_string()),
         ("VOXGATE_PING_INTERVAL_SECS", a.ping_interval.to_string()),
@@ -550,7 +555,10 @@ fn table(
                 s["open_failed"],
                 s["bytes_dripped"]
             ),
-            "closed, or held without a session slot".into(),
+            format!(
+                "all closed ≈ {} s (header timeout), none holding a session slot",
+                a.header_timeout
+            ),
         ],
         [
             "slowloris: a fresh device meanwhile".into(),

@@ -37,6 +37,7 @@ mod bridge;
 pub mod config;
 mod door;
 mod gemini;
+mod head_timeout;
 mod mcp_endpoint;
 pub mod metrics;
 mod providers;

@@ -9,7 +9,10 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
+
+use crate::head_timeout::HeadTimeoutListener;
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -196,6 +199,8 @@ impl Server {
     ) -> Result<(), ServerError> {
         let router = router(Arc::clone(&self.app));
         let app = Arc::clone(&self.app);
+        // `tap_io` only so connection info (the peer address) works with our listener type.
+        let head_timeout = app.config.limits.header_timeout();
         let stop = self.stop;
         // The overload guard measures the runtime while the server runs.
         let guard = tokio::spawn(self.app.admission.clone().monitor(stop.subscribe()));
@@ -206,7 +211,7 @@ impl Server {
             let mut stopped = stop.subscribe();
             extra.spawn(async move {
                 axum::serve(
-                    l.listener,
+                    HeadTimeoutListener::new(l.listener, head_timeout).tap_io(|_| {}),
                     routes.into_make_service_with_connect_info::<SocketAddr>(),
                 )
                 .with_graceful_shutdown(async move {
@@ -219,7 +224,7 @@ impl Server {
         // Connection info lets handlers see the peer address (the Bridge API's localhost-only
         // `/admin/*`).
         let main = axum::serve(
-            self.listener,
+            HeadTimeoutListener::new(self.listener, head_timeout).tap_io(|_| {}),
             router.into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(async move {

@@ -262,3 +262,41 @@ async fn a_peer_that_stops_reading_is_closed_within_the_write_timeout() {
     drop(slow);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_slow_drip_upgrade_is_dropped_at_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Running::start(config(|c| c.limits.header_timeout_secs = 1)).await;
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let t0 = Instant::now();
+    let head = format!(
+        "GET /realtime HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n",
+        server.addr
+    );
+    // One byte every 100 ms: the whole head would take several seconds.
+    let mut closed = None;
+    for b in head.bytes() {
+        if tcp.write_all(&[b]).await.is_err() {
+            closed = Some(t0.elapsed());
+            break;
+        }
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(100), tcp.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => {
+                closed = Some(t0.elapsed());
+                break;
+            }
+            Ok(Ok(n)) => panic!("unexpected answer {:?}", String::from_utf8_lossy(&buf[..n])),
+            Err(_) => {}
+        }
+    }
+    let closed = closed.expect("the server dropped the connection");
+    assert!(
+        closed >= Duration::from_millis(900) && closed < Duration::from_secs(3),
+        "{closed:?}"
+    );
+    // A prompt client on the same server is served as usual.
+    let ws = initialized(server.addr).await;
+    drop(ws);
+    server.stop().await;
+}

@@ -61,6 +61,10 @@ pub struct LimitsConfig {
     /// The overload guard: while the runtime's smoothed scheduling delay is above this many
     /// milliseconds, new sessions are refused (`overload`); 0: never refuse for it.
     pub max_scheduling_delay_ms: u64,
+    /// Seconds a connection has to send its whole first HTTP request head (the upgrade
+    /// request) before it is dropped: slow-drip ("slowloris") connections hold no descriptor
+    /// longer than this. 0: no limit.
+    pub header_timeout_secs: u64,
     /// Seconds a session has to initialize (a `hello`, a config message) before it is closed;
     /// 0: no limit.
     pub init_timeout_secs: u64,
@@ -102,6 +106,7 @@ impl Default for LimitsConfig {
             max_sessions_per_ip: DEFAULT_MAX_SESSIONS_PER_IP,
             max_handshakes_per_sec_per_ip: DEFAULT_MAX_HANDSHAKES_PER_SEC_PER_IP,
             max_scheduling_delay_ms: DEFAULT_MAX_SCHEDULING_DELAY_MS,
+            header_timeout_secs: 10,
             init_timeout_secs: 10,
             idle_timeout_secs: 300,
             ping_interval_secs: 20,
@@ -128,6 +133,7 @@ impl LimitsConfig {
             max_sessions_per_ip: 0,
             max_handshakes_per_sec_per_ip: 0,
             max_scheduling_delay_ms: 0,
+            header_timeout_secs: 0,
             init_timeout_secs: 0,
             idle_timeout_secs: 0,
             ping_interval_secs: 0,
@@ -135,6 +141,12 @@ impl LimitsConfig {
             shutdown_grace_secs: 0,
             max_history_messages: 0,
         }
+    }
+
+    /// [`Self::header_timeout_secs`] as a duration; `None` when off.
+    #[must_use]
+    pub fn header_timeout(&self) -> Option<Duration> {
+        optional_secs(self.header_timeout_secs)
     }
 
     /// [`Self::init_timeout_secs`] as a duration; `None` when off.
@@ -182,7 +194,8 @@ impl LimitsConfig {
 
     /// Applies the `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`,
     /// `VOXGATE_MAX_SESSIONS_PER_IP`, `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP`,
-    /// `VOXGATE_MAX_SCHEDULING_DELAY_MS`, `VOXGATE_INIT_TIMEOUT_SECS`,
+    /// `VOXGATE_MAX_SCHEDULING_DELAY_MS`, `VOXGATE_HEADER_TIMEOUT_SECS`,
+    /// `VOXGATE_INIT_TIMEOUT_SECS`,
     /// `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`,
     /// `VOXGATE_SHUTDOWN_GRACE_SECS` and `VOXGATE_MAX_HISTORY_MESSAGES` overrides.
     pub(crate) fn apply_env(
@@ -204,6 +217,7 @@ impl LimitsConfig {
             "VOXGATE_MAX_SCHEDULING_DELAY_MS",
             &mut self.max_scheduling_delay_ms,
         )?;
+        vars.parsed("VOXGATE_HEADER_TIMEOUT_SECS", &mut self.header_timeout_secs)?;
         vars.parsed("VOXGATE_INIT_TIMEOUT_SECS", &mut self.init_timeout_secs)?;
         vars.parsed("VOXGATE_IDLE_TIMEOUT_SECS", &mut self.idle_timeout_secs)?;
         vars.parsed("VOXGATE_PING_INTERVAL_SECS", &mut self.ping_interval_secs)?;
@@ -232,6 +246,7 @@ mod tests {
         assert_eq!(l.max_sessions_per_ip, 50);
         assert_eq!(l.max_handshakes_per_sec_per_ip, 20);
         assert_eq!(l.max_scheduling_delay(), Some(Duration::from_millis(50)));
+        assert_eq!(l.header_timeout(), Some(Duration::from_secs(10)));
         assert_eq!(l.init_timeout(), Some(Duration::from_secs(10)));
         assert_eq!(l.idle_timeout(), Some(Duration::from_secs(300)));
         assert_eq!(l.ping_interval(), Some(Duration::from_secs(20)));
@@ -290,6 +305,7 @@ mod tests {
                 "VOXGATE_MAX_SESSIONS_PER_IP" => "3",
                 "VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP" => "4",
                 "VOXGATE_MAX_SCHEDULING_DELAY_MS" => "5",
+                "VOXGATE_HEADER_TIMEOUT_SECS" => "11",
                 "VOXGATE_INIT_TIMEOUT_SECS" => "6",
                 "VOXGATE_IDLE_TIMEOUT_SECS" => "7",
                 "VOXGATE_PING_INTERVAL_SECS" => "8",
@@ -309,6 +325,7 @@ mod tests {
                 max_sessions_per_ip: 3,
                 max_handshakes_per_sec_per_ip: 4,
                 max_scheduling_delay_ms: 5,
+                header_timeout_secs: 11,
                 init_timeout_secs: 6,
                 idle_timeout_secs: 7,
                 ping_interval_secs: 8,
