@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use voxgate_audio::opus::{OpusBackend, OpusEncoder, OpusEncoderConfig};
 use voxgate_audio::wav::read_wav;
 use voxgate_server::metrics::Door;
-use voxgate_server::{Config, OpusBackendChoice, Server};
+use voxgate_server::{Config, LimitsConfig, OpusBackendChoice, Server};
 use voxgate_test_support::{CountingAllocator, live_bytes_tagged, set_thread_tag};
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
@@ -92,6 +92,8 @@ fn measure(backend: OpusBackendChoice) -> Figures {
     let mut config = Config::default().with_ephemeral_ports();
     config.xiaozhi.opus_backend = backend;
     config.xiaozhi.idle_timeout_secs = 0;
+    // Every device comes from one address at once: admission control would refuse most.
+    config.limits = LimitsConfig::unlimited();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server_task = server_rt.spawn(async move {
