@@ -43,6 +43,7 @@ pub mod metrics;
 mod providers;
 mod realtime;
 mod retell;
+mod secret;
 mod server;
 mod xiaozhi;
 

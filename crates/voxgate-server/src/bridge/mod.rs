@@ -312,7 +312,7 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
         .map(|v| v.trim())
         .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
     match given {
-        Some(t) if tokens.iter().any(|k| k == t) => Ok(()),
+        Some(t) if crate::secret::matches_any(tokens, t) => Ok(()),
         Some(_) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -139,7 +139,7 @@ async fn upgrade(
     };
     let token = q.token.unwrap_or_default();
     let tokens = &app.config.mcp.tokens;
-    if !tokens.is_empty() && !tokens.contains(&token) {
+    if !tokens.is_empty() && !crate::secret::matches_any(tokens, &token) {
         app.metrics.error(Door::Mcp);
         return (StatusCode::UNAUTHORIZED, "missing or unknown MCP token").into_response();
     }

@@ -72,7 +72,7 @@ fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|token| keys.iter().any(|k| k == token.trim()))
+        .is_some_and(|token| crate::secret::matches_any(keys, token.trim()))
 }
 
 async fn realtime_upgrade(

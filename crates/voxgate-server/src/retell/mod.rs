@@ -307,7 +307,7 @@ fn control_allowed(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    if given == Some(token.as_str()) {
+    if given.is_some_and(|g| crate::secret::secret_eq(token, g)) {
         Ok(())
     } else {
         Err(Box::new(json_error(

@@ -21,7 +21,6 @@ mod speech;
 mod text;
 mod uplink;
 
-use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -91,23 +90,17 @@ fn unix_now() -> (u64, u64) {
     )
 }
 
-/// `n` unpredictable bytes from the standard library's OS-seeded hasher keys (no extra
-/// dependency for session ids and the per-process token key).
-fn random_bytes(n: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n + 8);
-    let mut i = 0u64;
-    while out.len() < n {
-        let v = RandomState::new().hash_one((i, SystemTime::now()));
-        out.extend_from_slice(&v.to_le_bytes());
-        i += 1;
-    }
-    out.truncate(n);
-    out
-}
-
 /// A fresh session id in UUID v4 text form.
 pub(crate) fn new_session_id() -> String {
-    let mut b = random_bytes(16);
+    // Ids are not secrets; should the OS source ever fail, a unique id still beats none.
+    let mut b = crate::secret::random_bytes(16).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "no OS randomness for a session id");
+        let n = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        n.to_le_bytes().to_vec()
+    });
     if let (Some(six), Some(eight)) = (b.get(6).copied(), b.get(8).copied()) {
         b[6] = (six & 0x0f) | 0x40;
         b[8] = (eight & 0x3f) | 0x80;
@@ -128,7 +121,15 @@ fn token_secret(config: &XiaozhiConfig) -> Option<TokenSecret> {
     static RANDOM: OnceLock<Option<TokenSecret>> = OnceLock::new();
     if config.token_secret.is_empty() {
         RANDOM
-            .get_or_init(|| TokenSecret::new(random_bytes(32)).ok())
+            .get_or_init(|| {
+                // No key without OS randomness: tokens then cannot be issued or verified.
+                let key = crate::secret::random_bytes(32)
+                    .inspect_err(
+                        |e| tracing::error!(error = %e, "no OS randomness for the token key"),
+                    )
+                    .ok()?;
+                TokenSecret::new(key).ok()
+            })
             .clone()
     } else {
         TokenSecret::new(&config.token_secret).ok()
