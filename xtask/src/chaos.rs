@@ -141,7 +141,6 @@ impl Plan {
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let root = util::root();
     let plan = Plan::new(args);
     if !args.no_build && (args.server_bin.is_none() || args.client_bin.is_none()) {
         util::run(util::cargo().args([
@@ -153,20 +152,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "voxgate-client",
         ]))?;
     }
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let server_bin = args
-        .server_bin
-        .clone()
-        .unwrap_or_else(|| target.join("release/voxgate-server"));
-    let client_bin = args
-        .client_bin
-        .clone()
-        .unwrap_or_else(|| target.join("release/voxgate-client"));
-    let wav = args
-        .wav
-        .clone()
-        .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/speech.wav"));
+    let (server_bin, client_bin, wav) = util::release_inputs(
+        args.server_bin.as_ref(),
+        args.client_bin.as_ref(),
+        args.wav.as_ref(),
+    );
 
     let env = server_env(args, &plan);
     let (mut server, addr, warnings) = start_server(&server_bin, &env)?;

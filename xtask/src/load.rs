@@ -60,7 +60,6 @@ struct Sample {
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let root = util::root();
     if args.seconds as f64 <= args.ramp + 2.0 {
         bail!("--seconds must exceed --ramp by more than 2 s, so all sessions overlap");
     }
@@ -79,20 +78,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         }
         util::run(&mut build)?;
     }
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let server_bin = args
-        .server_bin
-        .clone()
-        .unwrap_or_else(|| target.join("release/voxgate-server"));
-    let client_bin = args
-        .client_bin
-        .clone()
-        .unwrap_or_else(|| target.join("release/voxgate-client"));
-    let wav = args
-        .wav
-        .clone()
-        .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/speech.wav"));
+    let (server_bin, client_bin, wav) = util::release_inputs(
+        args.server_bin.as_ref(),
+        args.client_bin.as_ref(),
+        args.wav.as_ref(),
+    );
     let ticks_per_second = clock_ticks()?;
 
     let backend = if args.libopus { "libopus" } else { "pure" };

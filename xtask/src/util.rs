@@ -12,6 +12,28 @@ pub(crate) fn root() -> PathBuf {
 }
 
 /// The `cargo` that runs this xtask, so nested builds use the same toolchain.
+/// The release server and client binaries and the speech fixture the load tools use, unless
+/// the caller names its own.
+pub(crate) fn release_inputs(
+    server_bin: Option<&PathBuf>,
+    client_bin: Option<&PathBuf>,
+    wav: Option<&PathBuf>,
+) -> (PathBuf, PathBuf, PathBuf) {
+    let root = root();
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    (
+        server_bin
+            .cloned()
+            .unwrap_or_else(|| target.join("release/voxgate-server")),
+        client_bin
+            .cloned()
+            .unwrap_or_else(|| target.join("release/voxgate-client")),
+        wav.cloned()
+            .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/speech.wav")),
+    )
+}
+
 pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(root());
