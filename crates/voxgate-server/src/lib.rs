@@ -38,6 +38,7 @@ pub mod config;
 mod door;
 mod gemini;
 mod head_timeout;
+mod incident;
 mod mcp_endpoint;
 pub mod metrics;
 mod providers;

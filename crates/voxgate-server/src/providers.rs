@@ -200,7 +200,7 @@ impl Runner {
                             metrics.provider_failure(ProviderKind::Asr);
                             ProviderEvent::Failed {
                                 id,
-                                message: e.to_string(),
+                                message: crate::incident::report("speech recognition", &e),
                             }
                         }
                     };
@@ -263,7 +263,7 @@ impl Runner {
                                 let _ = tx
                                     .send(ProviderEvent::Failed {
                                         id,
-                                        message: e.to_string(),
+                                        message: crate::incident::report("speech synthesis", &e),
                                     })
                                     .await;
                                 return;
@@ -322,7 +322,7 @@ impl Runner {
                         (
                             ProviderEvent::Failed {
                                 id,
-                                message: e.to_string(),
+                                message: crate::incident::report("the language model", &e),
                             },
                             true,
                         )
