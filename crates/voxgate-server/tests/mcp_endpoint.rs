@@ -134,7 +134,7 @@ async fn handshake_paged_listing_ping_noise_and_a_call() {
 }
 
 #[tokio::test]
-async fn tokens_are_checked_in_the_query_only() {
+async fn tokens_are_checked_in_the_header_or_the_query() {
     tokio::time::timeout(WAIT, async {
         let mut config = Config::default();
         config.mcp.tokens = vec!["good".into()];
@@ -148,6 +148,23 @@ async fn tokens_are_checked_in_the_query_only() {
         assert_eq!(recv_json(&mut ws).await["method"], "initialize");
         let mut ws2 = mcp_connect(server.addr, "/mcp/?token=good").await.unwrap();
         assert_eq!(recv_json(&mut ws2).await["method"], "initialize");
+        // A prefix or an extension of a token is not the token.
+        for partial in ["goo", "goodx", "GOOD"] {
+            let path = format!("/mcp?token={partial}");
+            assert_eq!(mcp_connect(server.addr, &path).await.err(), Some(401));
+        }
+        // The header form keeps the token out of URLs (and proxy logs); it wins over the query.
+        let url = format!("ws://{}/mcp", server.addr);
+        let good = [("authorization", "Bearer good")];
+        let mut ws3 = support::try_connect(&url, &good, WAIT).await.unwrap();
+        assert_eq!(recv_json(&mut ws3).await["method"], "initialize");
+        let bad = [("authorization", "Bearer bad")];
+        let url_good_query = format!("ws://{}/mcp?token=good", server.addr);
+        assert!(
+            support::try_connect(&url_good_query, &bad, WAIT)
+                .await
+                .is_err()
+        );
         server.stop().await;
     })
     .await

@@ -15,9 +15,12 @@
 //! engine and route the calls back: see [`hub`] for the recipe. The Bridge HTTP API's
 //! `/api/message` turns use it.
 //!
-//! The token travels only in the query string. With `[mcp] tokens` empty any token (or none)
-//! is accepted; otherwise an unknown or missing token is refused with HTTP 401 before the
-//! upgrade (the bridges retry with back-off).
+//! The token travels as `Authorization: Bearer <token>` or, for bridges that only take a URL
+//! (`mcp2xiaozhi` and the Xiaozhi console's endpoint URLs), in `?token=`; the header wins when
+//! both are present. Query strings end up in proxy access logs, so prefer the header where the
+//! bridge allows it. With `[mcp] tokens` empty any token (or none) is accepted; otherwise an
+//! unknown or missing token is refused with HTTP 401 before the upgrade (the bridges retry with
+//! back-off). Tokens are compared in constant time.
 
 pub(crate) mod hub;
 
@@ -131,13 +134,17 @@ async fn upgrade(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Query(q): Query<TokenQuery>,
+    headers: axum::http::HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
     let permit = match app.admission.try_admit(Door::Mcp, peer.ip()) {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };
-    let token = q.token.unwrap_or_default();
+    let token = bearer(&headers)
+        .map(str::to_owned)
+        .or(q.token)
+        .unwrap_or_default();
     let tokens = &app.config.mcp.tokens;
     if !tokens.is_empty() && !crate::secret::matches_any(tokens, &token) {
         app.metrics.error(Door::Mcp);
@@ -150,6 +157,16 @@ async fn upgrade(
             let _permit = permit;
             serve(socket, app, token).await;
         })
+}
+
+/// The token of an `Authorization: Bearer` header, if there is one.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Serves one bridge connection until it closes or the server shuts down.
