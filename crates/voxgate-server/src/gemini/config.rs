@@ -1,4 +1,26 @@
 //! `[gemini]`: the Gemini bridge door's settings and their `VOXGATE_GEMINI_*` overrides.
+//!
+//! | key | env | default | |
+//! |---|---|---|---|
+//! | `enabled` | `VOXGATE_GEMINI_ENABLED` | `true` | serve the door at all |
+//! | `own_listener` | `VOXGATE_GEMINI_LISTEN=off` | `true` | open the own listener |
+//! | `listen` | `VOXGATE_GEMINI_LISTEN` | `127.0.0.1:3001` | its address (any path) |
+//! | `mode` | `VOXGATE_GEMINI_MODE` | `engine` | `engine` or `passthrough` |
+//! | `tokens` | `VOXGATE_GEMINI_TOKENS` (comma-separated) | none | bridge tokens; when set, every connection must present one (masked in `--print-config`) |
+//! | `api_key` | `VOXGATE_GEMINI_API_KEY` | none | pass-through: the server's Gemini API key (masked) |
+//! | `base_url` | `VOXGATE_GEMINI_BASE_URL` | `wss://generativelanguage.googleapis.com` | pass-through upstream |
+//! | `model` | `VOXGATE_GEMINI_MODEL` | `models/gemini-2.0-flash-live-001` | pass-through model when the session names none |
+//! | `audio_chunks` | `VOXGATE_GEMINI_AUDIO_CHUNKS` | `false` | also send `AUDIO_CHUNK` |
+//! | `assistant_speaking` | `VOXGATE_GEMINI_ASSISTANT_SPEAKING` | `true` | send `ASSISTANT_SPEAKING` |
+//! | `max_frame_bytes` | `VOXGATE_GEMINI_MAX_FRAME_BYTES` | `8388608` | largest client frame |
+//! | `connect_timeout_ms` | `VOXGATE_GEMINI_CONNECT_TIMEOUT_MS` | the server's initialization timeout | close a connection without a session after this long |
+//!
+//! Access ([`super::access`]): with `tokens` set, a connection must present one as
+//! `Authorization: Bearer <token>`, `?token=<token>` or the URL's last path segment, or it is
+//! refused with HTTP 401 before the upgrade. Without tokens, pass-through with the server's
+//! `api_key` is refused (HTTP 403) to every caller but a loopback peer that is not behind a
+//! proxy, so the server's key is never spent for an unauthenticated caller from elsewhere;
+//! engine mode stays open.
 
 use std::net::SocketAddr;
 
@@ -42,6 +64,7 @@ const DEFAULT_GEMINI_MODEL: &str = "models/gemini-2.0-flash-live-001";
 /// own_listener = true            # the bridge's own port, any path
 /// listen = "127.0.0.1:3001"
 /// mode = "engine"                # or "passthrough"
+/// tokens = ["..."]               # bridge tokens: required of every connection when set
 /// api_key = "..."                # passthrough: the Gemini API key
 /// base_url = "wss://generativelanguage.googleapis.com"
 /// model = "models/gemini-2.0-flash-live-001"   # passthrough default model
@@ -61,6 +84,12 @@ pub struct GeminiConfig {
     pub listen: SocketAddr,
     /// `engine` (default) or `passthrough`.
     pub mode: GeminiMode,
+    /// Bridge tokens. When any is set, every connection must present one
+    /// (`Authorization: Bearer`, a `token` query parameter or the URL's last path segment)
+    /// or is refused with HTTP 401 before the upgrade. Empty: engine mode is open, and
+    /// pass-through with the server's `api_key` is served to loopback callers only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<String>,
     /// Gemini API key for pass-through sessions (sent as `?key=`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
@@ -92,6 +121,7 @@ impl Default for GeminiConfig {
             own_listener: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 3001)),
             mode: GeminiMode::Engine,
+            tokens: Vec::new(),
             api_key: None,
             base_url: DEFAULT_GEMINI_BASE_URL.to_owned(),
             model: DEFAULT_GEMINI_MODEL.to_owned(),
@@ -105,7 +135,7 @@ impl Default for GeminiConfig {
 
 impl GeminiConfig {
     /// Applies the door's `VOXGATE_GEMINI_*` environment overrides: `ENABLED`, `LISTEN` (an
-    /// address, or `off` for no own listener), `MODE`, `API_KEY`, `BASE_URL`, `MODEL`,
+    /// address, or `off` for no own listener), `MODE`, `TOKENS` (comma-separated), `API_KEY`, `BASE_URL`, `MODEL`,
     /// `AUDIO_CHUNKS`, `ASSISTANT_SPEAKING`, `MAX_FRAME_BYTES`, `CONNECT_TIMEOUT_MS` (blank:
     /// the server's initialization timeout).
     pub(crate) fn apply_env(
@@ -131,6 +161,7 @@ impl GeminiConfig {
                 message: format!("{v:?} is neither \"engine\" nor \"passthrough\""),
             })?;
         }
+        vars.list("VOXGATE_GEMINI_TOKENS", &mut self.tokens);
         vars.non_blank("VOXGATE_GEMINI_API_KEY", &mut self.api_key);
         vars.trimmed("VOXGATE_GEMINI_BASE_URL", &mut self.base_url);
         vars.trimmed("VOXGATE_GEMINI_MODEL", &mut self.model);
@@ -150,6 +181,7 @@ impl GeminiConfig {
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
         self.api_key.mask();
+        self.tokens.mask();
     }
 
     /// Moves the door's own listener (when enabled) to a free loopback port.
@@ -160,8 +192,14 @@ impl GeminiConfig {
     }
 
     /// Rejects values out of range. A missing API key in pass-through mode is not an error
-    /// here (it may come from the environment later); sessions report it instead.
+    /// here (it may come from the environment later); sessions report it instead. A blank
+    /// token is an error: it would match a request that presents none.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.tokens.iter().any(|t| t.trim().is_empty()) {
+            return Err(ConfigError::Invalid(
+                "gemini.tokens has a blank entry: it would let in a caller without a token".into(),
+            ));
+        }
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "gemini.max_frame_bytes = {} is below the minimum of 1024",
@@ -203,12 +241,15 @@ mod tests {
             "VOXGATE_GEMINI_API_KEY" => Some("k".to_owned()),
             "VOXGATE_GEMINI_AUDIO_CHUNKS" => Some("yes".to_owned()),
             "VOXGATE_GEMINI_CONNECT_TIMEOUT_MS" => Some("250".to_owned()),
+            "VOXGATE_GEMINI_TOKENS" => Some(" t1, t2 ,".to_owned()),
             _ => None,
         };
         c.apply_env(&env).unwrap();
         assert!(!c.own_listener);
         assert_eq!(c.mode, GeminiMode::Passthrough);
         assert!(c.audio_chunks);
+        assert_eq!(c.tokens, ["t1", "t2"]);
+        assert!(c.check().is_ok());
         let server = Some(std::time::Duration::from_secs(10));
         assert_eq!(
             c.connect_timeout(server),
@@ -222,6 +263,17 @@ mod tests {
         assert_eq!(never.connect_timeout(server), None);
         c.mask_secrets();
         assert_eq!(c.api_key.as_deref(), Some("***"));
+        assert_eq!(c.tokens, ["***", "***"]);
+        let printed = toml::to_string(&c).unwrap();
+        assert!(
+            !printed.contains("t1") && !printed.contains("t2"),
+            "{printed}"
+        );
+        let blank = GeminiConfig {
+            tokens: vec!["ok".into(), " ".into()],
+            ..GeminiConfig::default()
+        };
+        assert!(blank.check().is_err());
         let bad = GeminiConfig::default()
             .apply_env(&|k: &str| (k == "VOXGATE_GEMINI_MODE").then(|| "cloud".to_owned()));
         assert!(matches!(bad, Err(ConfigError::Env { .. })));

@@ -10,7 +10,14 @@
 //! A connection that sets up no session within the initialization timeout
 //! (`gemini.connect_timeout_ms`, else the server's) gets a `GEMINI_ERROR` and a 1008 close; at
 //! shutdown the app is told `GEMINI_DISCONNECTED` before the 1001 close.
+//!
+//! Access is decided before the upgrade ([`access`]): with `[gemini] tokens` set every
+//! connection presents one (`Authorization: Bearer`, `?token=`, or the URL's last path
+//! segment: `/gemini/<token>` here, `/<token>` on the own listener) or gets HTTP 401; without
+//! tokens, pass-through with the server's API key is refused (HTTP 403) to anyone but this
+//! machine. A refused caller never causes an upstream connection.
 
+mod access;
 mod config;
 mod engine;
 mod passthrough;
@@ -21,7 +28,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::ws::WebSocket;
 use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
-use axum::response::Response;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use voxgate_gemini::ServerMessage;
 
@@ -31,40 +39,96 @@ use crate::door::{Out, ServerFrame};
 use crate::metrics::Door;
 use crate::server::{App, DoorListener};
 
-/// The door's routes on the main listener.
+/// The door's routes on the main listener: `/gemini`, and `/gemini/<token>` for apps that can
+/// only be given a URL.
 pub(crate) fn routes() -> Router<Arc<App>> {
-    Router::new().route("/gemini", get(upgrade))
+    Router::new()
+        .route("/gemini", get(upgrade_main))
+        .route("/gemini/{token}", get(upgrade_main))
 }
 
-/// The door's own listener (any path), when configured.
+/// The door's own listener (any path), when configured. Called once when the server binds,
+/// so it also logs the door's exposure warning ([`access::exposure`]).
 pub(crate) fn listeners(config: &crate::Config) -> Vec<DoorListener> {
+    if let Some(warning) = access::exposure(&config.gemini, config.listen) {
+        tracing::warn!("{warning}");
+    }
     if !config.gemini.enabled || !config.gemini.own_listener {
         return Vec::new();
     }
     vec![DoorListener {
         name: "gemini",
         addr: config.gemini.listen,
-        routes: Router::new().fallback(upgrade),
+        routes: Router::new().fallback(upgrade_own),
     }]
 }
 
-async fn upgrade(
+/// `/gemini` and `/gemini/<token>` on the main listener.
+async fn upgrade_main(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+    uri: Uri,
     ws: WebSocketUpgrade,
 ) -> Response {
-    use axum::response::IntoResponse;
+    let path_token = uri.path().strip_prefix("/gemini/");
+    upgrade(app, peer, &headers, &uri, path_token, ws)
+}
+
+/// Any path on the own listener; its last segment may carry the token.
+async fn upgrade_own(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+    uri: Uri,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let path_token = access::last_segment(uri.path());
+    upgrade(app, peer, &headers, &uri, path_token, ws)
+}
+
+/// Admission, then access ([`access::decide`]), then the upgrade: a refused caller gets an
+/// HTTP answer and no session, so no upstream connection can be made for it.
+fn upgrade(
+    app: Arc<App>,
+    peer: std::net::SocketAddr,
+    headers: &HeaderMap,
+    uri: &Uri,
+    path_token: Option<&str>,
+    ws: WebSocketUpgrade,
+) -> Response {
     if !app.config.gemini.enabled {
-        return (
-            axum::http::StatusCode::NOT_FOUND,
-            "the Gemini door is disabled",
-        )
-            .into_response();
+        return (StatusCode::NOT_FOUND, "the Gemini door is disabled").into_response();
     }
     let permit = match app.admission.try_admit(Door::Gemini, peer.ip()) {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };
+    let presented = access::presented(headers, uri.query(), path_token);
+    let decision = access::decide(
+        &app.config.gemini,
+        peer.ip(),
+        access::proxied(headers),
+        &presented,
+    );
+    match decision {
+        access::Access::Allow => {}
+        refused @ access::Access::Unauthorized => {
+            app.metrics.error(Door::Gemini);
+            tracing::debug!(%peer, "gemini door: missing or unknown token");
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                refused.message(),
+            )
+                .into_response();
+        }
+        refused @ access::Access::LocalOnly => {
+            app.metrics.error(Door::Gemini);
+            tracing::info!(%peer, "gemini door: pass-through refused (no [gemini] tokens)");
+            return (StatusCode::FORBIDDEN, refused.message()).into_response();
+        }
+    }
     let config = app.config.gemini.clone();
     let hard_limit = config.max_frame_bytes.saturating_mul(2);
     ws.max_message_size(hard_limit)
