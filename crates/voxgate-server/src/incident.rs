@@ -11,9 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Logs `detail` under a fresh error id and returns the message for the client:
 /// `"<what> failed (error id <id>)"`.
 pub(crate) fn report(what: &str, detail: &dyn Display) -> String {
+    tagged(&format!("{what} failed"), detail)
+}
+
+/// Logs `detail` under a fresh error id and returns `"<message> (error id <id>)"`.
+pub(crate) fn tagged(message: &str, detail: &dyn Display) -> String {
     let id = new_id();
-    tracing::warn!(error_id = %id, %detail, "{what} failed");
-    format!("{what} failed (error id {id})")
+    tracing::warn!(error_id = %id, %detail, "{message}");
+    format!("{message} (error id {id})")
 }
 
 /// 16 hex digits from the OS random source; ids only need to be unique enough to find a log

@@ -280,7 +280,9 @@ impl PassSession {
             }
             UpEvent::Failed(reason) => {
                 self.metrics.error(Door::Gemini);
-                let message = format!("Could not connect to Gemini: {reason}");
+                // Connection failures are the server's business (key, network, quota): the
+                // detail goes to the log under the id the client is given.
+                let message = crate::incident::tagged("Could not connect to Gemini", &reason);
                 emit(out, &ServerMessage::setup_failed(None, message.clone()));
                 emit(out, &ServerMessage::error(message));
                 false
@@ -290,15 +292,24 @@ impl PassSession {
                     emit(
                         out,
                         &ServerMessage::GeminiDisconnected {
+                            // A normal close says why the session ended (time limit, goAway);
+                            // any other reason may be about the server's key or quota.
                             reason: Some(match code {
-                                Some(c) => format!("Gemini closed the session ({c}): {reason}"),
-                                None => format!("Gemini closed the session: {reason}"),
+                                Some(1000) => format!("Gemini closed the session (1000): {reason}"),
+                                Some(c) => crate::incident::tagged(
+                                    &format!("Gemini closed the session ({c})"),
+                                    &reason,
+                                ),
+                                None => {
+                                    crate::incident::report("Gemini closed the session:", &reason)
+                                }
                             }),
                         },
                     );
                 } else {
                     self.metrics.error(Door::Gemini);
-                    let message = format!("Gemini refused the session setup: {reason}");
+                    let message =
+                        crate::incident::tagged("Gemini refused the session setup", &reason);
                     emit(
                         out,
                         &ServerMessage::setup_failed(code.map(i64::from), message.clone()),
