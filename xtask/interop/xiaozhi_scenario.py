@@ -5,7 +5,8 @@ order of incoming frames before handing each to the SDK's own handler. Every err
 (a frame it could not decode, a handler that raised) fails the scenario.
 
 Needs the server to run the demo agent with the interop fake recognizer (fake_asr.py) and the
-Xiaozhi door with token authentication on (`[xiaozhi] auth = true`).
+Xiaozhi door with token authentication on (`[xiaozhi] auth = true`) and `MAC` below on
+`allowed_devices` (OTA issues tokens only to allowed or activated devices).
 
 1. OTA: the SDK's OtaDevice posts its system info to /xiaozhi/ota/; the answer has the WebSocket
    URL of this server, a token and protocol version 1, and no mqtt section.

@@ -344,6 +344,9 @@ fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(G
             // The Xiaozhi scenario checks that OTA tokens are issued and enforced.
             .env("VOXGATE_XIAOZHI_AUTH", "true")
             .env("VOXGATE_XIAOZHI_TOKEN_SECRET", "interop-secret")
+            // With auth on, OTA issues tokens only to allowed or activated devices: the
+            // scenario's MAC (xiaozhi_scenario.py `MAC`) is allowed.
+            .env("VOXGATE_XIAOZHI_ALLOWED_DEVICES", "02:00:00:1a:7e:01")
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

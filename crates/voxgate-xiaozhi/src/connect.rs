@@ -4,10 +4,15 @@
 //! clients, which cannot set headers on a WebSocket, send `device-id`, `client-id` and
 //! `authorization` as query parameters. [`ConnectParams`] reads both.
 //!
+//! [`ConnectParams::authenticate`] admits a connection only with a token this server issued for
+//! exactly the `Client-Id` and `Device-Id` the request presents: both are headers the client
+//! chooses, so neither admits anyone on its own. Which devices get a token at all is decided at
+//! OTA time ([`DeviceAllowlist`](crate::ota::DeviceAllowlist), activation), not here.
+//!
 //! ```
-//! use voxgate_xiaozhi::connect::{AuthBypass, Authenticated, ConnectParams};
+//! use voxgate_xiaozhi::connect::{AuthError, Authenticated, ConnectParams};
 //! use voxgate_xiaozhi::frame::ProtocolVersion;
-//! use voxgate_xiaozhi::token::{self, TokenSecret};
+//! use voxgate_xiaozhi::token::{self, TokenError, TokenSecret};
 //!
 //! let secret = TokenSecret::new("s3cret")?;
 //! let now = 1_700_000_000;
@@ -19,16 +24,19 @@
 //!     ("Client-Id", "c1"),
 //! ]);
 //! assert_eq!(params.framing()?, ProtocolVersion::V3);
-//! assert_eq!(params.authenticate(&secret, &AuthBypass::default(), now)?, Authenticated::Token { issued_at: now });
+//! assert_eq!(params.authenticate(&secret, now)?, Authenticated::Token { issued_at: now });
 //!
+//! // The same token presented by another device id is refused.
+//! let other = ConnectParams { device_id: Some("11:22:33:44:55:66".into()), ..params };
+//! assert_eq!(other.authenticate(&secret, now), Err(AuthError::Token(TokenError::BadSignature)));
+//!
+//! // A browser client passes the same values as query parameters; without a token it is refused.
 //! let browser = ConnectParams::from_query("device-id=aa%3Abb%3Acc%3Add%3Aee%3Aff&client-id=web");
-//! let bypass = AuthBypass::new(["aa:bb:cc:dd:ee:ff"]);
-//! assert_eq!(browser.authenticate(&secret, &bypass, now)?, Authenticated::Bypassed);
+//! assert_eq!(browser.authenticate(&secret, now), Err(AuthError::MissingToken));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
 
 use crate::frame::{ProtocolVersion, UnsupportedVersion};
 use crate::ota::header_text;
@@ -103,8 +111,12 @@ impl ConnectParams {
             .map_or(Ok(ProtocolVersion::V1), ProtocolVersion::from_header)
     }
 
-    /// Decides whether the connection may proceed: a device on the bypass list may, any other
-    /// needs a valid token bound to its client and device ids.
+    /// Decides whether the connection may proceed: it needs a valid token issued for exactly
+    /// the client and device ids it presents (checked in constant time by the HMAC).
+    ///
+    /// There is deliberately no bypass by device id: `Device-Id` is a header the client
+    /// chooses, so a list of device ids may only decide who is *issued* a token (at OTA time,
+    /// see [`DeviceAllowlist`](crate::ota::DeviceAllowlist)), never who may skip it.
     ///
     /// # Errors
     ///
@@ -112,16 +124,12 @@ impl ConnectParams {
     pub fn authenticate(
         &self,
         secret: &TokenSecret,
-        bypass: &AuthBypass,
         now_unix_secs: u64,
     ) -> Result<Authenticated, AuthError> {
         let device_id = self
             .device_id
             .as_deref()
             .ok_or(AuthError::MissingDeviceId)?;
-        if bypass.contains(device_id) {
-            return Ok(Authenticated::Bypassed);
-        }
         let token = self.token.as_deref().ok_or(AuthError::MissingToken)?;
         let client_id = self
             .client_id
@@ -195,46 +203,11 @@ fn percent_decode(text: &str) -> Cow<'_, str> {
     Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
-/// Device ids that may connect without a token (test benches, known devices on a LAN).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct AuthBypass {
-    device_ids: BTreeSet<String>,
-}
-
-impl AuthBypass {
-    /// A list of device ids (compared case-insensitively).
-    pub fn new<I, S>(device_ids: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        Self {
-            device_ids: device_ids
-                .into_iter()
-                .map(|id| id.as_ref().trim().to_ascii_lowercase())
-                .collect(),
-        }
-    }
-
-    /// Whether `device_id` may skip authentication.
-    pub fn contains(&self, device_id: &str) -> bool {
-        self.device_ids
-            .contains(device_id.trim().to_ascii_lowercase().as_str())
-    }
-
-    /// Whether the list is empty.
-    pub fn is_empty(&self) -> bool {
-        self.device_ids.is_empty()
-    }
-}
-
 /// How a connection was admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Authenticated {
-    /// The device is on the bypass list.
-    Bypassed,
-    /// The token is valid.
+    /// The token is valid and bound to the presented client and device ids.
     Token {
         /// When it was issued, Unix seconds.
         issued_at: u64,

@@ -6,6 +6,11 @@
 //! an activation code. It never carries an `mqtt` section: that would switch the device to the
 //! MQTT + UDP transport.
 //!
+//! Activation: a device that is not yet bound gets an [`Activation`] (a 6-digit code it shows
+//! and speaks, and a challenge) instead of a usable token, and polls `POST <ota_url>activate`
+//! with an [`ActivateRequest`] until the server answers 200 (202: keep waiting). Which devices
+//! are issued a token without activation is a [`DeviceAllowlist`].
+//!
 //! ```
 //! use voxgate_xiaozhi::frame::ProtocolVersion;
 //! use voxgate_xiaozhi::ota::{OtaHeaders, OtaRequest, OtaResponse, ServerTime, WebSocketConfig};
@@ -43,8 +48,11 @@ pub struct OtaHeaders {
     pub device_id: Option<String>,
     /// `Client-Id`: a UUID the device generated once.
     pub client_id: Option<String>,
-    /// `Activation-Version`: `1` (plain code) or `2` (HMAC challenge).
+    /// `Activation-Version`: `1` (no serial number) or `2` (the device has a serial number and
+    /// signs the activation challenge).
     pub activation_version: Option<String>,
+    /// `Serial-Number`: sent with activation version 2.
+    pub serial_number: Option<String>,
     /// `User-Agent`: `<board>/<firmware version>`.
     pub user_agent: Option<String>,
     /// `Accept-Language`: e.g. `zh-CN`.
@@ -69,6 +77,8 @@ impl OtaHeaders {
                 &mut headers.client_id
             } else if name.eq_ignore_ascii_case("activation-version") {
                 &mut headers.activation_version
+            } else if name.eq_ignore_ascii_case("serial-number") {
+                &mut headers.serial_number
             } else if name.eq_ignore_ascii_case("user-agent") {
                 &mut headers.user_agent
             } else if name.eq_ignore_ascii_case("accept-language") {
@@ -282,6 +292,9 @@ pub struct Firmware {
 
 /// An activation request: the device shows `code` and polls `POST <ota_url>activate`
 /// (202 = keep waiting, 200 = done).
+///
+/// The firmware polls only when `challenge` is present, so a server that wants the device to
+/// wait for activation always sends one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Activation {
     /// The code to show and speak, e.g. `"123456"`.
@@ -289,9 +302,95 @@ pub struct Activation {
     /// The text shown with it.
     #[serde(default)]
     pub message: String,
-    /// A challenge the device signs with its key (activation version 2).
+    /// A challenge the device echoes in its activation poll, signed with its eFuse key when it
+    /// has a serial number (activation version 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub challenge: Option<String>,
+    /// How long the code stays valid, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The body of the device's `POST <ota_url>activate` poll.
+///
+/// A device without a serial number sends `{}`; one with a serial number sends
+/// `{"algorithm":"hmac-sha256","serial_number":..,"challenge":..,"hmac":..}`, `hmac` being the
+/// challenge signed with a key in the chip's eFuses. Every field is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ActivateRequest {
+    /// `"hmac-sha256"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// The device's serial number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// The challenge from the OTA answer's `activation`, echoed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<String>,
+    /// The challenge's HMAC-SHA256 under the device's key, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hmac: Option<String>,
+}
+
+impl ActivateRequest {
+    /// Parses a poll body; an empty body is an empty request.
+    ///
+    /// # Errors
+    ///
+    /// When the body is not a JSON object or a field is not a string. Blame: the peer.
+    pub fn from_slice(body: &[u8]) -> Result<Self, serde_json::Error> {
+        if body.trim_ascii().is_empty() {
+            return Ok(Self::default());
+        }
+        serde_json::from_slice(body)
+    }
+}
+
+/// Device ids that are issued a token at OTA time without activation (known devices on a LAN,
+/// test benches). Compared case-insensitively.
+///
+/// This list decides who *gets* a token, never who may connect without one: a device id is a
+/// header the client chooses (and a MAC is no secret), so the upgrade always checks the token,
+/// which binds the device id it was issued for.
+///
+/// ```
+/// use voxgate_xiaozhi::ota::DeviceAllowlist;
+///
+/// let list = DeviceAllowlist::new(["AA:BB:CC:DD:EE:FF"]);
+/// assert!(list.contains("aa:bb:cc:dd:ee:ff"));
+/// assert!(!list.contains("11:22:33:44:55:66"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceAllowlist {
+    device_ids: std::collections::BTreeSet<String>,
+}
+
+impl DeviceAllowlist {
+    /// A list of device ids (trimmed, compared case-insensitively).
+    pub fn new<I, S>(device_ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self {
+            device_ids: device_ids
+                .into_iter()
+                .map(|id| id.as_ref().trim().to_ascii_lowercase())
+                .filter(|id| !id.is_empty())
+                .collect(),
+        }
+    }
+
+    /// Whether `device_id` is on the list.
+    pub fn contains(&self, device_id: &str) -> bool {
+        self.device_ids
+            .contains(device_id.trim().to_ascii_lowercase().as_str())
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.device_ids.is_empty()
+    }
 }
 
 /// The OTA answer. Absent sections are not sent; no `mqtt` section exists.

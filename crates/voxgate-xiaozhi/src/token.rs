@@ -3,7 +3,10 @@
 //!
 //! A token is `base64url(hmac)` (no padding), a dot, and the issue time in Unix seconds. It is
 //! handed to the device in the OTA response and comes back in the `Authorization` header. The
-//! crate never reads the clock: the caller passes `now`.
+//! HMAC binds the token to both the client id and the device id: [`verify`] takes the ids the
+//! connecting client presents, so a token issued to one device does not open the door for
+//! another. Verification accepts only the exact issued text. The crate never reads the clock:
+//! the caller passes `now`.
 //!
 //! ```
 //! use voxgate_xiaozhi::token::{self, TokenError, TokenSecret};
@@ -179,8 +182,10 @@ pub fn verify(
 
 /// Verifies a token under `policy`; returns its issue time in Unix seconds.
 ///
-/// The signature is checked first (in constant time), so the time errors are only reported for
-/// tokens this server really issued.
+/// Only the exact text [`issue`] produced verifies: no surrounding space, no base64 padding, no
+/// non-canonical base64 (trailing bits must be zero), and the timestamp is signed as written (a
+/// leading zero changes the signature). The signature is checked first (in constant time), so
+/// the time errors are only reported for tokens this server really issued.
 ///
 /// # Errors
 ///
@@ -195,14 +200,14 @@ pub fn verify_with(
     now_unix_secs: u64,
 ) -> Result<u64, TokenError> {
     check_identity(client_id, device_id)?;
-    let (signature, timestamp) = token.trim().split_once('.').ok_or(TokenError::Malformed)?;
+    let (signature, timestamp) = token.split_once('.').ok_or(TokenError::Malformed)?;
     if timestamp.is_empty() || !timestamp.bytes().all(|b| b.is_ascii_digit()) {
         return Err(TokenError::Malformed);
     }
     let issued_at: u64 = timestamp.parse().map_err(|_| TokenError::Malformed)?;
-    // Some encoders keep the padding; it carries no information.
+    // Strict decoding: no padding, canonical trailing bits; one text per signature.
     let signature = URL_SAFE_NO_PAD
-        .decode(signature.trim_end_matches('='))
+        .decode(signature)
         .map_err(|_| TokenError::Malformed)?;
     if signature.len() != 32 {
         return Err(TokenError::Malformed);

@@ -2,9 +2,12 @@
 // Test helpers outside #[test] fns are not covered by clippy.toml's test exemptions.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use voxgate_xiaozhi::connect::{AuthBypass, AuthError, Authenticated, ConnectParams};
+use voxgate_xiaozhi::connect::{AuthError, Authenticated, ConnectParams};
 use voxgate_xiaozhi::frame::{ProtocolVersion, UnsupportedVersion};
-use voxgate_xiaozhi::ota::{OtaHeaders, OtaRequest, OtaResponse, WebSocketConfig};
+use voxgate_xiaozhi::ota::{
+    ActivateRequest, Activation, DeviceAllowlist, OtaHeaders, OtaRequest, OtaResponse,
+    WebSocketConfig,
+};
 use voxgate_xiaozhi::token::{self, TokenError, TokenSecret};
 
 #[test]
@@ -13,6 +16,7 @@ fn ota_headers_are_case_insensitive_and_typed() {
         ("DEVICE-ID", &b"AA:BB:CC:DD:EE:FF"[..]),
         ("client-id", b" 3f1a6c2e "),
         ("Activation-Version", b"2"),
+        ("Serial-Number", b"SN-0001"),
         ("user-agent", b"bread-compact-wifi/1.6.0"),
         ("Accept-Language", b"zh-CN"),
         ("Content-Type", b"application/json"),
@@ -24,6 +28,7 @@ fn ota_headers_are_case_insensitive_and_typed() {
             device_id: Some("aa:bb:cc:dd:ee:ff".into()),
             client_id: Some("3f1a6c2e".into()),
             activation_version: Some("2".into()),
+            serial_number: Some("SN-0001".into()),
             user_agent: Some("bread-compact-wifi/1.6.0".into()),
             accept_language: Some("zh-CN".into()),
         }
@@ -148,43 +153,100 @@ fn authentication() {
         ("Device-Id", DEVICE),
         ("Client-Id", "c1"),
     ]);
-    let none = AuthBypass::default();
-    assert!(none.is_empty());
     assert_eq!(
-        good.authenticate(&secret(), &none, NOW),
+        good.authenticate(&secret(), NOW),
         Ok(Authenticated::Token { issued_at: NOW })
     );
 
     let no_device = ConnectParams::from_headers([("Authorization", bearer.as_str())]);
     assert_eq!(
-        no_device.authenticate(&secret(), &none, NOW),
+        no_device.authenticate(&secret(), NOW),
         Err(AuthError::MissingDeviceId)
     );
     let no_token = ConnectParams::from_headers([("Device-Id", DEVICE), ("Client-Id", "c1")]);
     assert_eq!(
-        no_token.authenticate(&secret(), &none, NOW),
+        no_token.authenticate(&secret(), NOW),
         Err(AuthError::MissingToken)
     );
     let no_client =
         ConnectParams::from_headers([("Authorization", bearer.as_str()), ("Device-Id", DEVICE)]);
     assert_eq!(
-        no_client.authenticate(&secret(), &none, NOW),
+        no_client.authenticate(&secret(), NOW),
         Err(AuthError::MissingClientId)
     );
     let other_device = ConnectParams {
         device_id: Some("11:22:33:44:55:66".into()),
-        ..good
+        ..good.clone()
     };
     assert_eq!(
-        other_device.authenticate(&secret(), &none, NOW),
+        other_device.authenticate(&secret(), NOW),
         Err(AuthError::Token(TokenError::BadSignature))
     );
-
-    // The bypass list skips the token entirely, case-insensitively.
-    let bypass = AuthBypass::new(["AA:BB:CC:DD:EE:FF"]);
-    assert!(bypass.contains(DEVICE));
+    let other_client = ConnectParams {
+        client_id: Some("c2".into()),
+        ..good.clone()
+    };
     assert_eq!(
-        no_token.authenticate(&secret(), &bypass, NOW),
-        Ok(Authenticated::Bypassed)
+        other_client.authenticate(&secret(), NOW),
+        Err(AuthError::Token(TokenError::BadSignature))
     );
+    // Half a token is no token.
+    let partial = ConnectParams {
+        token: Some(issued[..issued.len() / 2].to_owned()),
+        ..good
+    };
+    assert!(partial.authenticate(&secret(), NOW).is_err());
+}
+
+#[test]
+fn the_allowlist_is_case_insensitive_and_admits_nobody_at_upgrade() {
+    let list = DeviceAllowlist::new(["AA:BB:CC:DD:EE:FF", " ", "11:22:33:44:55:66 "]);
+    assert!(list.contains(DEVICE));
+    assert!(list.contains("11:22:33:44:55:66"));
+    assert!(!list.contains(""));
+    assert!(!list.is_empty());
+    assert!(DeviceAllowlist::default().is_empty());
+    // Being listed is no way in: the upgrade still needs the token.
+    let listed = ConnectParams::from_headers([("Device-Id", DEVICE), ("Client-Id", "c1")]);
+    assert_eq!(
+        listed.authenticate(&secret(), NOW),
+        Err(AuthError::MissingToken)
+    );
+}
+
+#[test]
+fn activation_wire_shapes() {
+    let response = OtaResponse {
+        websocket: Some(WebSocketConfig::new(
+            "ws://h/xiaozhi/v1/",
+            ProtocolVersion::V1,
+        )),
+        activation: Some(Activation {
+            code: "012345".into(),
+            message: "code".into(),
+            challenge: Some("c0ffee".into()),
+            timeout_ms: Some(600_000),
+        }),
+        ..OtaResponse::default()
+    };
+    assert_eq!(
+        response.to_json(),
+        r#"{"websocket":{"url":"ws://h/xiaozhi/v1/","token":"","version":1},"activation":{"code":"012345","message":"code","challenge":"c0ffee","timeout_ms":600000}}"#
+    );
+    assert_eq!(
+        ActivateRequest::from_slice(b"").unwrap(),
+        ActivateRequest::default()
+    );
+    assert_eq!(
+        ActivateRequest::from_slice(b" {} ").unwrap(),
+        ActivateRequest::default()
+    );
+    let signed = ActivateRequest::from_slice(
+        br#"{"algorithm":"hmac-sha256","serial_number":"SN1","challenge":"c0ffee","hmac":"ab","x":1}"#,
+    )
+    .unwrap();
+    assert_eq!(signed.challenge.as_deref(), Some("c0ffee"));
+    assert_eq!(signed.serial_number.as_deref(), Some("SN1"));
+    assert!(ActivateRequest::from_slice(b"[1]").is_err());
+    assert!(ActivateRequest::from_slice(br#"{"challenge":5}"#).is_err());
 }

@@ -209,6 +209,7 @@ fn ota_response() {
             code: "123456".into(),
             message: "xiaozhi.me\n123456".into(),
             challenge: Some("2f1c".into()),
+            timeout_ms: None,
         }),
     };
     insta::assert_json_snapshot!("ota_response_full", full);

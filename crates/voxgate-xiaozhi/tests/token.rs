@@ -151,11 +151,40 @@ fn malformed_tokens_are_typed_errors() {
             "{token}"
         );
     }
-    // Padding some encoders add is tolerated.
-    let padded = format!("{signature}=.{NOW}");
+    // Only the exact issued text verifies: no padding, no surrounding space, no truncation.
+    for token in [
+        format!("{signature}=.{NOW}"),
+        format!(" {issued}"),
+        format!("{issued} "),
+        signature.to_owned(),
+        format!("{}.{NOW}", &signature[..signature.len() - 1]),
+    ] {
+        assert_eq!(
+            token::verify(&secret(), &token, CLIENT, DEVICE, NOW),
+            Err(TokenError::Malformed),
+            "{token}"
+        );
+    }
+    // A leading zero or a cut timestamp is another text: its signature does not match.
+    for token in [
+        format!("{signature}.0{NOW}"),
+        issued[..issued.len() - 1].to_owned(),
+    ] {
+        assert_eq!(
+            token::verify(&secret(), &token, CLIENT, DEVICE, NOW),
+            Err(TokenError::BadSignature),
+            "{token}"
+        );
+    }
+    // Non-canonical base64 (non-zero trailing bits in the last character) is refused.
+    let last = signature.chars().last().unwrap();
+    let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let pos = alphabet.find(last).unwrap();
+    let sibling = alphabet.chars().nth(pos ^ 1).unwrap();
+    let non_canonical = format!("{}{sibling}.{NOW}", &signature[..signature.len() - 1]);
     assert_eq!(
-        token::verify(&secret(), &padded, CLIENT, DEVICE, NOW),
-        Ok(NOW)
+        token::verify(&secret(), &non_canonical, CLIENT, DEVICE, NOW),
+        Err(TokenError::Malformed)
     );
 }
 

@@ -474,7 +474,7 @@ fn admin_guard(app: &App, peer: SocketAddr, headers: &HeaderMap) -> Result<(), A
 /// The app, for an `/admin/*` handler, once `admin_guard` let the request through: refused
 /// requests get its JSON error before the handler runs (or reads a body).
 #[derive(Debug)]
-struct Admin(Arc<App>);
+pub(crate) struct Admin(pub(crate) Arc<App>);
 
 impl FromRequestParts<Arc<App>> for Admin {
     type Rejection = Response;

@@ -6,9 +6,12 @@
 //! ota_listen = "0.0.0.0:8003"      # own OTA listener (off when absent)
 //! websocket_url = ""               # OTA `websocket.url`; empty: ws://<Host header>/xiaozhi/v1/
 //! protocol_version = 1             # OTA `websocket.version`: the device's binary framing
-//! auth = false                     # check device tokens on upgrade
+//! auth = false                     # tokens only for allowed/activated devices; checked on upgrade
 //! token_secret = ""                # HMAC key for tokens; empty: random per process
-//! allowed_devices = []             # device ids (MACs) that skip the token check
+//! allowed_devices = []             # device ids (MACs) issued a token at OTA without activation
+//! activation_timeout_secs = 600    # a pending activation code expires after this long
+//! max_pending_activations = 256    # pending codes kept; a new one evicts the oldest
+//! activated_devices_file = ""      # JSON list of activated devices; empty: memory only
 //! hello_timeout_ms = 10000         # close (1008) a connection without a valid hello by then
 //! idle_timeout_secs = 120          # close (1000) a connection silent for this long (0: never)
 //! output_sample_rate = 24000       # downlink Opus rate (8000/12000/16000/24000/48000)
@@ -36,6 +39,9 @@ use voxgate_xiaozhi::emotion::{Emotion, FIRMWARE_EMOJI};
 
 use crate::config::ConfigError;
 use crate::config::env::{EnvVars, Secret};
+
+/// The largest `max_pending_activations`: each pending code is looked through on OTA.
+const MAX_PENDING_ACTIVATIONS: usize = 4096;
 
 const DEFAULT_WAKE_WORDS: [&str; 8] = [
     "你好小智",
@@ -148,14 +154,25 @@ pub struct XiaozhiConfig {
     /// The `websocket.version` OTA hands out (1, 2 or 3): the binary framing the device will
     /// use. Connections follow whatever `Protocol-Version` the device sends.
     pub protocol_version: u8,
-    /// Check device tokens (`Authorization: Bearer`, or the `authorization` query parameter)
-    /// on upgrade; refused upgrades get `401`.
+    /// Token authentication. On: OTA issues a token only to a device on `allowed_devices` or
+    /// activated by an operator (others get an activation code), and the upgrade needs a valid
+    /// token (`Authorization: Bearer`, or the `authorization` query parameter) bound to the
+    /// `Device-Id` and `Client-Id` it presents; refused upgrades get `401`. Off (the default,
+    /// for a trusted LAN): OTA hands every device its URL and a token, which nobody checks.
     pub auth: bool,
     /// HMAC-SHA256 key for device tokens; empty: a random key per process (tokens then stop
-    /// working when the server restarts).
+    /// working when the server restarts, and devices fetch new ones at their next boot).
     pub token_secret: String,
-    /// Device ids that connect without a token when `auth` is on.
+    /// Device ids that OTA issues a token to without activation when `auth` is on. The list
+    /// decides who gets a token, never who may connect without one.
     pub allowed_devices: Vec<String>,
+    /// Seconds a pending activation code stays valid.
+    pub activation_timeout_secs: u64,
+    /// Pending activations kept at once; a new one evicts the oldest.
+    pub max_pending_activations: usize,
+    /// Where activated devices are kept across restarts (a JSON list, rewritten atomically on
+    /// each activation); empty: in memory only.
+    pub activated_devices_file: String,
     /// A connection that has not sent a valid `hello` after this many milliseconds is closed
     /// with 1008. This is the door's own initialization timeout: it replaces the server-wide
     /// one of the shared door driver for device sessions.
@@ -206,6 +223,9 @@ impl Default for XiaozhiConfig {
             auth: false,
             token_secret: String::new(),
             allowed_devices: Vec::new(),
+            activation_timeout_secs: 600,
+            max_pending_activations: 256,
+            activated_devices_file: String::new(),
             hello_timeout_ms: 10_000,
             idle_timeout_secs: 120,
             output_sample_rate: 24_000,
@@ -255,6 +275,18 @@ impl XiaozhiConfig {
         vars.flag_blank_false("VOXGATE_XIAOZHI_AUTH", &mut self.auth)?;
         vars.string("VOXGATE_XIAOZHI_TOKEN_SECRET", &mut self.token_secret);
         vars.list("VOXGATE_XIAOZHI_ALLOWED_DEVICES", &mut self.allowed_devices);
+        vars.parsed(
+            "VOXGATE_XIAOZHI_ACTIVATION_TIMEOUT_SECS",
+            &mut self.activation_timeout_secs,
+        )?;
+        vars.parsed(
+            "VOXGATE_XIAOZHI_MAX_PENDING_ACTIVATIONS",
+            &mut self.max_pending_activations,
+        )?;
+        vars.trimmed(
+            "VOXGATE_XIAOZHI_ACTIVATED_DEVICES_FILE",
+            &mut self.activated_devices_file,
+        );
         vars.parsed(
             "VOXGATE_XIAOZHI_HELLO_TIMEOUT_MS",
             &mut self.hello_timeout_ms,
@@ -352,6 +384,15 @@ impl XiaozhiConfig {
         if self.hello_timeout_ms == 0 {
             return bad("hello_timeout_ms must be positive".into());
         }
+        if self.activation_timeout_secs == 0 {
+            return bad("activation_timeout_secs must be positive".into());
+        }
+        if !(1..=MAX_PENDING_ACTIVATIONS).contains(&self.max_pending_activations) {
+            return bad(format!(
+                "max_pending_activations = {} (must be 1 to {MAX_PENDING_ACTIVATIONS})",
+                self.max_pending_activations
+            ));
+        }
         if self.default_emotion.trim().is_empty() {
             return bad("default_emotion must not be empty".into());
         }
@@ -381,11 +422,17 @@ mod tests {
             "VOXGATE_XIAOZHI_ALLOWED_DEVICES" => Some("AA:bb:cc:dd:ee:ff, x".to_owned()),
             "VOXGATE_XIAOZHI_EMOTIONS" => Some("happy,😠".to_owned()),
             "VOXGATE_XIAOZHI_TOKEN_SECRET" => Some("s".to_owned()),
+            "VOXGATE_XIAOZHI_ACTIVATION_TIMEOUT_SECS" => Some("90".to_owned()),
+            "VOXGATE_XIAOZHI_MAX_PENDING_ACTIVATIONS" => Some("8".to_owned()),
+            "VOXGATE_XIAOZHI_ACTIVATED_DEVICES_FILE" => Some(" /var/lib/v/a.json ".to_owned()),
             _ => None,
         };
         c.apply_env(&env).unwrap();
         assert_eq!(c.listen.unwrap().port(), 8000);
         assert!(c.auth);
+        assert_eq!(c.activation_timeout_secs, 90);
+        assert_eq!(c.max_pending_activations, 8);
+        assert_eq!(c.activated_devices_file, "/var/lib/v/a.json");
         assert_eq!(c.allowed_devices.len(), 2);
         let policy = c.emoji_policy();
         assert!(policy.is_allowed("🙂"));
@@ -396,6 +443,22 @@ mod tests {
         c.check().unwrap();
         c.output_frame_ms = 30;
         assert!(c.check().is_err());
+        for bad in [
+            XiaozhiConfig {
+                activation_timeout_secs: 0,
+                ..XiaozhiConfig::default()
+            },
+            XiaozhiConfig {
+                max_pending_activations: 0,
+                ..XiaozhiConfig::default()
+            },
+            XiaozhiConfig {
+                max_pending_activations: MAX_PENDING_ACTIVATIONS + 1,
+                ..XiaozhiConfig::default()
+            },
+        ] {
+            assert!(bad.check().is_err());
+        }
         let bad = XiaozhiConfig::default()
             .apply_env(&|k: &str| (k == "VOXGATE_XIAOZHI_AUTH").then(|| "maybe".to_owned()));
         assert!(bad.is_err());

@@ -4,15 +4,24 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /xiaozhi/v1/` (WebSocket) | a device session; the door's own listener accepts any path |
-//! | `POST /xiaozhi/ota/` | OTA: `websocket` (url, token, version), `server_time`, `firmware` |
+//! | `POST /xiaozhi/ota/` | OTA: `websocket` (url, token, version), `server_time`, `firmware`; with `auth` on, `activation` instead of a token for devices not yet allowed |
 //! | `GET /xiaozhi/ota/` | a plain-text health line with the WebSocket URL handed out |
-//! | `POST /xiaozhi/ota/activate` | `200`: no activation is needed |
+//! | `POST /xiaozhi/ota/activate` | the device's activation poll (`200` at once with `auth` off) |
 //! | `POST /xiaozhi/vision/explain` | the MCP `vision.url`: answers that no vision model is configured |
+//! | `POST /admin/xiaozhi/activate` | the operator confirms a code shown by a device (`/admin` guard) |
+//! | `GET /admin/xiaozhi/activations` | pending activations and activated devices (`/admin` guard) |
+//!
+//! Access control (`[xiaozhi] auth`, off by default for a trusted LAN): with it on, OTA issues
+//! a token only to a device on `allowed_devices` or activated by an operator ([`activation`],
+//! [`auth`]), and the upgrade admits only a valid token bound to the `Device-Id` and
+//! `Client-Id` presented. With it off, OTA hands every device its URL and a token nobody checks.
 //!
 //! The session itself lives in [`session`], a translator run by the shared door driver, with its
 //! decisions in [`speech`] (`tts` state, half duplex), [`reply`] (encoding and pacing of reply
 //! audio), [`uplink`] and [`text`]; user documentation in `docs/doors/xiaozhi.md`.
 
+mod activation;
+mod auth;
 mod config;
 mod emotion;
 mod reply;
@@ -30,7 +39,7 @@ use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use voxgate_xiaozhi::connect::{AuthBypass, ConnectParams};
+use voxgate_xiaozhi::connect::ConnectParams;
 use voxgate_xiaozhi::frame::ProtocolVersion;
 use voxgate_xiaozhi::ota::{OtaHeaders, OtaRequest, OtaResponse, ServerTime, WebSocketConfig};
 use voxgate_xiaozhi::token::{self, TokenSecret};
@@ -49,8 +58,10 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         .route("/xiaozhi/v1", get(upgrade))
         .route("/xiaozhi/ota/", get(ota_get).post(ota_post))
         .route("/xiaozhi/ota", get(ota_get).post(ota_post))
-        .route("/xiaozhi/ota/activate", post(activate))
+        .route("/xiaozhi/ota/activate", post(auth::activate))
         .route("/xiaozhi/vision/explain", post(vision))
+        .route("/admin/xiaozhi/activate", post(auth::admin_activate))
+        .route("/admin/xiaozhi/activations", get(auth::admin_activations))
 }
 
 /// The door's own listeners (WebSocket on any path, OTA), when configured.
@@ -73,7 +84,7 @@ pub(crate) fn listeners(config: &crate::Config) -> Vec<DoorListener> {
             routes: Router::new()
                 .route(WS_PATH, get(upgrade))
                 .route("/xiaozhi/vision/explain", post(vision))
-                .route("/xiaozhi/ota/activate", post(activate))
+                .route("/xiaozhi/ota/activate", post(auth::activate))
                 .fallback(ota_any),
         });
     }
@@ -215,8 +226,9 @@ async fn upgrade(
         let Some(secret) = token_secret(config) else {
             return (StatusCode::INTERNAL_SERVER_ERROR, "no usable token secret").into_response();
         };
-        let bypass = AuthBypass::new(&config.allowed_devices);
-        if let Err(e) = params.authenticate(&secret, &bypass, unix_now().0) {
+        // No device is let in on its `Device-Id` alone (a header the client chooses):
+        // `allowed_devices` and activation only decide who OTA issues a token to.
+        if let Err(e) = params.authenticate(&secret, unix_now().0) {
             app.metrics.error(crate::metrics::Door::Xiaozhi);
             tracing::info!(device = ?params.device_id, error = %e, "xiaozhi upgrade refused");
             return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
@@ -288,11 +300,37 @@ async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) 
     };
     let client_id = h
         .client_id
+        .clone()
         .or_else(|| request.as_ref().and_then(|r| r.uuid.clone()))
         .unwrap_or_default();
     let version = ProtocolVersion::from_number(u64::from(config.protocol_version))
         .unwrap_or(ProtocolVersion::V1);
-    let token = issue_token(config, &client_id, &device_id);
+    // Auth off: every device gets a token (nobody checks it). Auth on: only an allowed or
+    // activated device; any other gets an activation code and an empty token. The `websocket`
+    // block is still sent then: the device keeps keys that are absent, so an empty `token`
+    // is what clears one it stored earlier, and some clients fail without the key.
+    let (token, activation) = if config.auth {
+        match auth::ota(&app, &h, &device_id, &client_id) {
+            auth::OtaAuth::Token => {
+                let token = issue_token(config, &client_id, &device_id);
+                if token.is_empty() {
+                    return json_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        serde_json::json!({"success": false, "message": "no token available"})
+                            .to_string(),
+                    );
+                }
+                (token, None)
+            }
+            auth::OtaAuth::Activation(a) => (String::new(), Some(a)),
+            auth::OtaAuth::Refused(r) => {
+                app.metrics.error(crate::metrics::Door::Xiaozhi);
+                return r;
+            }
+        }
+    } else {
+        (issue_token(config, &client_id, &device_id), None)
+    };
     let (_, millis) = unix_now();
     let response = OtaResponse {
         websocket: Some(
@@ -303,28 +341,29 @@ async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) 
             timezone_offset: config.timezone_offset_minutes,
         }),
         firmware: request.as_ref().and_then(OtaRequest::firmware_echo),
-        activation: None,
+        activation,
     };
     tracing::info!(device = %device_id, client = %client_id, "xiaozhi OTA");
     json_response(StatusCode::OK, response.to_json())
 }
 
-/// The OTA listener's catch-all: GET is the health line, POST the OTA answer.
+/// The OTA listener's catch-all: GET is the health line, POST the OTA answer, and POST to a
+/// path ending in `/activate` the activation poll (the firmware appends `activate` to
+/// whatever OTA URL it was given).
 async fn ota_any(
     State(app): State<Arc<App>>,
     method: axum::http::Method,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if method == axum::http::Method::POST {
-        ota_post(State(app), headers, body).await
-    } else {
+    if method != axum::http::Method::POST {
         ota_get(State(app), headers).await
+    } else if uri.path().ends_with("/activate") {
+        auth::activate(State(app), headers, axum::body::Body::from(body)).await
+    } else {
+        ota_post(State(app), headers, body).await
     }
-}
-
-async fn activate() -> Response {
-    (StatusCode::OK, "success").into_response()
 }
 
 async fn vision() -> Response {
