@@ -10,6 +10,10 @@
 //! `voxgate_server::config` docs for the schema and every variable). `--print-config` prints
 //! the effective configuration (secrets masked) and exits.
 //!
+//! Doors reachable beyond loopback without access control (`voxgate_server::exposure`) are
+//! logged as warnings at start and printed as `# WARNING: ...` comments above the
+//! `--print-config` output, which stays valid TOML.
+//!
 //! Serves `GET /health`, Prometheus `GET /metrics`, and the realtime protobuf protocol over
 //! WebSocket at `/realtime` and `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]`.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`). Ctrl-C or SIGTERM shuts down
@@ -53,8 +57,13 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let config = config(&args)?;
+    let warnings = voxgate_server::exposure_warnings(&config);
     if args.print_config {
-        print!("{}", config.to_toml());
+        print!(
+            "{}{}",
+            voxgate_server::exposure::as_toml_comments(&warnings),
+            config.to_toml()
+        );
         return Ok(());
     }
     tracing_subscriber::fmt()
@@ -64,6 +73,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
     let server = Server::bind(config).await.context("starting the server")?;
     eprintln!("voxgate-server listening on http://{}", server.local_addr());
     server.run(voxgate_server::shutdown_signal()).await?;

@@ -8,6 +8,7 @@
 //! ```toml
 //! listen = "127.0.0.1:8080"
 //! max_frame_bytes = 1048576
+//! trusted_proxies = []           # reverse proxies whose forwarding headers are believed
 //!
 //! [realtime]
 //! api_keys = ["secret"]          # empty: no authentication
@@ -40,6 +41,9 @@
 //! max_sessions = 800             # default: 400 per core
 //! max_sessions_per_ip = 50
 //! max_handshakes_per_sec_per_ip = 20
+//!
+//! [admin]                        # /admin/* (docs/security.md)
+//! tokens = ["..."]               # bearer tokens; empty: local requests only
 //! ```
 //!
 //! # Environment overrides
@@ -50,6 +54,8 @@
 //! |---|---|
 //! | `VOXGATE_LISTEN` | `listen` |
 //! | `VOXGATE_MAX_FRAME_BYTES` | `max_frame_bytes` |
+//! | `VOXGATE_TRUSTED_PROXIES` | `trusted_proxies`, comma-separated addresses and CIDR ranges (empty: none) |
+//! | `VOXGATE_ADMIN_TOKENS` | `admin.tokens`, comma-separated (empty: none) |
 //! | `VOXGATE_API_KEYS` | `realtime.api_keys`, comma-separated (empty: none) |
 //! | `VOXGATE_ELEVENLABS_BASE_URL` | `realtime.elevenlabs_base_url` (empty: unset) |
 //! | `VOXGATE_MAX_CONTEXT_CHARS` | `realtime.max_context_chars` (0: unlimited) |
@@ -74,6 +80,7 @@ use serde::{Deserialize, Serialize};
 
 use self::env::{EnvVars, Secret};
 
+pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::limits::LimitsConfig;
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
@@ -81,6 +88,7 @@ pub use crate::mcp_endpoint::McpEndpointConfig;
 pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
+pub mod admin;
 pub(crate) mod env;
 pub mod limits;
 
@@ -94,6 +102,12 @@ pub struct Config {
     /// protocol's error (the session goes on); messages over four times this close the
     /// connection.
     pub max_frame_bytes: usize,
+    /// Reverse proxies (addresses or CIDR ranges) whose `Forwarded` / `X-Forwarded-For`
+    /// headers are believed. A request whose socket peer is one of them is never local, so
+    /// listing a same-host proxy here closes `/admin/*` to the requests it forwards (see
+    /// `docs/security.md`). Top level because it describes the network in front of the whole
+    /// server, not one door.
+    pub trusted_proxies: Vec<TrustedProxy>,
     /// The realtime protobuf door.
     pub realtime: RealtimeConfig,
     /// The Xiaozhi device door (WebSocket, OTA, own listeners).
@@ -108,6 +122,8 @@ pub struct Config {
     pub mcp: McpEndpointConfig,
     /// Admission limits and session timeouts, for every door (`docs/limits.md`).
     pub limits: LimitsConfig,
+    /// Who may use `/admin/*`.
+    pub admin: AdminConfig,
     /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmConfig>,
@@ -323,6 +339,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            trusted_proxies: Vec::new(),
             realtime: RealtimeConfig::default(),
             xiaozhi: XiaozhiConfig::default(),
             retell: RetellConfig::default(),
@@ -330,6 +347,7 @@ impl Default for Config {
             bridge: BridgeConfig::default(),
             mcp: McpEndpointConfig::default(),
             limits: LimitsConfig::default(),
+            admin: AdminConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -404,6 +422,8 @@ impl Config {
             })?;
         }
         vars.parsed("VOXGATE_MAX_FRAME_BYTES", &mut self.max_frame_bytes)?;
+        admin::apply_trusted_proxies_env(&mut self.trusted_proxies, &var)?;
+        self.admin.apply_env(&var);
         vars.list("VOXGATE_API_KEYS", &mut self.realtime.api_keys);
         if let Some(v) = var("VOXGATE_ELEVENLABS_BASE_URL") {
             let v = v.trim();
@@ -467,6 +487,7 @@ impl Config {
         self.gemini.check()?;
         self.bridge.check()?;
         self.mcp.check()?;
+        self.admin.check()?;
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max_frame_bytes = {} is below the minimum of 1024",
@@ -497,6 +518,7 @@ impl Config {
         shown.gemini.mask_secrets();
         shown.bridge.mask_secrets();
         shown.mcp.mask_secrets();
+        shown.admin.mask_secrets();
         if let Some(l) = &mut shown.llm {
             l.api_key.mask();
         }

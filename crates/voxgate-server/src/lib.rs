@@ -32,10 +32,12 @@
 //! # }
 //! ```
 
+mod access;
 mod admission;
 mod bridge;
 pub mod config;
 mod door;
+pub mod exposure;
 mod gemini;
 mod head_timeout;
 mod incident;
@@ -49,10 +51,12 @@ mod server;
 mod xiaozhi;
 
 pub use config::AcpBrainConfig;
+pub use config::{AdminConfig, TrustedProxy};
 pub use config::{
     BridgeConfig, Config, ConfigError, DownlinkApplication, GeminiConfig, LimitsConfig,
     McpEndpointConfig, OpusBackendChoice, RetellAgentSettings, RetellConfig, XiaozhiConfig,
 };
+pub use exposure::exposure_warnings;
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};

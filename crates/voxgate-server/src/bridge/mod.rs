@@ -12,9 +12,11 @@
 //! | `GET /admin/conversations`, `POST /admin/conversations/clear` | list / forget `/api/message` histories |
 //! | `GET /admin/mcp/tools`, `POST /admin/mcp/call` | the MCP endpoint's tools; call one |
 //!
-//! `/api/*` and `/admin/*` require `Authorization: Bearer <token>` when `[bridge] tokens` is
-//! set; `/admin/*` is served only to loopback peers (and never through a proxy that adds
-//! `Forwarded`/`X-Forwarded-For`). Errors are JSON: `{"ok":false,"error":"<code>","detail":"..."}`
+//! `/api/*` requires `Authorization: Bearer <token>` when `[bridge] tokens` is set. `/admin/*`
+//! follows the operator-surface rule of [`crate::access`] (`docs/security.md`): with `[admin]
+//! tokens` set, one of them from every client (`[bridge] tokens` then do not open it); without,
+//! only local requests (a loopback peer that is not a trusted proxy, no forwarding header),
+//! which also need a `[bridge]` token when those are set. Errors are JSON: `{"ok":false,"error":"<code>","detail":"..."}`
 //! with 400 (bad JSON or fields), 401, 403, 404, 405, 413, 500 (the LLM failed), 503 (shutting
 //! down, every conversation busy) and 504 (the turn timed out).
 //!
@@ -42,6 +44,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use voxgate_engine::emotion::EmojiPolicy;
 
+use crate::access::{self, Origin, Refusal};
 use crate::config::env::{EnvVars, Secret};
 use crate::config::{Config, ConfigError};
 use crate::mcp_endpoint::hub::{McpHub, Scope};
@@ -57,7 +60,8 @@ const BRIDGE_EMOJI: [&str; 9] = ["😊", "😆", "😢", "😮", "🤔", "😠",
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BridgeConfig {
-    /// Bearer tokens accepted on `/api/*` and `/admin/*`; empty means no authentication.
+    /// Bearer tokens accepted on `/api/*` (and on `/admin/*` while `[admin] tokens` is empty);
+    /// empty means no authentication.
     pub tokens: Vec<String>,
     /// Channels whose replies must start with an allowed emoji (the original: `stackchan`).
     pub emoji_channels: Vec<String>,
@@ -457,18 +461,31 @@ async fn perception_stream(State(app): State<Arc<App>>, headers: HeaderMap) -> A
 
 // ---- /admin ---------------------------------------------------------------------------------
 
-/// `/admin/*` is for the machine the server runs on: the peer must be a loopback address and
-/// the request must not have come through a proxy (which would make every peer look local).
+/// `/admin/*` is for the operator: with `[admin] tokens`, whoever has one; without, the
+/// machine the server runs on (a local request, see [`crate::access`]), with a `[bridge]`
+/// token when those are set.
 fn admin_guard(app: &App, peer: SocketAddr, headers: &HeaderMap) -> Result<(), ApiError> {
-    let proxied = headers.contains_key("forwarded") || headers.contains_key("x-forwarded-for");
-    if !peer.ip().to_canonical().is_loopback() || proxied {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "/admin is only served to localhost",
-        ));
+    let origin = Origin::resolve(&app.config.trusted_proxies, peer.ip(), headers);
+    let tokens = &app.config.admin.tokens;
+    if let Err(refusal) = access::check(&origin, tokens, headers) {
+        tracing::debug!(peer = %origin.peer, client = ?origin.client, ?refusal, "/admin refused");
+        let (code, detail) = match refusal {
+            Refusal::NotLocal => (
+                "forbidden",
+                "/admin is only served to localhost; set [admin] tokens to reach it otherwise",
+            ),
+            Refusal::MissingToken => (
+                "unauthorized",
+                "missing Authorization: Bearer <admin token>",
+            ),
+            Refusal::WrongToken => ("unauthorized", "unknown token"),
+        };
+        return Err(ApiError::new(refusal.status(), code, detail));
     }
-    authorize(app, headers)
+    if tokens.is_empty() {
+        authorize(app, headers)?;
+    }
+    Ok(())
 }
 
 /// The app, for an `/admin/*` handler, once `admin_guard` let the request through: refused
@@ -649,6 +666,35 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
         assert!(admin_guard(&app, local, &h).is_ok());
+    }
+
+    #[tokio::test]
+    async fn admin_tokens_take_precedence_over_bridge_tokens() {
+        let mut config = Config::default();
+        config.bridge.tokens = vec!["bridge-tok".into()];
+        config.admin.tokens = vec!["adm-tok".into()];
+        let (app, _stop) = app(config);
+        let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let remote: SocketAddr = "192.168.1.20:1".parse().unwrap();
+        let bearer = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                header::AUTHORIZATION,
+                format!("Bearer {t}").parse().unwrap(),
+            );
+            h
+        };
+        let r = admin_guard(&app, local, &HeaderMap::new()).unwrap_err();
+        assert_eq!(
+            (r.status, r.code),
+            (StatusCode::UNAUTHORIZED, "unauthorized")
+        );
+        let r = admin_guard(&app, local, &bearer("bridge-tok")).unwrap_err();
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        assert!(admin_guard(&app, local, &bearer("adm-tok")).is_ok());
+        assert!(admin_guard(&app, remote, &bearer("adm-tok")).is_ok());
+        let r = admin(&app, remote, &bearer("adm")).await.unwrap_err();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     }
 
     #[test]

@@ -41,8 +41,9 @@
 //! # Control API
 //! `POST /retell/calls/{call_id}/interrupt` (server-initiated speech, `agent_interrupt`),
 //! `POST /retell/calls/{call_id}/metadata` (a `metadata` event for the web frontend) and
-//! `GET /retell/calls`. Bearer `control_token` when configured; without one only when the main
-//! listener is on a loopback address.
+//! `GET /retell/calls`. Bearer `control_token` when configured (from any client); without one
+//! only for local requests ([`crate::access`]: a loopback peer that is not a trusted proxy,
+//! without forwarding headers).
 
 mod config;
 mod session;
@@ -284,8 +285,13 @@ async fn upgrade(
         })
 }
 
-/// Whether a control request may proceed.
-fn control_allowed(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> {
+/// Whether a control request from `peer` may proceed: the operator-surface rule of
+/// [`crate::access`] with `control_token` as the one token.
+fn control_allowed(
+    app: &App,
+    peer: std::net::SocketAddr,
+    headers: &HeaderMap,
+) -> Result<(), Box<Response>> {
     if !app.config.retell.enabled {
         return Err(Box::new(json_error(
             StatusCode::NOT_FOUND,
@@ -293,36 +299,26 @@ fn control_allowed(app: &App, headers: &HeaderMap) -> Result<(), Box<Response>> 
         )));
     }
     let token = &app.config.retell.control_token;
-    if token.is_empty() {
-        if app.config.listen.ip().is_loopback() {
-            return Ok(());
-        }
-        return Err(Box::new(json_error(
-            StatusCode::FORBIDDEN,
-            "set retell.control_token to use the control API on a non-loopback listener",
-        )));
-    }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    if given.is_some_and(|g| crate::secret::secret_eq(token, g)) {
-        Ok(())
-    } else {
-        Err(Box::new(json_error(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer control token",
-        )))
-    }
+    let origin = crate::access::Origin::resolve(&app.config.trusted_proxies, peer.ip(), headers);
+    crate::access::check_one(&origin, token, headers).map_err(|refusal| {
+        let message = match refusal {
+            crate::access::Refusal::NotLocal => {
+                "the control API is only served to localhost; set retell.control_token to use \
+                 it otherwise"
+            }
+            _ => "missing or wrong bearer control token",
+        };
+        Box::new(json_error(refusal.status(), message))
+    })
 }
 
 async fn list_calls(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Extension(registry): Extension<Arc<Registry>>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = control_allowed(&app, &headers) {
+    if let Err(r) = control_allowed(&app, peer, &headers) {
         return *r;
     }
     let body = serde_json::json!({"calls": registry.list()}).to_string();
@@ -360,12 +356,13 @@ async fn ask<T>(
 
 async fn interrupt(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Extension(registry): Extension<Arc<Registry>>,
     Path(call_id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<InterruptRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    if let Err(r) = control_allowed(&app, &headers) {
+    if let Err(r) = control_allowed(&app, peer, &headers) {
         return *r;
     }
     let body = match body {
@@ -390,12 +387,13 @@ async fn interrupt(
 
 async fn metadata(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Extension(registry): Extension<Arc<Registry>>,
     Path(call_id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    if let Err(r) = control_allowed(&app, &headers) {
+    if let Err(r) = control_allowed(&app, peer, &headers) {
         return *r;
     }
     let metadata = match body {
