@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 
-use crate::config::{Config, GeminiMode};
+use crate::config::Config;
 
 /// One line per door reachable beyond loopback without access control, in a fixed order
 /// (realtime, Xiaozhi, Retell, Gemini, Bridge, MCP); empty when there is none.
@@ -90,27 +90,7 @@ fn retell(config: &Config) -> Option<String> {
 }
 
 fn gemini(config: &Config) -> Option<String> {
-    let g = &config.gemini;
-    if !g.enabled {
-        return None;
-    }
-    let addrs: Vec<SocketAddr> = main_listener(config)
-        .into_iter()
-        .chain((g.own_listener && beyond_loopback(g.listen)).then_some(g.listen))
-        .collect();
-    if addrs.is_empty() {
-        return None;
-    }
-    let what = if g.mode == GeminiMode::Passthrough && g.api_key.is_some() {
-        "relays any client to Gemini with the server's API key"
-    } else {
-        "answers any client with the configured providers"
-    };
-    Some(format!(
-        "gemini: the bridge on {} {what} (no authentication); set [gemini] enabled = false or \
-         keep it on loopback",
-        listed(&addrs)
-    ))
+    crate::gemini::access::exposure(&config.gemini, config.listen).map(|w| format!("gemini: {w}"))
 }
 
 fn bridge(config: &Config) -> Option<String> {
@@ -187,7 +167,7 @@ mod tests {
         c.realtime.api_keys = vec!["k".into()];
         c.xiaozhi.auth = true;
         c.retell.enabled = false;
-        c.gemini.enabled = false;
+        c.gemini.tokens = vec!["g".into()];
         c.bridge.tokens = vec!["t".into()];
         c.mcp.tokens = vec!["m".into()];
         assert!(
@@ -210,10 +190,10 @@ mod tests {
         c.gemini.own_listener = false;
         assert_eq!(open(&c), ["xiaozhi"]);
         c.gemini.own_listener = true;
-        c.gemini.mode = GeminiMode::Passthrough;
+        c.gemini.mode = crate::config::GeminiMode::Passthrough;
         c.gemini.api_key = Some("key".into());
         let w = exposure_warnings(&c);
-        assert!(w[1].contains("with the server's API key"), "{}", w[1]);
+        assert!(w[1].contains("this server's API key"), "{}", w[1]);
         let mut c = wide();
         c.xiaozhi.listen = Some("0.0.0.0:8000".parse().unwrap());
         assert!(

@@ -192,6 +192,8 @@ pub(crate) struct Shared {
     pub(crate) mcp: Arc<McpHub>,
     /// `/api/message` conversations.
     conversations: Arc<Conversations>,
+    /// The Xiaozhi door's device activations (pending codes, activated devices).
+    pub(crate) xiaozhi: Arc<crate::xiaozhi::DoorState>,
 }
 
 impl Shared {
@@ -204,6 +206,7 @@ impl Shared {
                 config.bridge.max_conversations,
                 Duration::from_secs(config.bridge.conversation_idle_secs),
             )),
+            xiaozhi: Arc::new(crate::xiaozhi::DoorState::load(&config.xiaozhi)),
         }
     }
 }

@@ -17,7 +17,7 @@
 //! tokens, pass-through with the server's API key is refused (HTTP 403) to anyone but this
 //! machine. A refused caller never causes an upstream connection.
 
-mod access;
+pub(crate) mod access;
 mod config;
 mod engine;
 mod passthrough;
@@ -47,12 +47,8 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         .route("/gemini/{token}", get(upgrade_main))
 }
 
-/// The door's own listener (any path), when configured. Called once when the server binds,
-/// so it also logs the door's exposure warning ([`access::exposure`]).
+/// The door's own listener (any path), when configured.
 pub(crate) fn listeners(config: &crate::Config) -> Vec<DoorListener> {
-    if let Some(warning) = access::exposure(&config.gemini, config.listen) {
-        tracing::warn!("{warning}");
-    }
     if !config.gemini.enabled || !config.gemini.own_listener {
         return Vec::new();
     }

@@ -301,7 +301,7 @@ impl PassSession {
                                     &reason,
                                 ),
                                 None => {
-                                    crate::incident::report("Gemini closed the session:", &reason)
+                                    crate::incident::tagged("Gemini closed the session", &reason)
                                 }
                             }),
                         },

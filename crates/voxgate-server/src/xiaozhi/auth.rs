@@ -9,7 +9,7 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -32,7 +32,7 @@ const MAX_FILE_BYTES: u64 = 4 << 20;
 
 /// The door's activation state for one server.
 #[derive(Debug)]
-pub(super) struct DoorState {
+pub(crate) struct DoorState {
     activations: Mutex<Activations>,
     /// Where activated devices are persisted, when configured and readable at start.
     store: Option<PathBuf>,
@@ -42,7 +42,7 @@ impl DoorState {
     /// State for `config`, with the devices in its `activated_devices_file` restored. A file
     /// that exists but cannot be read or parsed is left alone: activations then stay in
     /// memory, so a typo never wipes the list.
-    fn load(config: &XiaozhiConfig) -> Self {
+    pub(crate) fn load(config: &XiaozhiConfig) -> Self {
         let mut activations = Activations::new(
             DeviceAllowlist::new(&config.allowed_devices),
             Duration::from_secs(config.activation_timeout_secs),
@@ -87,24 +87,9 @@ impl DoorState {
     }
 }
 
-/// The activation state of the server `app` belongs to, made on first use.
-///
-/// `App` has no slot for door state, so the door keeps its own registry keyed by the `App`
-/// allocation: a `Weak` keeps that address from being reused while the entry exists, and
-/// entries of servers that are gone are dropped on the next lookup.
+/// The activation state of the server `app` belongs to.
 pub(super) fn state(app: &Arc<App>) -> Arc<DoorState> {
-    static STATES: Mutex<Vec<(Weak<App>, Arc<DoorState>)>> = Mutex::new(Vec::new());
-    let mut states = STATES.lock().unwrap_or_else(PoisonError::into_inner);
-    states.retain(|(w, _)| w.strong_count() > 0);
-    if let Some((_, s)) = states
-        .iter()
-        .find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(app)))
-    {
-        return Arc::clone(s);
-    }
-    let s = Arc::new(DoorState::load(&app.config.xiaozhi));
-    states.push((Arc::downgrade(app), Arc::clone(&s)));
-    s
+    Arc::clone(&app.shared.xiaozhi)
 }
 
 fn read_devices(path: &Path) -> Result<Vec<ActivatedDevice>, String> {

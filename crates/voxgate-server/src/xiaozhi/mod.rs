@@ -22,6 +22,7 @@
 
 mod activation;
 mod auth;
+pub(crate) use auth::DoorState;
 mod config;
 mod emotion;
 mod reply;
