@@ -28,6 +28,7 @@ use crate::config::env::{EnvVars, Secret};
 /// apology = "Sorry, something went wrong on my side. Could you say that again?"
 /// metadata = true                     # a metadata event after each finished response
 /// control_token = ""                  # bearer for /retell/calls/*; "" = loopback listener only
+/// secret = ""                         # socket URL secret: /llm-websocket/{secret}/{call_id}
 ///
 /// [retell.agent]                      # sent as update_agent when the call starts
 /// responsiveness = 0.8
@@ -85,6 +86,12 @@ pub struct RetellConfig {
     /// answers when the main listener is on a loopback address.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub control_token: String,
+    /// Secret the socket URL must carry: `/llm-websocket/{secret}/{call_id}` (paste
+    /// `wss://host/llm-websocket/{secret}` into Retell, which appends the call id) or
+    /// `/llm-websocket/{call_id}?secret={secret}`. Empty: no secret, any socket URL is served.
+    /// Letters, digits, `-`, `_`, `.` and `~` only, so it goes into a URL as written.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub secret: String,
     /// Agent settings sent as `update_agent` once per call; nothing is sent when all are unset.
     pub agent: RetellAgentSettings,
 }
@@ -164,6 +171,7 @@ impl Default for RetellConfig {
             apology: DEFAULT_APOLOGY.into(),
             metadata: true,
             control_token: String::new(),
+            secret: String::new(),
             agent: RetellAgentSettings::default(),
         }
     }
@@ -205,6 +213,7 @@ impl RetellConfig {
         vars.string("VOXGATE_RETELL_APOLOGY", &mut self.apology);
         vars.flag("VOXGATE_RETELL_METADATA", &mut self.metadata)?;
         vars.string("VOXGATE_RETELL_CONTROL_TOKEN", &mut self.control_token);
+        vars.string("VOXGATE_RETELL_SECRET", &mut self.secret);
         let agent = &mut self.agent;
         vars.parsed_some("VOXGATE_RETELL_RESPONSIVENESS", &mut agent.responsiveness)?;
         vars.parsed_some(
@@ -225,6 +234,7 @@ impl RetellConfig {
     /// Replaces secrets with `***` for `--print-config`.
     pub(crate) fn mask_secrets(&mut self) {
         self.control_token.mask();
+        self.secret.mask();
     }
 
     /// Rejects values out of range.
@@ -242,6 +252,18 @@ impl RetellConfig {
                 "max_frame_bytes = {} is below the minimum of 65536 (transcripts grow with the call)",
                 self.max_frame_bytes
             ));
+        }
+        if !self
+            .secret
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'))
+        {
+            // The value itself is not shown: it is a secret.
+            return bad(
+                "secret may hold only letters, digits, '-', '_', '.' and '~' (it goes into \
+                 the socket URL as written); `openssl rand -hex 32` makes a good one"
+                    .into(),
+            );
         }
         if self.context_max_utterances == 0 || self.context_max_chars == 0 {
             return bad(
@@ -280,6 +302,7 @@ mod tests {
             "VOXGATE_RETELL_RESUME_WINDOW_SECS" => Some("5".to_owned()),
             "VOXGATE_RETELL_REMINDER_MAX_COUNT" => Some("2".to_owned()),
             "VOXGATE_RETELL_CONTROL_TOKEN" => Some("tok".to_owned()),
+            "VOXGATE_RETELL_SECRET" => Some("s3cr3t-Path_ok.~".to_owned()),
             "VOXGATE_RETELL_CONTEXT_MAX_UTTERANCES" => Some("20".to_owned()),
             "VOXGATE_RETELL_CONTEXT_MAX_CHARS" => Some("4000".to_owned()),
             _ => None,
@@ -290,9 +313,20 @@ mod tests {
         assert_eq!(c.resume_window_secs, 5);
         assert_eq!(c.agent.reminder_max_count, Some(2));
         assert_eq!((c.context_max_utterances, c.context_max_chars), (20, 4000));
+        assert_eq!(c.secret, "s3cr3t-Path_ok.~");
         c.check().unwrap();
-        c.mask_secrets();
-        assert_eq!(c.control_token, "***");
+        let mut shown = c.clone();
+        shown.mask_secrets();
+        assert_eq!(shown.control_token, "***");
+        assert_eq!(shown.secret, "***");
+        for bad in ["a/b", "a?b", "a b", "a%2Fb", "ä"] {
+            let c = RetellConfig {
+                secret: bad.into(),
+                ..RetellConfig::default()
+            };
+            let e = c.check().unwrap_err().to_string();
+            assert!(!e.contains(bad), "{e}");
+        }
         c.call_details = false;
         assert!(c.check().is_err());
         let bad = RetellConfig::default()

@@ -27,16 +27,23 @@
 //! `tool_call_result`, and the model continues the same `response_id`.
 //!
 //! # Calls, sockets and resuming
-//! Per-call state (the tracker, the call details, whether `update_agent` went out) lives in a
-//! registry keyed by `call_id` and outlives the socket for `resume_window_secs`: Retell
+//! Per-call state (the tracker, the call details, whether `update_agent` went out) lives in the
+//! [`registry`], keyed by `call_id`, and outlives the socket for `resume_window_secs`: Retell
 //! reconnects to the same URL after 5 s of silence, and the call resumes (config again, no new
-//! begin message). A second socket for a call that is still connected takes over: the old one
-//! is told to leave through its control channel and closed with 1000, and the new one waits
-//! (at most 5 s) for it to release the call's state before the driver runs. The door closes
-//! with 1000 (any other code ends the call as an error on Retell's side), also at shutdown,
-//! once the response being streamed finished; only a frame over `max_frame_bytes` (1009) or a
-//! dead peer end otherwise. Frames that cannot be read are counted and logged; when an
-//! unreadable frame is recognisably a request, the request gets the configured apology.
+//! begin message). A call belongs to one socket at a time: while it is live, another upgrade
+//! for the same `call_id` is refused with 409 and the live socket is left alone (it waits up
+//! to [`RECONNECT_GRACE`] first, for a reconnect that overtook its own socket's close). The
+//! door closes with 1000 (any other code ends the call as an error on Retell's side), also at
+//! shutdown, once the response being streamed finished; only a frame over `max_frame_bytes`
+//! (1009) or a dead peer end otherwise. Frames that cannot be read are counted and logged;
+//! when an unreadable frame is recognisably a request, the request gets the configured
+//! apology.
+//!
+//! # The secret
+//! With `secret` set, the socket's URL must carry it: `/llm-websocket/{secret}/{call_id}` (the
+//! URL pasted into Retell is `wss://host/llm-websocket/{secret}` and Retell appends the call
+//! id) or `/llm-websocket/{call_id}?secret=...`. It is checked in constant time before the
+//! upgrade, and neither it nor the path that carries it is logged.
 //!
 //! # Control API
 //! `POST /retell/calls/{call_id}/interrupt` (server-initiated speech, `agent_interrupt`),
@@ -46,24 +53,26 @@
 //! without forwarding headers).
 
 mod config;
+pub(crate) mod registry;
 mod session;
 pub(crate) mod tools;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::{ConnectInfo, Json, Path, State, WebSocketUpgrade};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{ConnectInfo, Json, Path, Query, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 pub use config::{RetellAgentSettings, RetellConfig};
 
 use crate::server::App;
+use registry::{Refused, Registry};
 use session::CallState;
 
 /// A request from the control API to the session serving a call.
@@ -79,8 +88,6 @@ pub(crate) enum Control {
         metadata: serde_json::Value,
         reply: oneshot::Sender<Result<(), String>>,
     },
-    /// A newer socket of the same call took over: close this one (1000).
-    Leave,
 }
 
 /// Body of `POST /retell/calls/{call_id}/interrupt`.
@@ -106,132 +113,14 @@ pub(crate) struct InterruptRequest {
     pub(crate) transfer_number: Option<String>,
 }
 
-/// Queue of control requests per connected call.
-const CONTROL_QUEUE: usize = 16;
+/// How long an upgrade for a call whose socket is still live waits for that socket to close
+/// before it is refused (409). Retell reconnects as soon as it gives up on a socket; its close
+/// frame, or our noticing the silence, may reach the old session a moment after the new
+/// upgrade arrives. A few seconds covers that and keeps a refused hijack attempt cheap.
+pub(crate) const RECONNECT_GRACE: Duration = Duration::from_secs(3);
 
-/// Calls (connected or parked for resuming) one server keeps at most; new call ids beyond it
-/// are refused with 503 so a flood of connections cannot grow the registry without bound.
-const MAX_CALLS: usize = 10_000;
-
-/// The calls this server knows: connected ones and, for a while, disconnected ones.
-#[derive(Debug, Default)]
-pub(crate) struct Registry {
-    calls: Mutex<HashMap<String, Entry>>,
-}
-
-#[derive(Debug)]
-struct Entry {
-    state: Arc<tokio::sync::Mutex<CallState>>,
-    /// Bumped by every connection; a session whose generation is no longer current leaves.
-    generation: u64,
-    /// The connected session's control channel. Replacing it tells the old session to leave
-    /// ([`Control::Leave`], and the channel closes once no request holds a sender).
-    control: Option<mpsc::Sender<Control>>,
-    parked_at: Option<Instant>,
-}
-
-/// What a new connection gets from the registry.
-pub(crate) struct Attached {
-    pub(crate) state: Arc<tokio::sync::Mutex<CallState>>,
-    pub(crate) generation: u64,
-    pub(crate) control: mpsc::Receiver<Control>,
-}
-
-impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        // A panic elsewhere cannot leave the map inconsistent: every update is one statement.
-        self.calls.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Registers a connection for `call_id`, creating the call's state on first sight.
-    pub(crate) fn attach(
-        &self,
-        call_id: &str,
-        window: Duration,
-        new_state: impl FnOnce() -> CallState,
-    ) -> Attached {
-        let (control_tx, control) = mpsc::channel(CONTROL_QUEUE);
-        let mut calls = self.lock();
-        let now = Instant::now();
-        calls.retain(|_, e| e.parked_at.is_none_or(|at| now < at + window));
-        let entry = calls.entry(call_id.to_owned()).or_insert_with(|| Entry {
-            state: Arc::new(tokio::sync::Mutex::new(new_state())),
-            generation: 0,
-            control: None,
-            parked_at: None,
-        });
-        entry.generation += 1;
-        entry.parked_at = None;
-        if let Some(old) = entry.control.replace(control_tx) {
-            // Tells an older session of this call to leave. Its queue may be full; then the
-            // channel closing (this sender dropped) tells it the same.
-            let _ = old.try_send(Control::Leave);
-        }
-        Attached {
-            state: Arc::clone(&entry.state),
-            generation: entry.generation,
-            control,
-        }
-    }
-
-    /// Whether `generation` is still the newest connection of `call_id`.
-    pub(crate) fn is_current(&self, call_id: &str, generation: u64) -> bool {
-        self.lock()
-            .get(call_id)
-            .is_some_and(|e| e.generation == generation)
-    }
-
-    /// A connection ended: keep the call's state for `window`, then forget it.
-    pub(crate) fn detach(self: &Arc<Self>, call_id: &str, generation: u64, window: Duration) {
-        {
-            let mut calls = self.lock();
-            let Some(e) = calls.get_mut(call_id) else {
-                return;
-            };
-            if e.generation != generation {
-                return;
-            }
-            if window.is_zero() {
-                calls.remove(call_id);
-                return;
-            }
-            e.parked_at = Some(Instant::now());
-            e.control = None;
-        }
-        let registry = Arc::clone(self);
-        let call_id = call_id.to_owned();
-        tokio::spawn(async move {
-            tokio::time::sleep(window).await;
-            let mut calls = registry.lock();
-            if calls
-                .get(&call_id)
-                .is_some_and(|e| e.generation == generation && e.parked_at.is_some())
-            {
-                calls.remove(&call_id);
-            }
-        });
-    }
-
-    /// Whether a connection for `call_id` would fit (known calls always do).
-    fn has_room_for(&self, call_id: &str) -> bool {
-        let calls = self.lock();
-        calls.len() < MAX_CALLS || calls.contains_key(call_id)
-    }
-
-    fn control(&self, call_id: &str) -> Option<mpsc::Sender<Control>> {
-        self.lock().get(call_id).and_then(|e| e.control.clone())
-    }
-
-    fn list(&self) -> Vec<serde_json::Value> {
-        let mut calls: Vec<_> = self
-            .lock()
-            .iter()
-            .map(|(id, e)| serde_json::json!({"call_id": id, "connected": e.control.is_some()}))
-            .collect();
-        calls.sort_by(|a, b| a["call_id"].as_str().cmp(&b["call_id"].as_str()));
-        calls
-    }
-}
+/// Longest `call_id` accepted.
+const MAX_CALL_ID_BYTES: usize = 256;
 
 /// The door's routes on the main listener.
 pub(crate) fn routes() -> Router<Arc<App>> {
@@ -239,6 +128,10 @@ pub(crate) fn routes() -> Router<Arc<App>> {
     let registry = Arc::new(Registry::default());
     Router::new()
         .route("/llm-websocket/{call_id}", get(upgrade))
+        .route(
+            "/llm-websocket/{secret}/{call_id}",
+            get(upgrade_with_secret),
+        )
         .route("/retell/calls", get(list_calls))
         .route("/retell/calls/{call_id}/interrupt", post(interrupt))
         .route("/retell/calls/{call_id}/metadata", post(metadata))
@@ -250,11 +143,119 @@ fn json_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// The query of the socket URL: only `secret` is looked at.
+#[derive(Debug, Default, Deserialize)]
+struct SocketQuery {
+    secret: Option<String>,
+}
+
+/// Where the upgrade request carried a secret, if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presented<'a> {
+    Nowhere,
+    /// `/llm-websocket/{secret}/{call_id}`.
+    Path(&'a str),
+    /// `/llm-websocket/{call_id}?secret=...`.
+    Query(&'a str),
+}
+
+impl Presented<'_> {
+    /// For logs: where the secret was, never what it was.
+    fn form(self) -> &'static str {
+        match self {
+            Presented::Nowhere => "none",
+            Presented::Path(_) => "path",
+            Presented::Query(_) => "query",
+        }
+    }
+}
+
+/// Why a socket's secret was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SecretRefusal {
+    /// A secret is configured and the URL carries none (401).
+    Missing,
+    /// The URL carries a secret that is not the configured one (403).
+    Wrong,
+    /// The URL carries a secret but none is configured (404): refused so that an operator
+    /// who pasted a URL with a secret is not silently running unprotected.
+    NotConfigured,
+}
+
+impl SecretRefusal {
+    fn into_response(self) -> Response {
+        match self {
+            SecretRefusal::Missing => {
+                json_error(StatusCode::UNAUTHORIZED, "missing Retell socket secret")
+            }
+            SecretRefusal::Wrong => json_error(StatusCode::FORBIDDEN, "wrong Retell socket secret"),
+            SecretRefusal::NotConfigured => json_error(
+                StatusCode::NOT_FOUND,
+                "this server has no retell.secret; remove the secret from the URL",
+            ),
+        }
+    }
+}
+
+/// Whether the secret `presented` lets a socket in when `configured` is the door's secret
+/// (empty: none). Compared in constant time.
+fn check_secret(configured: &str, presented: Presented<'_>) -> Result<(), SecretRefusal> {
+    match (configured.is_empty(), presented) {
+        (true, Presented::Nowhere) => Ok(()),
+        (true, _) => Err(SecretRefusal::NotConfigured),
+        (false, Presented::Nowhere) => Err(SecretRefusal::Missing),
+        (false, Presented::Path(given) | Presented::Query(given)) => {
+            if crate::secret::secret_eq(configured, given) {
+                Ok(())
+            } else {
+                Err(SecretRefusal::Wrong)
+            }
+        }
+    }
+}
+
+/// `/llm-websocket/{call_id}`, with the secret (if any) in the query.
 async fn upgrade(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
     Extension(registry): Extension<Arc<Registry>>,
-    Path(call_id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<SocketQuery>, QueryRejection>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    // A rejection's text could quote the URL, secret included: fixed answers instead.
+    let (Ok(Path(call_id)), Ok(Query(query))) = (path, query) else {
+        return json_error(StatusCode::BAD_REQUEST, "unreadable socket URL");
+    };
+    let presented = query
+        .secret
+        .as_deref()
+        .map_or(Presented::Nowhere, Presented::Query);
+    serve_upgrade(app, peer, registry, presented, call_id, ws).await
+}
+
+/// `/llm-websocket/{secret}/{call_id}`: the URL pasted into Retell carries the secret, and
+/// Retell appends the call id.
+async fn upgrade_with_secret(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    Extension(registry): Extension<Arc<Registry>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let Ok(Path((secret, call_id))) = path else {
+        return json_error(StatusCode::BAD_REQUEST, "unreadable socket URL");
+    };
+    let presented = Presented::Path(&secret);
+    serve_upgrade(app, peer, registry, presented, call_id, ws).await
+}
+
+async fn serve_upgrade(
+    app: Arc<App>,
+    peer: std::net::SocketAddr,
+    registry: Arc<Registry>,
+    presented: Presented<'_>,
+    call_id: String,
     ws: WebSocketUpgrade,
 ) -> Response {
     if !app.config.retell.enabled {
@@ -267,21 +268,48 @@ async fn upgrade(
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };
-    if call_id.is_empty() || call_id.len() > 256 {
+    if let Err(refusal) = check_secret(&app.config.retell.secret, presented) {
+        app.metrics.error(crate::metrics::Door::Retell);
+        // No call id either: a URL missing its call id puts the secret where the id goes.
+        tracing::info!(
+            peer = %peer.ip(),
+            secret_in = presented.form(),
+            ?refusal,
+            "Retell upgrade refused"
+        );
+        return refusal.into_response();
+    }
+    if call_id.is_empty() || call_id.len() > MAX_CALL_ID_BYTES {
         return json_error(StatusCode::BAD_REQUEST, "call_id must be 1 to 256 bytes");
     }
-    if !registry.has_room_for(&call_id) {
-        return json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many Retell calls on this server",
-        );
-    }
-    let max = app.config.retell.max_frame_bytes;
+    let cfg = &app.config.retell;
+    let window = Duration::from_secs(cfg.resume_window_secs);
+    let claimed = registry
+        .claim_within(&call_id, window, RECONNECT_GRACE, || CallState::new(cfg))
+        .await;
+    let lease = match claimed {
+        Ok(lease) => lease,
+        Err(Refused::Busy) => {
+            tracing::info!(%call_id, peer = %peer.ip(), "Retell upgrade refused: the call has a live socket");
+            return json_error(
+                StatusCode::CONFLICT,
+                "this call already has a live socket; a reconnect is accepted once it closes",
+            );
+        }
+        Err(Refused::Full) => {
+            return json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many Retell calls on this server",
+            );
+        }
+    };
+    let max = cfg.max_frame_bytes;
+    // A failed upgrade drops the closure and with it the lease: the call is released.
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _permit = permit;
-            session::serve(socket, app, registry, call_id).await;
+            session::serve(socket, app, lease).await;
         })
 }
 
@@ -416,26 +444,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_second_socket_of_a_call_tells_the_first_to_leave() {
-        let registry = Registry::default();
-        let window = Duration::from_secs(60);
-        let cfg = RetellConfig::default();
-        let mut first = registry.attach("c", window, || CallState::new(&cfg));
-        assert!(registry.is_current("c", first.generation));
-        let second = registry.attach("c", window, || CallState::new(&cfg));
-        assert!(
-            Arc::ptr_eq(&first.state, &second.state),
-            "the call's state is shared"
+    fn the_secret_decides_before_the_upgrade() {
+        // No secret configured: today's URLs work, a URL with a secret is refused.
+        assert_eq!(check_secret("", Presented::Nowhere), Ok(()));
+        for p in [
+            Presented::Path("s"),
+            Presented::Query("s"),
+            Presented::Query(""),
+        ] {
+            assert_eq!(check_secret("", p), Err(SecretRefusal::NotConfigured));
+        }
+        // A secret configured: only that exact one.
+        let s = "k3y-0123456789";
+        assert_eq!(
+            check_secret(s, Presented::Nowhere),
+            Err(SecretRefusal::Missing)
         );
-        assert!(!registry.is_current("c", first.generation));
-        assert!(registry.is_current("c", second.generation));
-        assert!(matches!(first.control.try_recv(), Ok(Control::Leave)));
-        // The registry no longer holds the first socket's sender: its channel is closed.
-        assert!(matches!(
-            first.control.try_recv(),
-            Err(mpsc::error::TryRecvError::Disconnected)
-        ));
-        assert!(registry.control("c").is_some());
-        assert!(!registry.is_current("other", 1));
+        for given in [
+            "",
+            "k3y",
+            "k3y-012345678",
+            "k3y-01234567890",
+            "K3Y-0123456789",
+        ] {
+            assert_eq!(
+                check_secret(s, Presented::Path(given)),
+                Err(SecretRefusal::Wrong)
+            );
+            assert_eq!(
+                check_secret(s, Presented::Query(given)),
+                Err(SecretRefusal::Wrong)
+            );
+        }
+        assert_eq!(check_secret(s, Presented::Path(s)), Ok(()));
+        assert_eq!(check_secret(s, Presented::Query(s)), Ok(()));
+        assert_eq!(Presented::Path(s).form(), "path");
     }
 }

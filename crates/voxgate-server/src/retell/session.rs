@@ -1,16 +1,16 @@
-//! One Retell socket: [`serve`] takes the call's state over from an older socket of the same
-//! call, then hands the socket to the shared door driver with a [`RetellSession`], the
-//! translator between Retell's events, the call's [`ResponseTracker`] and the LLM.
+//! One Retell socket: [`serve`] hands the socket and the call it claimed (a [`Lease`] from the
+//! registry) to the shared door driver with a [`RetellSession`], the translator between
+//! Retell's events, the call's [`ResponseTracker`] and the LLM.
 //!
 //! The translator does no I/O and never reads the clock: every decision (which request gets an
 //! answer, what a reconnect resumes, what a tool call reports) is unit-tested below on a
 //! virtual clock with hand-made provider events.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
-use tokio::sync::{OwnedMutexGuard, mpsc};
+use axum::extract::ws::WebSocket;
+use tokio::sync::mpsc;
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall, ToolSpec};
 use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnId};
 use voxgate_retell::{
@@ -19,8 +19,9 @@ use voxgate_retell::{
     TrackerConfig, TrackerInput, TrackerOutput,
 };
 
+use super::registry::Lease;
 use super::tools::{self, ContextBound, ToolOutcome};
-use super::{Control, Registry, RetellConfig};
+use super::{Control, RetellConfig};
 use crate::door::{self, ClientFrame, Inbound, Out, ServerFrame, Translator, close_code};
 use crate::metrics::{Door, Metrics};
 use crate::server::App;
@@ -58,6 +59,13 @@ impl CallState {
     }
 }
 
+/// A call with the default settings; stands in for a lease's state while it is handed back.
+impl Default for CallState {
+    fn default() -> Self {
+        Self::new(&RetellConfig::default())
+    }
+}
+
 /// A decoded frame, or what could be salvaged from an unreadable one.
 #[derive(Debug)]
 pub(crate) enum Incoming {
@@ -69,67 +77,24 @@ pub(crate) enum Incoming {
     },
 }
 
-/// How long a new socket waits for the previous socket of the same call to let go.
-const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
-
 /// Tool calls one LLM round may make; a model that asks for more has the rest ignored (each
 /// one becomes two frames to Retell and a message in the next round's context).
 const MAX_TOOL_CALLS_PER_ROUND: usize = 8;
 
-/// Close reason when a newer socket of the same call took over.
-const REPLACED: &str = "replaced by a newer connection";
-
-/// Serves one upgraded Retell socket for `call_id`.
-pub(crate) async fn serve(
-    socket: WebSocket,
-    app: Arc<App>,
-    registry: Arc<Registry>,
-    call_id: String,
-) {
+/// Serves one upgraded Retell socket for the call in `lease`; the call is released (parked
+/// for a reconnect) when the session ends, with the lease.
+pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, lease: Lease) {
     let cfg = &app.config.retell;
-    let window = Duration::from_secs(cfg.resume_window_secs);
-    let attached = registry.attach(&call_id, window, || CallState::new(cfg));
-    let generation = attached.generation;
-    // An older socket of this call (told to leave by `attach`) must release the state first.
-    let state = tokio::time::timeout(TAKEOVER_WAIT, attached.state.lock_owned()).await;
-    match state {
-        Ok(state) if registry.is_current(&call_id, generation) => {
-            let session = RetellSession::new(
-                cfg.clone(),
-                Arc::clone(&app.metrics),
-                call_id.clone(),
-                state,
-                attached.control,
-            );
-            let mut cx = app.driver(Door::Retell);
-            // Retell sends the whole transcript in every event: the door's own frame limit.
-            cx.max_frame_bytes = cfg.max_frame_bytes;
-            door::run(socket, session, cx).await;
-        }
-        // Yet another socket of this call arrived while this one waited.
-        Ok(_) => refuse(socket, REPLACED).await,
-        Err(_) => {
-            tracing::warn!(%call_id, "previous socket of this call did not let go");
-            refuse(socket, "call busy").await;
-        }
-    }
-    registry.detach(&call_id, generation, window);
-}
-
-/// Closes a socket that never became a session, with 1000 (the only code Retell takes as a
-/// normal end).
-async fn refuse(mut socket: WebSocket, reason: &'static str) {
-    let frame = CloseFrame {
-        code: close_code::NORMAL,
-        reason: reason.into(),
-    };
-    let _ = tokio::time::timeout(TAKEOVER_WAIT, async {
-        if socket.send(Message::Close(Some(frame))).await.is_ok() {
-            // Wait for the peer's answer to the close, so the TCP connection ends cleanly.
-            while let Some(Ok(_)) = socket.recv().await {}
-        }
-    })
-    .await;
+    tracing::info!(
+        call_id = %lease.call_id(),
+        resumed = lease.resumed(),
+        "Retell call socket"
+    );
+    let session = RetellSession::new(cfg.clone(), Arc::clone(&app.metrics), lease);
+    let mut cx = app.driver(Door::Retell);
+    // Retell sends the whole transcript in every event: the door's own frame limit.
+    cx.max_frame_bytes = cfg.max_frame_bytes;
+    door::run(socket, session, cx).await;
 }
 
 fn decode(text: &str) -> Incoming {
@@ -186,8 +151,9 @@ pub(crate) struct RetellSession {
     bound: ContextBound,
     metrics: Arc<Metrics>,
     call_id: String,
-    state: OwnedMutexGuard<CallState>,
-    /// Control API requests; closed (or [`Control::Leave`]) when a newer socket took over.
+    /// The call's state, held for as long as this socket lives (given back when dropped).
+    state: Lease,
+    /// Control API requests for the call.
     control: Option<mpsc::Receiver<Control>>,
     /// Wall time for `get_current_time` (the `now` the driver passes is monotonic).
     wall_clock: fn() -> SystemTime,
@@ -199,21 +165,15 @@ pub(crate) struct RetellSession {
 }
 
 impl RetellSession {
-    pub(crate) fn new(
-        cfg: RetellConfig,
-        metrics: Arc<Metrics>,
-        call_id: String,
-        state: OwnedMutexGuard<CallState>,
-        control: mpsc::Receiver<Control>,
-    ) -> Self {
+    pub(crate) fn new(cfg: RetellConfig, metrics: Arc<Metrics>, mut state: Lease) -> Self {
         Self {
             tools: tools::specs(&cfg),
             bound: ContextBound::from_config(&cfg),
             cfg,
             metrics,
-            call_id,
+            call_id: state.call_id().to_owned(),
+            control: state.take_control(),
             state,
-            control: Some(control),
             wall_clock: SystemTime::now,
             next_request: 0,
             active: None,
@@ -520,11 +480,7 @@ impl RetellSession {
         }
     }
 
-    fn control(&mut self, now: Instant, c: Control, out: &mut Out) {
-        if let Control::Leave = c {
-            out.close(close_code::NORMAL, REPLACED);
-            return;
-        }
+    fn control(&mut self, now: Instant, c: Control) {
         if !self.state.tracker.is_connected() {
             let message = "the call is not connected".to_owned();
             match c {
@@ -534,7 +490,6 @@ impl RetellSession {
                 Control::Metadata { reply, .. } => {
                     let _ = reply.send(Err(message));
                 }
-                Control::Leave => {}
             }
             return;
         }
@@ -563,7 +518,6 @@ impl RetellSession {
                 self.send(now, ServerEvent::Metadata(metadata));
                 let _ = reply.send(Ok(()));
             }
-            Control::Leave => {}
         }
     }
 }
@@ -666,12 +620,10 @@ impl Translator for RetellSession {
 
     fn on_event(&mut self, now: Instant, event: Option<Control>, out: &mut Out) {
         match event {
-            Some(c) => self.control(now, c, out),
-            None => {
-                // The registry dropped this socket's sender: a newer socket took over.
-                self.control = None;
-                out.close(close_code::NORMAL, REPLACED);
-            }
+            Some(c) => self.control(now, c),
+            // The registry holds the sender while this socket has the call, so this does not
+            // happen; if it did, there is nothing left to listen to.
+            None => self.control = None,
         }
         self.drain(now, out);
     }

@@ -1,30 +1,35 @@
 //! The Retell translator's decisions on a virtual clock: hand-made Retell events and provider
 //! events in, frames, provider requests and closes out.
 
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::*;
 use crate::retell::InterruptRequest;
+use crate::retell::registry::Registry;
 
 const CALL: &str = "call_t";
 
-/// A call's state, shared by the sessions (sockets) of one test.
-fn call_state(cfg: &RetellConfig) -> Arc<tokio::sync::Mutex<CallState>> {
-    Arc::new(tokio::sync::Mutex::new(CallState::new(cfg)))
+/// A registry for the sessions (sockets) of one test's call.
+fn call_state(_cfg: &RetellConfig) -> Arc<Registry> {
+    Arc::new(Registry::default())
 }
 
-/// A session holding `state`, with a fixed wall clock (2023-11-14T22:13:20Z).
+/// A session that claimed the test's call from `registry` (resuming it when a dropped session
+/// left it), with a fixed wall clock (2023-11-14T22:13:20Z).
 fn session(
     cfg: &RetellConfig,
-    state: &Arc<tokio::sync::Mutex<CallState>>,
+    registry: &Arc<Registry>,
     metrics: &Arc<Metrics>,
 ) -> (RetellSession, mpsc::Sender<Control>) {
-    let guard = Arc::clone(state).try_lock_owned().unwrap();
-    let (tx, rx) = mpsc::channel(16);
-    let mut s = RetellSession::new(cfg.clone(), Arc::clone(metrics), CALL.into(), guard, rx);
+    let window = Duration::from_secs(cfg.resume_window_secs);
+    let lease = registry
+        .claim(CALL, window, || CallState::new(cfg))
+        .unwrap();
+    let tx = registry.control(CALL).unwrap();
+    let mut s = RetellSession::new(cfg.clone(), Arc::clone(metrics), lease);
     s.wall_clock = || UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     (s, tx)
 }
@@ -456,7 +461,7 @@ fn pings_are_echoed_and_retell_silence_closes_with_1000() {
 }
 
 #[test]
-fn control_requests_and_a_takeover_come_in_as_events() {
+fn control_requests_come_in_as_events() {
     let cfg = RetellConfig::default();
     let metrics = Arc::new(Metrics::new());
     let (mut s, _tx) = session(&cfg, &call_state(&cfg), &metrics);
@@ -505,18 +510,11 @@ fn control_requests_and_a_takeover_come_in_as_events() {
         json!({"step": "checkout"})
     );
 
-    // A newer socket of the call tells this one to leave: a normal close with a reason.
-    let mut out = Out::new();
-    s.on_event(t0, Some(Control::Leave), &mut out);
-    let close = out.closing().unwrap();
-    assert_eq!(
-        (close.code, close.reason.as_ref()),
-        (close_code::NORMAL, REPLACED)
-    );
-    // So does the channel closing (the registry dropped this socket's sender).
+    // The control channel closing (it cannot while the registry holds the call) only stops
+    // the listening: the socket stays.
     let mut out = Out::new();
     s.on_event(t0, None, &mut out);
-    assert_eq!(out.closing().map(|c| c.code), Some(close_code::NORMAL));
+    assert!(out.closing().is_none());
     assert!(s.events().is_none());
 }
 
