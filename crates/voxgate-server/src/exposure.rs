@@ -79,13 +79,14 @@ fn xiaozhi(config: &Config) -> Option<String> {
 }
 
 fn retell(config: &Config) -> Option<String> {
-    if !config.retell.enabled {
+    if !config.retell.enabled || !config.retell.secret.is_empty() {
         return None;
     }
     let addr = main_listener(config)?;
     Some(format!(
         "retell: /llm-websocket/{{call_id}} on {addr} answers any caller with the configured \
-         LLM (the WebSocket is not authenticated); set [retell] enabled = false if it is unused"
+         LLM (no socket secret); set [retell] secret (VOXGATE_RETELL_SECRET), or [retell] \
+         enabled = false if it is unused"
     ))
 }
 
@@ -166,7 +167,7 @@ mod tests {
         let mut c = wide();
         c.realtime.api_keys = vec!["k".into()];
         c.xiaozhi.auth = true;
-        c.retell.enabled = false;
+        c.retell.secret = "s".into();
         c.gemini.tokens = vec!["g".into()];
         c.bridge.tokens = vec!["t".into()];
         c.mcp.tokens = vec!["m".into()];

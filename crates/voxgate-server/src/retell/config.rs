@@ -27,7 +27,7 @@ use crate::config::env::{EnvVars, Secret};
 /// context_max_chars = 16000           # ... and at most 16,000 characters of them
 /// apology = "Sorry, something went wrong on my side. Could you say that again?"
 /// metadata = true                     # a metadata event after each finished response
-/// control_token = ""                  # bearer for /retell/calls/*; "" = loopback listener only
+/// control_token = ""                  # bearer for /retell/calls/*; "" = local requests only
 /// secret = ""                         # socket URL secret: /llm-websocket/{secret}/{call_id}
 ///
 /// [retell.agent]                      # sent as update_agent when the call starts
@@ -83,7 +83,7 @@ pub struct RetellConfig {
     /// Send a `metadata` event (response id, tools used, actions) after each response.
     pub metadata: bool,
     /// Bearer token for the control API (`/retell/calls/...`). Empty: the control API only
-    /// answers when the main listener is on a loopback address.
+    /// answers local requests (a loopback peer that is not a trusted proxy; `crate::access`).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub control_token: String,
     /// Secret the socket URL must carry: `/llm-websocket/{secret}/{call_id}` (paste
