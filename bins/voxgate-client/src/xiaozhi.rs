@@ -223,6 +223,21 @@ pub async fn run(opts: &XiaozhiOptions, events: &mut Events) -> anyhow::Result<X
     if let Some(ota_url) = &opts.ota {
         let answer = ota(ota_url, &opts.device_id, &opts.client_id).await?;
         events.emit("ota", serde_json::to_value(&answer).unwrap_or(Value::Null));
+        // A server with device auth on hands no token until the device is activated: say how,
+        // instead of failing later with a bare 401.
+        if let (Some(activation), None) = (&answer.activation, &token) {
+            let no_token = answer.websocket.as_ref().is_none_or(|w| w.token.is_empty());
+            if no_token {
+                bail!(
+                    "the server wants this device ({}) activated: code {}. Confirm it on the \
+                     server (POST /admin/xiaozhi/activate with {{\"code\":\"{}\"}}), then run \
+                     again",
+                    opts.device_id,
+                    activation.code,
+                    activation.code
+                );
+            }
+        }
         if let Some(wsc) = answer.websocket {
             url = url.or(Some(wsc.url));
             if token.is_none() && !wsc.token.is_empty() {

@@ -109,3 +109,38 @@ async fn streamed_opus_speech_gets_a_reply_in_v3_framing_auto_mode() {
     assert!(out.mcp_requests.is_empty(), "no MCP without the feature");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_unactivated_device_is_told_its_code_and_connects_once_confirmed() {
+    let mut config = Config::default();
+    config.xiaozhi.auth = true;
+    config.xiaozhi.token_secret = "client-test-key".into();
+    let server = Running::start(config).await;
+    let mut opts = XiaozhiOptions::new(None);
+    opts.ota = Some(format!("http://{}/xiaozhi/ota/", server.addr));
+    opts.texts = vec!["hello there".into()];
+    opts.timeout = Duration::from_secs(20);
+
+    let err = run(&opts, &mut Events::recording()).await.unwrap_err();
+    let message = format!("{err:#}");
+    let code: String = message
+        .split("code ")
+        .nth(1)
+        .expect("the code is named")
+        .chars()
+        .take(6)
+        .collect();
+    assert!(code.chars().all(|c| c.is_ascii_digit()), "{message}");
+
+    // The operator confirms the code the device showed; the next run gets a token and talks.
+    let confirmed = reqwest::Client::new()
+        .post(format!("http://{}/admin/xiaozhi/activate", server.addr))
+        .json(&serde_json::json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    assert!(confirmed.status().is_success(), "{confirmed:?}");
+    let out = run(&opts, &mut Events::recording()).await.unwrap();
+    assert_eq!(out.turns, 1);
+    server.stop().await;
+}
