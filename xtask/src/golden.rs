@@ -38,8 +38,8 @@ const DATA_DIR: &str = "crates/voxgate-realtime/tests/data";
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let root = util::root();
-    let python = ensure_venv(&root)?;
-    let scratch = root.join("target").join("xtask-golden");
+    let python = ensure_venv()?;
+    let scratch = util::target_dir().join("xtask-golden");
     if scratch.exists() {
         fs::remove_dir_all(&scratch).with_context(|| format!("clearing {}", scratch.display()))?;
     }
@@ -102,8 +102,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// Creates the venv and installs the pinned packages unless it already has them.
-fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
-    let venv = root.join("target").join("golden-venv");
+fn ensure_venv() -> anyhow::Result<PathBuf> {
+    let venv = util::target_dir().join("golden-venv");
     let python = venv.join("bin").join("python");
     let marker = venv.join("voxgate-requirements.txt");
     let wanted = REQUIREMENTS.join("\n");

@@ -119,7 +119,7 @@ fn run_cargo_scenario(root: &Path, c: &CargoScenario) -> anyhow::Result<()> {
     let value = if c.var_is_python {
         python
     } else {
-        root.join("target").join(c.venv)
+        util::target_dir().join(c.venv)
     };
     for args in c.runs {
         let mut cmd = util::cargo();
@@ -138,7 +138,7 @@ const SCRIPTS: &str = "xtask/interop";
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let root = util::root();
-    let logs = root.join("target").join("interop");
+    let logs = util::target_dir().join("interop");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let chosen: Vec<Scenario> = match args.only {
         Some(s) => vec![s],
@@ -230,7 +230,7 @@ fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
 /// Creates `target/<name>` and installs the pinned `xtask/interop/<requirements>` unless it
 /// already has exactly them; returns its python.
 fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result<PathBuf> {
-    let venv = root.join("target").join(name);
+    let venv = util::target_dir().join(name);
     let python = venv.join("bin").join("python");
     let requirements = root.join(SCRIPTS).join(requirements);
     let wanted = fs::read_to_string(&requirements)

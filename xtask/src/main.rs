@@ -6,6 +6,7 @@ mod chaos;
 mod ci;
 mod codegen;
 mod deps;
+mod doc_commands;
 mod fuzz;
 mod golden;
 mod interop;

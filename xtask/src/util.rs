@@ -12,6 +12,13 @@ pub(crate) fn root() -> PathBuf {
 }
 
 /// The `cargo` that runs this xtask, so nested builds use the same toolchain.
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `target/` in the workspace.
+/// Scratch files (venvs, logs) go here too, so a run never writes into the repository when
+/// the build is elsewhere.
+pub(crate) fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from)
+}
+
 /// The release server and client binaries and the speech fixture the load tools use, unless
 /// the caller names its own.
 pub(crate) fn release_inputs(
@@ -20,8 +27,7 @@ pub(crate) fn release_inputs(
     wav: Option<&PathBuf>,
 ) -> (PathBuf, PathBuf, PathBuf) {
     let root = root();
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let target = target_dir();
     (
         server_bin
             .cloned()

@@ -19,8 +19,9 @@
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`). Ctrl-C or SIGTERM shuts down
 //! gracefully.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -28,35 +29,95 @@ use voxgate_server::{Config, Server};
 
 /// The voxgate reference voice-agent server.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "voxgate-server", version, about)]
 struct Args {
     /// TOML configuration file (defaults are embedded; see --print-config).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Listen address, overriding the file and VOXGATE_LISTEN.
-    #[arg(long, value_name = "ADDR")]
+    /// Listen address (`HOST:PORT`; a host name such as `localhost` is resolved), overriding
+    /// the file and VOXGATE_LISTEN.
+    #[arg(long, value_name = "ADDR", value_parser = resolve)]
     listen: Option<SocketAddr>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
 }
 
-fn config(args: &Args) -> anyhow::Result<Config> {
-    let mut config = match &args.config {
+/// `HOST:PORT` as a socket address: an IP address as written, a host name resolved (the first
+/// address it resolves to, IPv4 preferred, as `localhost` usually means `127.0.0.1`).
+fn resolve(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?} is not HOST:PORT or does not resolve: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
+/// The configuration, and warnings about `VOXGATE_*` variables it did not read.
+fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>)> {
+    let base = match &args.config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
     };
+    let mut config = base.clone();
     config.apply_env(|k| std::env::var(k).ok())?;
+    let env_warnings = base.env_warnings(
+        |k| std::env::var(k).ok(),
+        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+    );
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
-    Ok(config)
+    Ok((config, env_warnings))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Prints an error once: its message and the causes it does not already quote, without the
+/// backtrace `anyhow` would add under `RUST_BACKTRACE` (a user error is not a crash).
+fn report(e: &anyhow::Error) {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+    }
+    eprintln!("error: {message}");
+}
+
+fn main() -> ExitCode {
     let args = Args::parse();
-    let config = config(&args)?;
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let (config, env_warnings) = config(&args)?;
     let warnings = voxgate_server::exposure_warnings(&config);
     if args.print_config {
         print!(
@@ -73,10 +134,13 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    for warning in &warnings {
+    for warning in env_warnings.iter().chain(&warnings) {
         tracing::warn!("{warning}");
     }
     let server = Server::bind(config).await.context("starting the server")?;
+    for line in server.startup_lines() {
+        tracing::info!("{line}");
+    }
     eprintln!("voxgate-server listening on http://{}", server.local_addr());
     server.run(voxgate_server::shutdown_signal()).await?;
     Ok(())

@@ -77,6 +77,17 @@ fn find_program(program: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// What [`embedded_tts`] would pick on this machine, for start-up logs: `"espeak-ng"`, or the
+/// tone placeholder with the reason.
+#[must_use]
+pub fn embedded_tts_name() -> &'static str {
+    if find_program(&CommandTtsConfig::espeak_ng().program).is_some() {
+        "espeak-ng"
+    } else {
+        "tone placeholder (espeak-ng is not on PATH: install it for real speech)"
+    }
+}
+
 /// The embedded default synthesizer: `espeak-ng` when it is on `PATH`, otherwise the
 /// placeholder [`ToneTts`] (beeps, not speech).
 #[must_use]

@@ -407,6 +407,57 @@ impl Config {
         Self::from_toml(&text)
     }
 
+    /// Warnings for `VOXGATE_*` variables among `names` (the environment's variable names)
+    /// that [`Self::apply_env`] over `self` would not read: a misspelt name
+    /// (`VOXGATE_LLM_BASEURL`) is otherwise silently ignored. A variable that is only read
+    /// together with another one (`VOXGATE_LLM_API_KEY` needs `VOXGATE_LLM_BASE_URL` or an
+    /// `[llm]` section) is named with the one it needs.
+    #[must_use]
+    pub fn env_warnings(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+        names: impl IntoIterator<Item = String>,
+    ) -> Vec<String> {
+        let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        // Every section asks for the variables it reads; what is never asked for is unused.
+        let _ = self.clone().apply_env(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            var(k)
+        });
+        let asked = asked.into_inner();
+        let mut unused: Vec<String> = names
+            .into_iter()
+            .filter(|n| n.starts_with("VOXGATE_") && !asked.contains(n))
+            .collect();
+        unused.sort();
+        unused.dedup();
+        unused
+            .into_iter()
+            .map(|name| {
+                // Read only once the kind's base URL (or section) exists.
+                let needs = ["LLM", "ASR", "TTS"].into_iter().find_map(|kind| {
+                    ["MODEL", "API_KEY", "VOICE"]
+                        .iter()
+                        .any(|f| name == format!("VOXGATE_{kind}_{f}"))
+                        .then(|| format!("VOXGATE_{kind}_BASE_URL"))
+                });
+                match needs {
+                    Some(base) => format!(
+                        "{name} is set but not used: it needs {base} (or a [{}] section in the \
+                         config file)",
+                        base.trim_start_matches("VOXGATE_")
+                            .trim_end_matches("_BASE_URL")
+                            .to_ascii_lowercase()
+                    ),
+                    None => format!(
+                        "{name} is set but is not a variable this server reads (misspelt? the \
+                         variables are listed in the voxgate_server::config docs)"
+                    ),
+                }
+            })
+            .collect()
+    }
+
     /// Applies the `VOXGATE_*` overrides (see the [module docs](self)) read through `var`, so
     /// tests need not touch the process environment. Pass `|k| std::env::var(k).ok()` to use
     /// the real one.
@@ -539,6 +590,47 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_and_unused_variables_are_named() {
+        let env = [
+            ("VOXGATE_LLM_BASEURL", "http://x"),
+            ("VOXGATE_LLM_API_KEY", "k"),
+            ("VOXGATE_LISTEN", "127.0.0.1:9"),
+            ("VOXGATE_API_KEYS", "a"),
+            ("HOME", "/root"),
+        ];
+        let var = |k: &str| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let names = env.iter().map(|(n, _)| (*n).to_owned());
+        let w = Config::default().env_warnings(var, names);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "VOXGATE_LLM_API_KEY is set but not used: it needs VOXGATE_LLM_BASE_URL"
+            ),
+            "{w:?}"
+        );
+        assert!(
+            w[1].starts_with("VOXGATE_LLM_BASEURL is set but is not a variable"),
+            "{w:?}"
+        );
+        // With the base URL the key is read.
+        let env2 = [
+            ("VOXGATE_LLM_BASE_URL", "http://x"),
+            ("VOXGATE_LLM_API_KEY", "k"),
+        ];
+        let var2 = |k: &str| {
+            env2.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let w2 = Config::default().env_warnings(var2, env2.iter().map(|(n, _)| (*n).to_owned()));
+        assert!(w2.is_empty(), "{w2:?}");
+    }
 
     #[test]
     fn empty_file_is_the_defaults() {

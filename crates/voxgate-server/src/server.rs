@@ -23,11 +23,15 @@ use crate::providers::Providers;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr} for {listener}: {source} (to move or disable it: {setting})")]
     Bind {
+        /// Which listener: `main`, or a door's own (`gemini`, `xiaozhi`, `xiaozhi-ota`).
+        listener: &'static str,
         /// The address.
         addr: SocketAddr,
+        /// The setting that moves or disables this listener.
+        setting: &'static str,
         /// Why.
         source: std::io::Error,
     },
@@ -113,14 +117,33 @@ struct BoundListener {
     routes: Router<Arc<App>>,
 }
 
-async fn bind_addr(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ServerError::Bind { addr, source })?;
-    Ok((listener, bound))
+async fn bind_addr(
+    listener: &'static str,
+    addr: SocketAddr,
+) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let error = |source| ServerError::Bind {
+        listener,
+        addr,
+        setting: listen_setting(listener),
+        source,
+    };
+    let socket = TcpListener::bind(addr).await.map_err(error)?;
+    let bound = socket.local_addr().map_err(error)?;
+    Ok((socket, bound))
+}
+
+/// Where the address of `listener` is configured, for an error that says how to fix a clash
+/// (a second instance on the same machine meets the doors' fixed ports first).
+fn listen_setting(listener: &str) -> &'static str {
+    match listener {
+        "gemini" => {
+            "[gemini] listen / VOXGATE_GEMINI_LISTEN (VOXGATE_GEMINI_LISTEN=off closes the \
+             Gemini door's own listener)"
+        }
+        "xiaozhi" => "[xiaozhi] listen / VOXGATE_XIAOZHI_LISTEN (empty: off)",
+        "xiaozhi-ota" => "[xiaozhi] ota_listen / VOXGATE_XIAOZHI_OTA_LISTEN (empty: off)",
+        _ => "listen / VOXGATE_LISTEN / --listen",
+    }
 }
 
 impl Server {
@@ -138,10 +161,10 @@ impl Server {
     /// # Errors
     /// [`ServerError::Bind`].
     pub async fn bind_with(config: Config, providers: Providers) -> Result<Self, ServerError> {
-        let (listener, addr) = bind_addr(config.listen).await?;
+        let (listener, addr) = bind_addr("main", config.listen).await?;
         let mut extra = Vec::new();
         for door in door_listeners(&config) {
-            let (listener, addr) = bind_addr(door.addr).await?;
+            let (listener, addr) = bind_addr(door.name, door.addr).await?;
             extra.push(BoundListener {
                 name: door.name,
                 addr,
@@ -180,6 +203,62 @@ impl Server {
     #[must_use]
     pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
         self.extra.iter().find(|l| l.name == name).map(|l| l.addr)
+    }
+
+    /// What a start-up log shows: one line per door with where it listens, then one naming
+    /// the active language model, speech recognizer and synthesizer.
+    #[must_use]
+    pub fn startup_lines(&self) -> Vec<String> {
+        let c = &self.app.config;
+        let main = self.addr;
+        let own = |name| {
+            self.listener_addr(name)
+                .map(|a| format!(" and {a} (any path)"))
+        };
+        let mut lines = vec![
+            format!("realtime door: ws://{main}/realtime"),
+            format!(
+                "xiaozhi door: ws://{main}/xiaozhi/v1/{}, OTA http://{main}/xiaozhi/ota/{}",
+                own("xiaozhi").unwrap_or_default(),
+                own("xiaozhi-ota").unwrap_or_default(),
+            ),
+        ];
+        if c.retell.enabled {
+            lines.push(format!(
+                "retell door: ws://{main}/llm-websocket/{{call_id}}, control API http://{main}/retell/calls"
+            ));
+        }
+        if c.gemini.enabled {
+            lines.push(format!(
+                "gemini door ({} mode): ws://{main}/gemini{}",
+                format!("{:?}", c.gemini.mode).to_lowercase(),
+                own("gemini").unwrap_or_default()
+            ));
+        }
+        lines.push(format!(
+            "bridge API: http://{main}/api/message, MCP endpoint ws://{main}/mcp, admin \
+             http://{main}/admin/, health and metrics http://{main}/health, /metrics"
+        ));
+        let llm = match (&c.acp, &c.llm) {
+            (Some(acp), _) => format!("ACP agent `{}`", acp.command),
+            (None, Some(l)) => format!("OpenAI-compatible {} at {}", l.model, l.base_url),
+            (None, None) => "the offline demo agent".to_owned(),
+        };
+        let asr = c.asr.as_ref().map_or_else(
+            || "none (spoken turns are answered without a transcript)".to_owned(),
+            |a| format!("OpenAI-compatible {} at {}", a.model, a.base_url),
+        );
+        let tts = c.tts.as_ref().map_or_else(
+            || voxgate_providers::embedded_tts_name().to_owned(),
+            |t| {
+                format!(
+                    "OpenAI-compatible {} ({}) at {}",
+                    t.model, t.voice, t.base_url
+                )
+            },
+        );
+        lines.push(format!("providers: LLM {llm}; ASR {asr}; TTS {tts}"));
+        lines
     }
 
     /// The server's metrics registry.

@@ -1,0 +1,136 @@
+//! The server binary as a user runs it: version, errors printed once, listener clashes that
+//! name the setting to change, host names for `--listen`, and the start-up lines.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn server() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxgate-server"));
+    // Only what a test sets: no VOXGATE_* from the environment running the tests.
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("VOXGATE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "info").env("NO_COLOR", "1");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn version_names_the_server() {
+    let out = run(server().arg("--version"));
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("voxgate-server "), "{text}");
+}
+
+#[test]
+fn a_user_error_is_printed_once_without_a_backtrace() {
+    let out = run(server()
+        .args(["--config", "/nonexistent/voxgate.toml"])
+        .env("RUST_BACKTRACE", "1"));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert_eq!(err.matches("/nonexistent/voxgate.toml").count(), 1, "{err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(
+        !err.contains("Caused by") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_clash_names_the_listener_and_the_setting_that_moves_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = run(server().args(["--listen", &addr]));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("for main") && err.contains("--listen"),
+        "{err}"
+    );
+
+    // A second instance meets the Gemini door's fixed port after its main one.
+    let out = run(server()
+        .args(["--listen", "127.0.0.1:0"])
+        .env("VOXGATE_GEMINI_LISTEN", &addr));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("for gemini") && err.contains("VOXGATE_GEMINI_LISTEN=off"),
+        "{err}"
+    );
+}
+
+#[test]
+fn listen_takes_a_host_name() {
+    let out = run(server().args(["--listen", "localhost:8123", "--print-config"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let toml = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        toml.contains("listen = \"127.0.0.1:8123\"") || toml.contains("listen = \"[::1]:8123\""),
+        "{toml}"
+    );
+    let out = run(server().args(["--listen", "no-such-host.invalid:1"]));
+    assert!(!out.status.success());
+}
+
+#[test]
+fn start_up_names_doors_providers_and_unread_variables() {
+    let mut child = server()
+        .args(["--listen", "127.0.0.1:0"])
+        .env("VOXGATE_GEMINI_LISTEN", "off")
+        .env("VOXGATE_LLM_BASEURL", "http://127.0.0.1:9/v1")
+        .env("VOXGATE_LLM_API_KEY", "k")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let lines = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = String::new();
+    while !seen.contains("listening on http://") {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => break,
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for want in [
+        "VOXGATE_LLM_BASEURL is set but is not a variable this server reads",
+        "VOXGATE_LLM_API_KEY is set but not used: it needs VOXGATE_LLM_BASE_URL",
+        "realtime door: ws://127.0.0.1:",
+        "xiaozhi door: ws://127.0.0.1:",
+        "providers: LLM the offline demo agent; ASR none",
+    ] {
+        assert!(seen.contains(want), "missing {want:?} in:\n{seen}");
+    }
+    assert!(
+        !seen.contains("\"k\""),
+        "the key's value is never logged:\n{seen}"
+    );
+}
