@@ -1042,3 +1042,37 @@ async fn a_frame_over_the_hard_limit_closes_with_1009() {
     server.sessions_drain(Door::Xiaozhi).await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn device_events_reach_the_perception_bus() {
+    let server = Running::start_with(Config::default(), providers()).await;
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    let hello = dev.hello(ProtocolVersion::V1, false).await;
+    let sid = hello["session_id"].as_str().unwrap().to_owned();
+    dev.send(json!({"type":"event","name":"face_detected","data":{"identity":"Ana"},"ts":1.5}))
+        .await;
+    // Malformed (no name): dropped, the session goes on.
+    dev.send(json!({"type":"event","data":{}})).await;
+    dev.send(json!({"type":"event","name":"state_changed","data":{"state":"listening"}}))
+        .await;
+    let path = format!("/admin/perception/{DEVICE}");
+    let state = tokio::time::timeout(WAIT, async {
+        loop {
+            let r = support::http(server.addr, "GET", &path, &[], b"").await;
+            if r.status == 200 && r.json()["events"] == 2 {
+                return r.json();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("both events published");
+    assert_eq!(state["face_present"], true);
+    assert_eq!(state["identity"], "Ana");
+    assert_eq!(state["state"], "listening");
+    assert_eq!(state["session_id"], sid.as_str());
+    assert_eq!(state["last_event"], "state_changed");
+    dev.detect("still here").await;
+    assert!(!dev.until_tts_stop().await.is_empty());
+    server.stop().await;
+}

@@ -43,7 +43,6 @@ pub(crate) enum EventOrigin {
     /// `POST /api/perception/event`.
     Http,
     /// A device's own frame (the Xiaozhi door).
-    #[allow(dead_code, reason = "published by the Xiaozhi door")]
     Device,
     /// `POST /admin/perception/event` (a test event).
     Admin,

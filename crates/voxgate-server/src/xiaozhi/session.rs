@@ -281,7 +281,8 @@ impl XiaozhiDoor {
                 Err(e) => self.bad(&format!("mcp payload: {e}")),
             },
             // Legacy IoT descriptors and perception events carry nothing a turn needs.
-            DeviceMessage::Iot(_) | DeviceMessage::Event(_) => {}
+            DeviceMessage::Event(e) => self.perception(e),
+            DeviceMessage::Iot(_) => {}
             DeviceMessage::Unknown(u) if u.message_type == "goodbye" => {
                 out.close(door::close_code::NORMAL, "goodbye");
             }
@@ -341,6 +342,28 @@ impl XiaozhiDoor {
             let _ = session.engine.handle_input(now, Input::DeviceMcpStart);
         }
         self.session = Some(session);
+    }
+
+    /// A device's perception `event` goes on the server's perception bus, with the device and
+    /// session ids this connection knows; a malformed one is logged and dropped (the firmware
+    /// expects no answer).
+    fn perception(&self, event: voxgate_xiaozhi::control::Event) {
+        let value = match serde_json::to_value(&event) {
+            Ok(v) => v,
+            Err(e) => return self.bad(&format!("event not representable: {e}")),
+        };
+        let session_id = self.session.as_ref().map(|s| s.id.as_str());
+        match crate::bridge::perception::PerceptionEvent::from_value(
+            value,
+            self.info.device_id.as_deref(),
+            session_id,
+            crate::bridge::perception::EventOrigin::Device,
+        ) {
+            Ok(event) => {
+                self.app.shared.perception.publish(event);
+            }
+            Err(e) => self.bad(&format!("perception event refused: {e}")),
+        }
     }
 
     fn listen(&mut self, now: Instant, l: Listen, out: &mut Out) {
