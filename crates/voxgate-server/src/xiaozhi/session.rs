@@ -281,7 +281,7 @@ impl XiaozhiDoor {
                 Err(e) => self.bad(&format!("mcp payload: {e}")),
             },
             // Legacy IoT descriptors and perception events carry nothing a turn needs.
-            DeviceMessage::Event(e) => self.perception(e),
+            DeviceMessage::Event(e) => self.perception(&e),
             DeviceMessage::Iot(_) => {}
             DeviceMessage::Unknown(u) if u.message_type == "goodbye" => {
                 out.close(door::close_code::NORMAL, "goodbye");
@@ -347,8 +347,8 @@ impl XiaozhiDoor {
     /// A device's perception `event` goes on the server's perception bus, with the device and
     /// session ids this connection knows; a malformed one is logged and dropped (the firmware
     /// expects no answer).
-    fn perception(&self, event: voxgate_xiaozhi::control::Event) {
-        let value = match serde_json::to_value(&event) {
+    fn perception(&self, event: &voxgate_xiaozhi::control::Event) {
+        let value = match serde_json::to_value(event) {
             Ok(v) => v,
             Err(e) => return self.bad(&format!("event not representable: {e}")),
         };
