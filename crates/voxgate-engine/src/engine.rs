@@ -16,7 +16,7 @@ use voxgate_turn::{
 use crate::capture::{Capture, CaptureEvent};
 use crate::config::EngineConfig;
 use crate::history::{ChatMessage, Content};
-use crate::provider::{ProviderEvent, ProviderRequest, ToolSpec};
+use crate::provider::{ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
 use crate::record::{Record, Said};
 use crate::reply::{Reply, Routed, Tts};
 use crate::tools::{Dispatch, Tools, ToolsEvent};
@@ -47,6 +47,17 @@ pub struct Engine {
     stale_events: u64,
     /// [`Input::Close`] was handled.
     closed: bool,
+    /// A reply's generation held until a just-connected device has listed its tools (or
+    /// [`crate::tools::FIRST_LISTING_WAIT`] passed), so the first turn sees them.
+    held: Option<HeldGeneration>,
+}
+
+/// A `Generate` request waiting for the device's tools; the tools are read when it goes out.
+#[derive(Debug)]
+struct HeldGeneration {
+    id: RequestId,
+    turn: TurnId,
+    messages: Vec<ContextMessage>,
 }
 
 impl Engine {
@@ -79,6 +90,7 @@ impl Engine {
             outputs: VecDeque::new(),
             stale_events: 0,
             closed: false,
+            held: None,
         })
     }
 
@@ -126,12 +138,11 @@ impl Engine {
     /// The earliest instant at which [`Engine::handle_timeout`] has work to do.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let t = self.turn.poll_timeout();
-        let m = self.tools.poll_timeout();
-        match (t, m) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let held = self.held.as_ref().and(self.tools.first_listing_deadline());
+        [self.turn.poll_timeout(), self.tools.poll_timeout(), held]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Runs the timers due at `now`.
@@ -140,6 +151,7 @@ impl Engine {
         self.pump(now);
         self.tools.handle_timeout(now);
         self.pump_mcp(now);
+        self.release_held(now);
     }
 
     /// Feeds mono audio at the configured input rate without copying it into an [`Input`].
@@ -522,14 +534,11 @@ impl Engine {
                         response: turn,
                     });
                 }
-                let tools = self.llm_tools();
-                self.provider(ProviderRequest::Generate {
-                    id,
-                    turn,
-                    messages,
-                    tools,
-                    temperature: self.config.temperature,
-                });
+                if self.tools.awaiting_first_listing(now).is_some() {
+                    self.held = Some(HeldGeneration { id, turn, messages });
+                } else {
+                    self.generate(id, turn, messages);
+                }
             }
             TurnOutput::Speak { turn, text } | TurnOutput::ResumeResponse { turn, text, .. } => {
                 self.reply.begin_direct(turn);
@@ -550,7 +559,12 @@ impl Engine {
             }
             TurnOutput::CancelResponse { turn } => {
                 for id in self.reply.cancel(turn) {
-                    self.provider(ProviderRequest::Cancel { id });
+                    if self.held.as_ref().is_some_and(|h| h.id == id) {
+                        // Never sent: nothing to cancel at the provider.
+                        self.held = None;
+                    } else {
+                        self.provider(ProviderRequest::Cancel { id });
+                    }
                 }
             }
             TurnOutput::CancelTool { call_id } if self.tools.cancel(&call_id) => {
@@ -852,6 +866,27 @@ impl Engine {
                 }
             }
         }
+        self.release_held(now);
+    }
+
+    /// Sends the held generation once the device's tools are in or the wait is over.
+    fn release_held(&mut self, now: Instant) {
+        if self.tools.awaiting_first_listing(now).is_none()
+            && let Some(h) = self.held.take()
+        {
+            self.generate(h.id, h.turn, h.messages);
+        }
+    }
+
+    fn generate(&mut self, id: RequestId, turn: TurnId, messages: Vec<ContextMessage>) {
+        let tools = self.llm_tools();
+        self.provider(ProviderRequest::Generate {
+            id,
+            turn,
+            messages,
+            tools,
+            temperature: self.config.temperature,
+        });
     }
 }
 

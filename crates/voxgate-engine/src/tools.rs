@@ -72,7 +72,15 @@ pub(crate) struct Tools {
     device_calls: BTreeMap<CallId, String>,
     /// Events of one device output waiting for [`Tools::poll`] (errors of a tool listing).
     queued: VecDeque<ToolsEvent>,
+    /// Until when a first reply waits for the device's first tool listing: set when the device
+    /// MCP client starts, cleared when the listing (or its failure) arrives.
+    first_listing: Option<Instant>,
 }
+
+/// How long a reply waits for a just-connected device's tools. A device answers `tools/list`
+/// within tens of milliseconds of its hello; a text turn sent right after the hello would
+/// otherwise be answered without the device's tools.
+pub(crate) const FIRST_LISTING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Tools {
     /// No tools, no device.
@@ -83,7 +91,19 @@ impl Tools {
             calls: BTreeMap::new(),
             device_calls: BTreeMap::new(),
             queued: VecDeque::new(),
+            first_listing: None,
         }
+    }
+
+    /// While a just-started device has not listed its tools yet: the deadline a reply may wait
+    /// for them until.
+    pub(crate) fn awaiting_first_listing(&self, now: Instant) -> Option<Instant> {
+        self.first_listing.filter(|deadline| now < *deadline)
+    }
+
+    /// The deadline of [`Self::awaiting_first_listing`], for `poll_timeout`.
+    pub(crate) fn first_listing_deadline(&self) -> Option<Instant> {
+        self.first_listing
     }
 
     /// The tools offered to the model, with the names it sees.
@@ -120,6 +140,7 @@ impl Tools {
         // A fresh client cannot be started twice.
         let _ = client.start(now);
         self.mcp = Some(client);
+        self.first_listing = Some(now + FIRST_LISTING_WAIT);
     }
 
     /// A JSON-RPC payload from the device.
@@ -281,6 +302,7 @@ impl Tools {
                     return Some(ToolsEvent::Client(ClientEvent::DeviceMcp(m)));
                 }
                 ClientOutput::ToolsListed(tools) => {
+                    self.first_listing = None;
                     // One error per refused tool; the rest of the list is in effect.
                     let rejected = self.registry.set_source_tools(ToolSource::Device, tools);
                     self.queued.extend(rejected.into_iter().map(|r| {
@@ -312,14 +334,19 @@ impl Tools {
                     }
                 }
                 ClientOutput::InitializeFailed(e) => {
+                    self.first_listing = None;
                     return protocol(format!("device MCP initialize failed: {e}"));
                 }
                 ClientOutput::ListToolsFailed(e) => {
+                    self.first_listing = None;
                     return protocol(format!(
                         "device MCP tools/list failed, keeping the old tools: {e}"
                     ));
                 }
-                ClientOutput::PeerFault(f) => return protocol(format!("device MCP: {f}")),
+                ClientOutput::PeerFault(f) => {
+                    self.first_listing = None;
+                    return protocol(format!("device MCP: {f}"));
+                }
                 // See above: notifications are ignored, and `Ready` / `Pong` need no action
                 // (the client lists tools on ready by itself; the engine sends no pings).
                 _ => {}

@@ -120,3 +120,94 @@ fn other_notifications_are_ignored_and_requests_refused() {
     assert_eq!(sent, [json!({"jsonrpc":"2.0","id":7,"result":{}})]);
     assert_eq!(offered(&d), ["self_light_on"]);
 }
+
+/// A text turn right after the device connected waits for the device's first tool listing,
+/// so the first reply sees the device's tools.
+#[test]
+fn the_first_reply_waits_for_the_device_tools() {
+    let mut d = Driver::new(EngineConfig {
+        output_audio: None,
+        ..EngineConfig::default()
+    });
+    let sent = device_messages(&d.input(Input::DeviceMcpStart));
+    let out = d.input(Input::Text {
+        text: "lights on".into(),
+        mode: TriggerMode::Queue,
+    });
+    assert!(requests(&out).is_empty(), "held: {out:?}");
+    let sent = device_messages(&d.input(Input::DeviceMcp(json!({
+        "jsonrpc":"2.0","id":sent[0]["id"],
+        "result":{"protocolVersion":"2024-11-05","capabilities":{"tools":{}},
+                  "serverInfo":{"name":"xiaozhi","version":"2.0"}}
+    }))));
+    let list = sent
+        .iter()
+        .find(|m| m["method"] == "tools/list")
+        .unwrap()
+        .clone();
+    let out = d.input(Input::DeviceMcp(
+        json!({"jsonrpc":"2.0","id":list["id"],"result":{"tools":[tool("self.light.on")]}}),
+    ));
+    let (_, req) = generate(&out);
+    let ProviderRequest::Generate { tools, .. } = req else {
+        unreachable!()
+    };
+    assert_eq!(
+        tools.into_iter().map(|t| t.name).collect::<Vec<_>>(),
+        ["self_light_on"]
+    );
+    // Later turns are not held.
+    assert!(
+        d.engine.poll_timeout().is_none_or(|t| t > d.now),
+        "no wait is pending"
+    );
+}
+
+/// A device that never lists its tools delays the first reply by at most the wait.
+#[test]
+fn a_silent_device_holds_the_first_reply_only_briefly() {
+    let mut d = Driver::new(EngineConfig {
+        output_audio: None,
+        ..EngineConfig::default()
+    });
+    d.input(Input::DeviceMcpStart);
+    let out = d.input(Input::Text {
+        text: "hello".into(),
+        mode: TriggerMode::Queue,
+    });
+    assert!(requests(&out).is_empty());
+    let out = d.advance(std::time::Duration::from_millis(999));
+    assert!(requests(&out).is_empty(), "{out:?}");
+    let out = d.advance(std::time::Duration::from_millis(2));
+    let (_, req) = generate(&out);
+    assert!(matches!(req, ProviderRequest::Generate { .. }));
+}
+
+/// An abort while the first reply waits drops it without a provider call.
+#[test]
+fn an_abort_drops_a_held_reply() {
+    let mut d = Driver::new(EngineConfig {
+        output_audio: None,
+        ..EngineConfig::default()
+    });
+    d.input(Input::DeviceMcpStart);
+    d.input(Input::Text {
+        text: "hello".into(),
+        mode: TriggerMode::Queue,
+    });
+    let out = d.input(Input::Abort);
+    assert!(
+        !requests(&out).iter().any(|r| matches!(
+            r,
+            ProviderRequest::Cancel { .. } | ProviderRequest::Generate { .. }
+        )),
+        "{out:?}"
+    );
+    let out = d.advance(std::time::Duration::from_secs(2));
+    assert!(
+        !requests(&out)
+            .iter()
+            .any(|r| matches!(r, ProviderRequest::Generate { .. })),
+        "the held reply never goes out: {out:?}"
+    );
+}

@@ -1076,3 +1076,38 @@ async fn device_events_reach_the_perception_bus() {
     assert!(!dev.until_tts_stop().await.is_empty());
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_first_turn_after_the_hello_sees_the_device_tools() {
+    let server = Running::start_with(Config::default(), providers()).await;
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    dev.hello(ProtocolVersion::V1, true).await;
+    // The text turn comes before the device has answered a single MCP message.
+    dev.detect("call self_get_device_status {}").await;
+    let mcp = |v: &Value| v["type"] == "mcp";
+    let init = dev.until(mcp).await.pop().unwrap();
+    let init = init.json().unwrap()["payload"].clone();
+    assert_eq!(init["method"], "initialize");
+    dev.send(
+        json!({"type":"mcp","payload":{"jsonrpc":"2.0","id":init["id"],
+        "result":{"protocolVersion":"2024-11-05","capabilities":{"tools":{}},
+        "serverInfo":{"name":"bread-compact-wifi","version":"1.6.2"}}}}),
+    )
+    .await;
+    let call = loop {
+        let ev = dev.until(mcp).await.pop().unwrap();
+        let p = ev.json().unwrap()["payload"].clone();
+        match p["method"].as_str() {
+            Some("tools/list") => {
+                dev.send(json!({"type":"mcp","payload":{"jsonrpc":"2.0","id":p["id"],
+                    "result":{"tools":[{"name":"self.get_device_status","description":"Status",
+                    "inputSchema":{"type":"object","properties":{}}}]}}}))
+                    .await;
+            }
+            Some("tools/call") => break p,
+            _ => {}
+        }
+    };
+    assert_eq!(call["params"]["name"], "self.get_device_status");
+    server.stop().await;
+}
