@@ -736,9 +736,14 @@ impl Engine {
             self.stale_events += 1;
             return;
         };
+        // A generation that fails before its first token still makes a response that begins
+        // and ends, so every door closes the turn in its own protocol (realtime `ResponseEnd`,
+        // Gemini `TURN_COMPLETE`, Xiaozhi `tts stop`) instead of leaving the client waiting.
         if matches!(
             event,
-            ProviderEvent::TextDelta { .. } | ProviderEvent::ToolCall { .. }
+            ProviderEvent::TextDelta { .. }
+                | ProviderEvent::ToolCall { .. }
+                | ProviderEvent::Failed { .. }
         ) && self.reply.mark_started()
         {
             self.feed_internal(now, TurnInput::ResponseStarted { turn });

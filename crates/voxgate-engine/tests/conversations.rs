@@ -713,3 +713,41 @@ fn provider_failures_become_categorised_errors_and_the_turn_ends() {
     assert_eq!(d.engine.history()[1].text(), "Two.");
     assert_eq!(d.engine.state(), State::Idle);
 }
+
+/// A model that fails before its first token still ends the turn: the client sees the error
+/// inside a response that begins and ends, and the engine is ready for the next turn.
+#[test]
+fn a_generation_that_fails_at_once_still_ends_the_turn() {
+    let mut d = Driver::new(EngineConfig::default());
+    let (id, _) = generate(&d.input(text("hi")));
+    d.provider(ProviderEvent::Failed {
+        id,
+        message: "connection refused".into(),
+    });
+    d.advance(1000 * MS);
+    let events = d.client_events();
+    let begin = events
+        .iter()
+        .position(|e| matches!(e, ClientEvent::ResponseBegin { .. }));
+    let error = events
+        .iter()
+        .position(|e| matches!(e, ClientEvent::Error { .. }));
+    let end = events
+        .iter()
+        .position(|e| matches!(e, ClientEvent::ResponseEnd { .. }));
+    assert!(
+        begin.is_some() && error.is_some() && end.is_some(),
+        "{events:?}"
+    );
+    assert!(begin < error && error < end, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::ResponseFinished { .. })),
+        "{events:?}"
+    );
+    assert_eq!(d.engine.state(), State::Idle);
+    // The next turn is served.
+    let (next, _) = generate(&d.input(text("again")));
+    assert_ne!(next, id);
+}
