@@ -164,11 +164,16 @@ pub struct SetupError {
 }
 
 /// A server log line for the client's debug view (`LOG_MESSAGE`).
+///
+/// `date` is always sent: the original Android app's decoder requires it and drops a
+/// `LOG_MESSAGE` without one. The codec has no clock: the door fills it, e.g. with
+/// [`iso8601_utc`] of the wall clock.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct LogMessage {
-    /// When (ISO 8601).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub date: Option<String>,
+    /// When, as ISO 8601 UTC (`2024-06-01T12:34:56.789Z`, what the original gateway's
+    /// `new Date().toISOString()` wrote). A missing or null `date` reads as empty.
+    #[serde(default, deserialize_with = "de::null_default")]
+    pub date: String,
     /// `info`, `warn`, `error`...
     #[serde(rename = "type", default, deserialize_with = "de::null_default")]
     pub level: String,
@@ -178,6 +183,44 @@ pub struct LogMessage {
     /// Anything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
+}
+
+impl LogMessage {
+    /// A log line at `date` (see [`iso8601_utc`]).
+    pub fn new(date: String, level: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            date,
+            level: level.into(),
+            message: message.into(),
+            details: None,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch as ISO 8601 UTC with milliseconds
+/// (`2024-06-01T12:34:56.789Z`), the form JavaScript's `Date.toISOString()` writes. Pure: the
+/// caller reads the clock. Years past 9999 are written with more digits.
+pub fn iso8601_utc(unix_millis: u64) -> String {
+    let millis = unix_millis % 1000;
+    let secs = unix_millis / 1000;
+    let (days, day_secs) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's `civil_from_days`, for
+    // non-negative day counts): eras of 400 years, days shifted to start on 0000-03-01.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        day_secs / 3600,
+        day_secs / 60 % 60,
+        day_secs % 60
+    )
 }
 
 /// The answer to `GENERATE_IMAGE` (`IMAGE_GENERATION_RESULT`).
@@ -929,5 +972,31 @@ impl Serialize for ServerMessage {
             }
         }
         m.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso8601_utc_matches_javascript_to_iso_string() {
+        assert_eq!(iso8601_utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601_utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(iso8601_utc(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(iso8601_utc(1_717_245_296_789), "2024-06-01T12:34:56.789Z");
+        assert_eq!(iso8601_utc(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+        // No panic at the end of the range.
+        assert!(iso8601_utc(u64::MAX).ends_with('Z'));
+    }
+
+    #[test]
+    fn log_message_always_carries_a_date() {
+        let m = ServerMessage::LogMessage(LogMessage::new(String::new(), "warn", "x"));
+        let v: Value = serde_json::from_str(&m.encode()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "LOG_MESSAGE", "payload": {"date": "", "type": "warn", "message": "x"}})
+        );
     }
 }

@@ -226,7 +226,7 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
         any::<bool>().prop_map(|speaking| ServerMessage::AssistantSpeaking { speaking }),
         text().prop_map(|sdp| ServerMessage::WebrtcAnswer { sdp }),
         ice().prop_map(ServerMessage::WebrtcIceCandidate),
-        (proptest::option::of(text()), text(), text()).prop_map(|(date, level, message)| {
+        (text(), text(), text()).prop_map(|(date, level, message)| {
             ServerMessage::LogMessage(LogMessage {
                 date,
                 level,

@@ -247,7 +247,7 @@ fn server_messages() -> Vec<(&'static str, ServerMessage)> {
         (
             "log_message",
             ServerMessage::LogMessage(LogMessage {
-                date: Some("2024-06-01T12:34:56Z".into()),
+                date: "2024-06-01T12:34:56.789Z".into(),
                 level: "info".into(),
                 message: "session ready".into(),
                 details: None,

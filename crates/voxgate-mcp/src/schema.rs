@@ -72,6 +72,73 @@ impl CompiledSchema {
     }
 }
 
+/// Keywords whose value is a map from names to subschemas.
+const SCHEMA_MAPS: &[&str] = &[
+    "properties",
+    "patternProperties",
+    "dependentSchemas",
+    "$defs",
+    "definitions",
+];
+/// Keywords whose value is a list of subschemas.
+const SCHEMA_LISTS: &[&str] = &["anyOf", "allOf", "oneOf", "prefixItems"];
+/// Keywords whose value is one subschema (`items` may also be a list, as in draft 4 to 2019-09).
+const SCHEMA_ONE: &[&str] = &[
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "propertyNames",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+];
+
+/// Removes keywords whose value is `null` from a schema, recursively through its subschemas,
+/// before [`CompiledSchema::compile`].
+///
+/// For doors that receive schemas from sloppy clients: serializers that write every optional
+/// field (Kotlin's, for Gemini's `Schema` type) send `"items": null`, `"enum": null`,
+/// `"description": null` and so on, which the service they were written for reads as "unset"
+/// but a JSON Schema compiler rejects (`null is not of type "array"`).
+///
+/// Only keyword positions are touched: the keys of `properties` (and the other name maps) are
+/// names, so a property called `description` is kept and cleaned like any subschema; values
+/// that are data, not schemas (`enum`, `const`, `default`, `example(s)`), are left alone, nulls
+/// inside them included. A property whose schema is `null` (`"properties": {"x": null}`) is
+/// dropped, leniently (Gemini itself refuses it): the property is then unconstrained unless it
+/// is `required`. `null` entries of `anyOf`/`allOf`/`oneOf` lists are dropped too. Pure and
+/// linear in the size of the schema; recursion depth is the schema's own nesting.
+pub fn drop_nulls(schema: &mut Value) {
+    let Value::Object(map) = schema else {
+        if let Value::Array(list) = schema {
+            // `items` as a list of schemas (older drafts).
+            list.iter_mut().for_each(drop_nulls);
+        }
+        return;
+    };
+    map.retain(|_, v| !v.is_null());
+    for (key, value) in map.iter_mut() {
+        let key = key.as_str();
+        if SCHEMA_MAPS.contains(&key) {
+            if let Value::Object(named) = value {
+                named.retain(|_, v| !v.is_null());
+                named.values_mut().for_each(drop_nulls);
+            }
+        } else if SCHEMA_LISTS.contains(&key) {
+            if let Value::Array(list) = value {
+                list.retain(|v| !v.is_null());
+                list.iter_mut().for_each(drop_nulls);
+            }
+        } else if SCHEMA_ONE.contains(&key) {
+            drop_nulls(value);
+        }
+    }
+}
+
 /// Machine-readable reason in an [`ErrorPayload`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -196,6 +263,163 @@ mod tests {
         let err = CompiledSchema::compile(&json!({"$ref":"https://example.com/schema.json"}));
         assert!(err.is_err());
         assert!(CompiledSchema::compile(&json!({"type": 12})).is_err());
+    }
+
+    /// A Gemini `Schema` as Kotlin serialization writes it: every field, unused ones null.
+    fn kotlin(ty: &str, extra: Value) -> Value {
+        let mut s = json!({
+            "type": ty, "format": null, "title": null, "description": null, "nullable": null,
+            "enum": null, "maxItems": null, "minItems": null, "properties": null,
+            "required": null, "minProperties": null, "maxProperties": null, "minLength": null,
+            "maxLength": null, "pattern": null, "example": null, "anyOf": null,
+            "propertyOrdering": null, "default": null, "items": null, "minimum": null,
+            "maximum": null
+        });
+        if let (Value::Object(s), Value::Object(extra)) = (&mut s, extra) {
+            s.extend(extra);
+        }
+        s
+    }
+
+    #[test]
+    fn drop_nulls_makes_kotlin_schemas_compile() {
+        let mut schema = kotlin(
+            "object",
+            json!({
+                "properties": {
+                    "description": kotlin("string", json!({"description": "A property named description."})),
+                    "tags": kotlin("array", json!({"items": kotlin("string", json!({"enum": ["a", "b"]}))})),
+                    "either": kotlin("string", json!({"anyOf": [kotlin("string", json!({})), null]})),
+                    "gone": null
+                },
+                "required": ["description"]
+            }),
+        );
+        assert!(CompiledSchema::compile(&schema).is_err());
+        drop_nulls(&mut schema);
+        assert_eq!(
+            schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "description": {"type": "string", "description": "A property named description."},
+                    "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}},
+                    "either": {"type": "string", "anyOf": [{"type": "string"}]}
+                },
+                "required": ["description"]
+            })
+        );
+        let compiled = CompiledSchema::compile(&schema).unwrap();
+        assert!(compiled.is_valid(&json!({"description": "x", "tags": ["a"]})));
+        assert!(!compiled.is_valid(&json!({"description": "x", "tags": ["c"]})));
+        assert!(!compiled.is_valid(&json!({})));
+    }
+
+    #[test]
+    fn drop_nulls_keeps_data_and_non_schemas() {
+        // Nulls that are data (enum members, defaults, examples) stay; so do scalars.
+        let mut schema = json!({
+            "enum": ["a", null],
+            "default": {"x": null},
+            "const": null,
+            "example": [null],
+            "items": [{"type": "string", "title": null}, {"type": "integer"}]
+        });
+        drop_nulls(&mut schema);
+        assert_eq!(
+            schema,
+            json!({
+                "enum": ["a", null],
+                "default": {"x": null},
+                "example": [null],
+                "items": [{"type": "string"}, {"type": "integer"}]
+            })
+        );
+        // `const: null` is a keyword whose value is null: dropped like the others (Gemini
+        // has no `const`; a JSON Schema client meaning "must be null" should say `type`).
+        for mut v in [json!(null), json!(true), json!("s"), json!(3)] {
+            let before = v.clone();
+            drop_nulls(&mut v);
+            assert_eq!(v, before);
+        }
+    }
+
+    /// True when no keyword position in `v` (walked as [`drop_nulls`] walks it) holds null.
+    fn clean(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => m.iter().all(|(k, v)| {
+                if v.is_null() {
+                    return false;
+                }
+                let k = k.as_str();
+                if SCHEMA_MAPS.contains(&k) {
+                    v.as_object()
+                        .is_none_or(|named| named.values().all(|s| !s.is_null() && clean(s)))
+                } else if SCHEMA_LISTS.contains(&k) {
+                    v.as_array()
+                        .is_none_or(|list| list.iter().all(|s| !s.is_null() && clean(s)))
+                } else if SCHEMA_ONE.contains(&k) {
+                    clean(v)
+                } else {
+                    true
+                }
+            }),
+            Value::Array(list) => list.iter().all(clean),
+            _ => true,
+        }
+    }
+
+    fn arb_schema() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let keys = prop::sample::select(vec![
+            "type",
+            "description",
+            "enum",
+            "items",
+            "properties",
+            "anyOf",
+            "required",
+            "default",
+            "not",
+            "title",
+            "format",
+            "minimum",
+        ]);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            "[a-z]{0,4}".prop_map(Value::from),
+            any::<i32>().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(
+                    keys.clone().prop_map(str::to_owned),
+                    inner.clone(),
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+                prop::collection::btree_map("[a-z]{1,3}", inner, 0..3)
+                    .prop_map(|m| json!({"properties": Value::Object(m.into_iter().collect())})),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn drop_nulls_leaves_no_null_keyword_and_is_idempotent(mut v in arb_schema()) {
+            let original = v.clone();
+            drop_nulls(&mut v);
+            proptest::prop_assert!(clean(&v), "{v}");
+            let once = v.clone();
+            drop_nulls(&mut v);
+            proptest::prop_assert_eq!(&v, &once);
+            // A schema that was clean already is left exactly as it was.
+            if clean(&original) {
+                proptest::prop_assert_eq!(&once, &original);
+            }
+        }
     }
 
     #[test]

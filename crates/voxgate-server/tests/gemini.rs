@@ -539,6 +539,146 @@ async fn tool_calls_and_cancellation_on_interruption() {
     server.stop_within(WAIT).await;
 }
 
+/// The original Android app's nine tool declarations as its Kotlin serializer writes them:
+/// every Gemini `Schema` field present, unused ones `null`.
+const ANDROID_TOOLS: &str = include_str!("fixtures/gemini_android_tools.json");
+
+#[tokio::test]
+async fn android_tool_declarations_with_explicit_nulls_are_accepted_and_callable() {
+    let tools: Value = serde_json::from_str(ANDROID_TOOLS).unwrap();
+    let declared = tools[0]["functionDeclarations"].as_array().unwrap().len();
+    assert_eq!(declared, 9);
+    let mut config = live_config(&json!("TEXT"));
+    config["tools"] = tools;
+    let server = Running::start(Config::default()).await;
+    // `session` asserts SETUP_COMPLETE right after GEMINI_CONNECTED: no GEMINI_ERROR.
+    let mut ws = session(format!("ws://{}/gemini", server.addr), config).await;
+    let calls = [
+        ("get_current_time_tool", json!({})),
+        ("take_photo_tool", json!({})),
+        ("get_location_tool", json!({})),
+        ("hide_canvas_tool", json!({})),
+        (
+            "create_canvas_tool",
+            json!({"title": "Shopping", "content": "- milk",
+                "elements": [{"kind": "button", "text": "Done"}]}),
+        ),
+        (
+            "append_to_canvas_tool",
+            json!({"content": "- eggs", "elements": [{"kind": "divider"}]}),
+        ),
+        ("find_contact_tool", json!({"name": "Ada", "maxResults": 3})),
+        (
+            "generate_image_tool",
+            json!({"description": "a lighthouse at dusk", "style": "sketch", "aspectRatio": "16:9"}),
+        ),
+        (
+            "send_message_tool",
+            json!({"recipient": "Ada", "message": "On my way", "channel": "sms"}),
+        ),
+    ];
+    for (name, args) in calls {
+        send(
+            &mut ws,
+            json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": format!("call {name} {args}")}],
+                "turnComplete": true}}),
+        )
+        .await;
+        let got = recv_until(&mut ws, "TOOL_CALL").await;
+        assert!(
+            got.iter().all(|m| kind(m) != "GEMINI_ERROR"),
+            "{name}: {got:#?}"
+        );
+        let fc = &got.last().unwrap()["payload"]["toolCall"]["functionCalls"][0];
+        assert_eq!(fc["name"], name);
+        assert_eq!(fc["args"], args, "{name}");
+        send(
+            &mut ws,
+            json!({"type": "SEND_TOOL_RESPONSE", "payload": {"toolResponse": {"functionResponses": [
+                {"id": fc["id"], "name": name, "response": {"ok": true}}]}}}),
+        )
+        .await;
+        let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+        assert!(
+            model_text(&turn).contains(&format!("{name} returned")),
+            "{name}: {turn:#?}"
+        );
+    }
+    server.stop_within(WAIT).await;
+}
+
+/// `config` with one declaration no JSON Schema compiler takes (an unknown type) next to a
+/// good one.
+fn with_a_bad_tool(mut config: Value) -> Value {
+    config["tools"] = json!([{"functionDeclarations": [
+        {"name": "broken_tool", "description": "Unusable.",
+            "parameters": {"type": "OBJECT", "properties": {"x": {"type": "COLOUR"}}}},
+        {"name": "get_weather", "description": "Weather in a city.",
+            "parameters": {"type": "OBJECT", "properties": {"city": {"type": "STRING"}}}}
+    ]}]);
+    config
+}
+
+#[tokio::test]
+async fn tool_rejections_come_before_setup_complete_on_connect_and_on_update_config() {
+    let server = Running::start(Config::default()).await;
+    let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
+    let setup_ok =
+        json!({"type": "SETUP_COMPLETE", "payload": {"setupComplete": {"success": true}}});
+    send(
+        &mut ws,
+        json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": with_a_bad_tool(live_config(&json!("TEXT")))}}),
+    )
+    .await;
+    let got = recv_until(&mut ws, "SETUP_COMPLETE").await;
+    let kinds: Vec<&str> = got.iter().map(kind).collect();
+    assert_eq!(
+        kinds,
+        ["GEMINI_CONNECTED", "GEMINI_ERROR", "SETUP_COMPLETE"],
+        "{got:#?}"
+    );
+    assert!(
+        got[1]["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("broken_tool"),
+        "{got:#?}"
+    );
+    assert_eq!(got[2], setup_ok);
+    quiet_for(&mut ws, Duration::from_millis(300)).await;
+
+    // The same order on UPDATE_CONFIG, in place (same modality) and as a new session.
+    for modality in ["TEXT", "AUDIO"] {
+        send(
+            &mut ws,
+            json!({"type": "UPDATE_CONFIG", "payload": with_a_bad_tool(live_config(&json!(modality)))}),
+        )
+        .await;
+        let got = recv_until(&mut ws, "SETUP_COMPLETE").await;
+        let kinds: Vec<&str> = got.iter().map(kind).collect();
+        assert_eq!(
+            kinds,
+            ["GEMINI_ERROR", "SETUP_COMPLETE"],
+            "{modality}: {got:#?}"
+        );
+        assert_eq!(got[1], setup_ok);
+        quiet_for(&mut ws, Duration::from_millis(300)).await;
+    }
+    // The good declaration next to the bad one works.
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text":
+            "call get_weather {\"city\": \"Lima\"}"}]}}),
+    )
+    .await;
+    let got = recv_until(&mut ws, "TOOL_CALL").await;
+    assert_eq!(
+        got.last().unwrap()["payload"]["toolCall"]["functionCalls"][0]["name"],
+        "get_weather"
+    );
+    server.stop_within(WAIT).await;
+}
+
 #[tokio::test]
 async fn update_config_and_second_connect_replace_the_session() {
     let server = Running::start(Config::default()).await;
@@ -751,7 +891,7 @@ struct Seen {
 /// A fake Gemini Live API for one connection, speaking its wire format: it waits for `setup`,
 /// answers `setupComplete`, answers a `clientContent` turn with text, audio, a tool call and
 /// its cancellation and `turnComplete`, records `realtimeInput` and `toolResponse`, then
-/// closes with 1000.
+/// interrupts, announces its end (`goAway`) and closes with 1000.
 async fn fake_live_api() -> (String, tokio::task::JoinHandle<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -804,13 +944,14 @@ async fn fake_live_api() -> (String, tokio::task::JoinHandle<Seen>) {
         seen.messages.push(audio);
         let tool = next(&mut ws).await;
         seen.messages.push(tool);
-        ws.send(Message::Text(
-            json!({"serverContent": {"interrupted": true}})
-                .to_string()
-                .into(),
-        ))
-        .await
-        .unwrap();
+        for last in [
+            json!({"serverContent": {"interrupted": true}}),
+            json!({"goAway": {"timeLeft": "10s"}}),
+        ] {
+            ws.send(Message::Text(last.to_string().into()))
+                .await
+                .unwrap();
+        }
         ws.close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
             code: 1000.into(),
             reason: "session over".into(),
@@ -822,6 +963,36 @@ async fn fake_live_api() -> (String, tokio::task::JoinHandle<Seen>) {
         seen
     });
     (format!("ws://{addr}"), task)
+}
+
+/// `2024-06-01T12:34:56.789Z`, and not some other day than today.
+fn assert_iso8601_utc(date: &str) {
+    let b = date.as_bytes();
+    assert_eq!(b.len(), 24, "{date}");
+    for (i, c) in b.iter().enumerate() {
+        let want = match i {
+            4 | 7 => b'-',
+            10 => b'T',
+            13 | 16 => b':',
+            19 => b'.',
+            23 => b'Z',
+            _ => {
+                assert!(c.is_ascii_digit(), "{date}");
+                continue;
+            }
+        };
+        assert_eq!(*c, want, "{date}");
+    }
+    let today_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let today = voxgate_gemini::bridge::iso8601_utc(today_secs * 1000);
+    let yesterday = voxgate_gemini::bridge::iso8601_utc((today_secs - 86_400) * 1000);
+    assert!(
+        date[..10] == today[..10] || date[..10] == yesterday[..10],
+        "{date} vs {today}"
+    );
 }
 
 #[tokio::test]
@@ -888,6 +1059,17 @@ async fn passthrough_relays_to_a_fake_live_api() {
     let end = recv_until(&mut ws, "GEMINI_DISCONNECTED").await;
     assert_eq!(kind(&end[0]), "CONTENT_MESSAGE");
     assert_eq!(kind(&end[1]), "INTERRUPTED");
+    // goAway becomes a LOG_MESSAGE dated like the original gateway's (`toISOString()`): the
+    // Android app drops one without a date.
+    let log = &end[2];
+    assert_eq!(kind(log), "LOG_MESSAGE", "{end:#?}");
+    assert_eq!(log["payload"]["type"], "warn");
+    assert_eq!(
+        log["payload"]["message"],
+        "Gemini will close the session in 10s."
+    );
+    assert_iso8601_utc(log["payload"]["date"].as_str().unwrap());
+    assert_eq!(end.len(), 4, "{end:#?}");
     insta::assert_json_snapshot!("passthrough_disconnected", end.last().unwrap());
     // The socket stays open: the app may connect again (the fake is gone: a clear failure).
     send(

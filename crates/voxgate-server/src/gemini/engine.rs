@@ -157,23 +157,67 @@ fn temperature(config: &LiveConfig) -> Option<f64> {
     config.generation_config.as_ref()?.temperature
 }
 
-/// Gemini declares parameter types in OpenAPI style (`"OBJECT"`, `"STRING"`); JSON Schema
-/// wants them lower case.
+/// Gemini's `Schema` fields that are int64, which proto3 JSON may write as strings (`"5"`).
+const INT64_KEYWORDS: &[&str] = &[
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "minLength",
+    "maxLength",
+];
+
+/// A Gemini `Schema` as JSON Schema, accepting what Gemini's API accepts: explicit nulls for
+/// unset fields (the Android app's Kotlin serializer writes every field) are dropped
+/// ([`voxgate_mcp::schema::drop_nulls`]); types in OpenAPI style (`"OBJECT"`, `"STRING"`)
+/// become lower case and `TYPE_UNSPECIFIED` no type; `nullable: true` adds `"null"` to the
+/// type; int64 bounds written as strings become numbers.
 fn json_schema(v: &Value) -> Value {
+    let mut v = v.clone();
+    voxgate_mcp::schema::drop_nulls(&mut v);
+    gemini_to_json_schema(&mut v);
+    v
+}
+
+fn gemini_to_json_schema(v: &mut Value) {
     match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| {
-                    let v = match (k.as_str(), v) {
-                        ("type", Value::String(t)) => Value::String(t.to_ascii_lowercase()),
-                        _ => json_schema(v),
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(json_schema).collect()),
-        other => other.clone(),
+        Value::Object(m) => {
+            if let Some(Value::String(t)) = m.get_mut("type") {
+                if t.eq_ignore_ascii_case("TYPE_UNSPECIFIED") {
+                    m.remove("type");
+                } else {
+                    t.make_ascii_lowercase();
+                }
+            }
+            if m.get("nullable") == Some(&Value::Bool(true))
+                && let Some(Value::String(t)) = m.get("type")
+                && t != "null"
+            {
+                let t = Value::String(t.clone());
+                m.insert("type".into(), Value::Array(vec![t, "null".into()]));
+            }
+            for k in INT64_KEYWORDS {
+                if let Some(n) = m
+                    .get(*k)
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse::<u64>().ok())
+                {
+                    m.insert((*k).into(), n.into());
+                }
+            }
+            // Data keywords hold values, not schemas: a `default` object with a "type" key
+            // is left as sent.
+            for (k, v) in m.iter_mut() {
+                if !matches!(
+                    k.as_str(),
+                    "enum" | "default" | "example" | "const" | "examples"
+                ) {
+                    gemini_to_json_schema(v);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(gemini_to_json_schema),
+        _ => {}
     }
 }
 
@@ -187,6 +231,7 @@ fn tools(config: &LiveConfig) -> Vec<ToolDefinition> {
             let schema = f
                 .extra
                 .get("parametersJsonSchema")
+                .filter(|v| !v.is_null())
                 .or(f.parameters.as_ref())
                 .map(json_schema)
                 .filter(Value::is_object)
@@ -213,7 +258,7 @@ fn model_parts(parts: Vec<Part>) -> ServerContent {
 
 impl EngineSession {
     /// A session with `config` whose requests carry `ids`; [`start`](Self::start) applies
-    /// its tools once the client was told the setup succeeded.
+    /// its tools.
     pub(super) fn new(
         config: &LiveConfig,
         metrics: Arc<Metrics>,
@@ -255,7 +300,8 @@ impl EngineSession {
         })
     }
 
-    /// Declares the config's tools (a refused declaration is answered with `GEMINI_ERROR`).
+    /// Declares the config's tools (a refused declaration is answered with `GEMINI_ERROR`),
+    /// before the caller sends `SETUP_COMPLETE`, on connect and on `UPDATE_CONFIG` alike.
     pub(super) fn start(&mut self, now: Instant, config: &LiveConfig, out: &mut Out) {
         self.input(now, Input::SetTools(tools(config)), out);
     }
@@ -1108,6 +1154,28 @@ mod tests {
             serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}},
                 "required": ["city"]})
         );
+    }
+
+    #[test]
+    fn gemini_schema_quirks_become_json_schema() {
+        // The Android app's shape: unset fields null, a property named "description".
+        let v = serde_json::json!({"type": "OBJECT", "description": null, "enum": null,
+            "properties": {
+                "description": {"type": "STRING", "items": null, "nullable": true},
+                "to": {"type": "ARRAY", "items": {"type": "STRING", "format": null},
+                    "maxItems": "5", "minItems": 1},
+                "any": {"type": "TYPE_UNSPECIFIED", "default": {"type": "KEPT"}}
+            },
+            "required": ["description"], "anyOf": null});
+        assert_eq!(
+            json_schema(&v),
+            serde_json::json!({"type": "object", "properties": {
+                "description": {"type": ["string", "null"], "nullable": true},
+                "to": {"type": "array", "items": {"type": "string"}, "maxItems": 5, "minItems": 1},
+                "any": {"default": {"type": "KEPT"}}
+            }, "required": ["description"]})
+        );
+        assert!(voxgate_mcp::schema::CompiledSchema::compile(&json_schema(&v)).is_ok());
     }
 
     #[test]

@@ -165,3 +165,15 @@ fn emit(out: &mut Out, m: &ServerMessage) {
         out.send(frame);
     }
 }
+
+/// A `LOG_MESSAGE` stamped with the wall clock now (the app drops one without a `date`).
+fn log_message(level: &str, message: String) -> ServerMessage {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    ServerMessage::LogMessage(voxgate_gemini::bridge::LogMessage::new(
+        voxgate_gemini::bridge::iso8601_utc(millis),
+        level,
+        message,
+    ))
+}

@@ -16,14 +16,13 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
-use voxgate_gemini::bridge::LogMessage;
 use voxgate_gemini::live::LIVE_WS_PATH;
 use voxgate_gemini::{
     Blob, BridgeForwarder, ClientMessage, LiveClientMessage, LiveConfig, LiveServerEvent,
     LiveServerMessage, RealtimeInput, ServerMessage,
 };
 
-use super::{GeminiConfig, emit};
+use super::{GeminiConfig, emit, log_message};
 use crate::door::Out;
 use crate::metrics::{Direction, Door, Metrics};
 
@@ -246,14 +245,13 @@ impl PassSession {
                     LiveServerEvent::GoAway(g) => {
                         emit(
                             out,
-                            &ServerMessage::LogMessage(LogMessage {
-                                level: "warn".into(),
-                                message: format!(
+                            &log_message(
+                                "warn",
+                                format!(
                                     "Gemini will close the session in {}.",
                                     g.time_left.as_deref().unwrap_or("a moment")
                                 ),
-                                ..LogMessage::default()
-                            }),
+                            ),
                         );
                     }
                     _ => {}

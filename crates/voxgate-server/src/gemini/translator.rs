@@ -219,8 +219,11 @@ impl GeminiDoor {
                 }
                 match EngineSession::new(&config, Arc::clone(&self.metrics), flags, ids, now) {
                     Ok(mut session) => {
-                        emit(out, &ServerMessage::setup_ok());
+                        // Tool declarations refused (`GEMINI_ERROR`s) come before
+                        // SETUP_COMPLETE, as on UPDATE_CONFIG: an app reading up to
+                        // SETUP_COMPLETE has seen every complaint about its config.
                         session.start(now, &config, out);
+                        emit(out, &ServerMessage::setup_ok());
                         self.backend = Some(Backend::Engine(Box::new(session)));
                         self.initialized = true;
                     }
@@ -635,6 +638,34 @@ mod tests {
             m[0]["payload"]["serverContent"]["modelTurn"]["parts"][0]["text"],
             "fresh"
         );
+    }
+
+    #[test]
+    fn refused_tools_are_reported_before_setup_complete_on_every_path() {
+        let config = |modality: &str| {
+            json!({"generationConfig": {"responseModalities": modality},
+            "tools": [{"functionDeclarations": [
+                {"name": "bad", "parameters": {"type": "OBJECT", "properties": {"x": {"type": "COLOUR"}}}},
+                // The Android app's nulls are no reason to refuse a declaration.
+                {"name": "good", "parameters": {"type": "OBJECT", "description": null,
+                    "properties": {"x": {"type": "STRING", "enum": null, "items": null}}}}
+            ]}]})
+        };
+        let mut h = Harness::engine();
+        h.connect(config("TEXT"));
+        let m = h.messages();
+        assert_eq!(
+            kinds(&m),
+            ["GEMINI_CONNECTED", "GEMINI_ERROR", "SETUP_COMPLETE"],
+            "{m:#?}"
+        );
+        assert!(m[1]["payload"]["message"].as_str().unwrap().contains("bad"));
+        // In place (same modality), then as a new session (another modality).
+        for modality in ["TEXT", "AUDIO"] {
+            h.client(json!({"type": "UPDATE_CONFIG", "payload": config(modality)}));
+            let m = h.messages();
+            assert_eq!(kinds(&m), ["GEMINI_ERROR", "SETUP_COMPLETE"], "{m:#?}");
+        }
     }
 
     #[test]
