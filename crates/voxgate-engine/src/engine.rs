@@ -28,6 +28,10 @@ use crate::types::{
 /// answered and later contexts stay valid.
 const CANCELLED_CALL: &str = "the call was cancelled before it finished";
 
+/// The face a reply that failed before its first word shows on doors with an emotion channel:
+/// the firmware faces' `confused` ([`crate::emotion::FACES`]).
+const FAILURE_FACE: &str = "🙄";
+
 /// One conversation as a sans-IO machine. See the crate docs for the drive loop.
 #[derive(Debug)]
 pub struct Engine {
@@ -763,6 +767,11 @@ impl Engine {
                     category: ErrorCategory::Inference,
                     message,
                 });
+                // With an emotion channel, a reply that failed before saying anything shows a
+                // puzzled face rather than the default (usually happy) one.
+                if self.config.emotion.is_some() && self.reply.nothing_said() {
+                    self.reply_text(now, FAILURE_FACE);
+                }
                 self.end_reply_text(now);
             }
             _ => self.stale_events += 1,

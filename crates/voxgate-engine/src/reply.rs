@@ -270,6 +270,14 @@ impl Reply {
         self.route(text, next)
     }
 
+    /// Whether the response has received no text yet and its emotion is still to be settled
+    /// (a reply that fails now has said nothing).
+    pub(crate) fn nothing_said(&self) -> bool {
+        self.resp
+            .as_ref()
+            .is_some_and(|r| r.emotion_buf.as_deref() == Some(""))
+    }
+
     /// Decides the face from the held start of the reply (with `policy`; without one it is
     /// only stripped of emoji later) and routes the rest. Nothing when already settled.
     pub(crate) fn settle_emotion(

@@ -751,3 +751,34 @@ fn a_generation_that_fails_at_once_still_ends_the_turn() {
     let (next, _) = generate(&d.input(text("again")));
     assert_ne!(next, id);
 }
+
+/// On a door with an emotion channel, a reply that failed before its first word shows a
+/// puzzled face, not the default one, and says nothing.
+#[test]
+fn a_failed_reply_shows_a_puzzled_face() {
+    let mut d = Driver::new(EngineConfig {
+        emotion: Some(EmojiPolicy::faces()),
+        ..EngineConfig::default()
+    });
+    let (id, _) = generate(&d.input(text("hi")));
+    d.provider(ProviderEvent::Failed {
+        id,
+        message: "refused".into(),
+    });
+    d.advance(1000 * MS);
+    let events = d.client_events();
+    let faces: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::Emotion { emotion, .. } => Some(*emotion),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(faces, [Emotion::Confused], "{events:?}");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::SentenceStart { .. })),
+        "{events:?}"
+    );
+}

@@ -1337,3 +1337,24 @@ async fn shutdown_sends_gemini_disconnected_then_closes_with_1001() {
     assert_eq!(u16::from(close.code), 1001);
     tokio::time::timeout(WAIT, stopping).await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_failing_model_still_completes_the_turn() {
+    let server = Running::start_with(Config::default(), support::refusing_llm()).await;
+    let mut ws = session(
+        format!("ws://{}/gemini", server.addr),
+        live_config(&json!(["text"])),
+    )
+    .await;
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hello"}], "turnComplete": true}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert!(
+        turn.iter().any(|m| kind(m) == "GEMINI_ERROR"),
+        "the failure is reported before TURN_COMPLETE: {turn:?}"
+    );
+    server.stop().await;
+}

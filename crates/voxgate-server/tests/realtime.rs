@@ -565,3 +565,40 @@ async fn health_and_metrics() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_failing_model_still_ends_the_response() {
+    let server = Running::start_with(Config::default(), support::refusing_llm()).await;
+    let mut ws = initialized(server.addr, "/realtime").await;
+    send(
+        &mut ws,
+        &ServiceBoundMessage::user_text(1, InferenceTriggerMode::Queue, "hello"),
+    )
+    .await;
+    let mut seen = Vec::new();
+    loop {
+        let p = recv_payload(&mut ws).await;
+        let end = matches!(p, Down::ResponseEnd(_));
+        seen.push(p);
+        if end {
+            break;
+        }
+    }
+    let error = seen
+        .iter()
+        .find_map(|p| match p {
+            Down::Error(e) => Some(e.clone()),
+            _ => None,
+        })
+        .expect("the failure is reported before the response ends");
+    assert_eq!(error.category, SessionErrorCategory::ErrorInference as i32);
+    assert!(error.message.contains("error id"), "{}", error.message);
+    // The session goes on.
+    send(&mut ws, &ServiceBoundMessage::ping()).await;
+    loop {
+        if matches!(recv_payload(&mut ws).await, Down::Pong(_)) {
+            break;
+        }
+    }
+    server.stop().await;
+}

@@ -1111,3 +1111,29 @@ async fn the_first_turn_after_the_hello_sees_the_device_tools() {
     assert_eq!(call["params"]["name"], "self.get_device_status");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_failing_model_shows_an_error_face_and_stops() {
+    let server = Running::start_with(Config::default(), support::refusing_llm()).await;
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    dev.hello(ProtocolVersion::V1, false).await;
+    dev.detect("hello").await;
+    let evs = dev.until_tts_stop().await;
+    let llm: Vec<&Value> = evs
+        .iter()
+        .filter_map(Ev::json)
+        .filter(|v| v["type"] == "llm")
+        .collect();
+    assert!(
+        llm.iter().all(|v| v["emotion"] != "happy"),
+        "no happy face for a failure: {llm:?}"
+    );
+    assert!(
+        llm.iter().any(|v| v["emotion"] == "confused"),
+        "an error face: {evs:?}"
+    );
+    // The device can go on.
+    dev.detect("again").await;
+    dev.until_tts_stop().await;
+    server.stop().await;
+}

@@ -451,3 +451,23 @@ pub async fn wait_tools(addr: SocketAddr, check: impl Fn(&[String]) -> bool) -> 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A language model whose every call fails at once, the way a refused connection does.
+#[derive(Debug)]
+pub struct RefusingLlm;
+
+impl voxgate_providers::Llm for RefusingLlm {
+    fn generate(&self, _request: voxgate_providers::LlmRequest) -> voxgate_providers::LlmStream {
+        Box::pin(futures::stream::iter([voxgate_providers::LlmEvent::Error(
+            voxgate_providers::ProviderError::Connect("connection refused".into()),
+        )]))
+    }
+}
+
+/// The embedded providers with a [`RefusingLlm`].
+pub fn refusing_llm() -> Providers {
+    Providers {
+        llm: Arc::new(RefusingLlm),
+        ..Providers::embedded()
+    }
+}
