@@ -1,7 +1,9 @@
 //! Retell's side of the custom-LLM WebSocket, driven by [`voxgate_retell::RetellDriver`]:
 //! connect to `/llm-websocket/{call_id}`, answer `config` (send `call_details` when asked),
 //! wait for the begin message, then say each user utterance and wait for the agent's complete
-//! response; ping_pong and reminders run on the driver's timers.
+//! response; ping_pong and reminders run on the driver's timers. After a lost connection it
+//! reconnects as Retell does (same URL, at most twice) and still waits for the answer that was
+//! streaming: the driver asks for it again under the same id, and it is read from its start.
 
 use std::time::Duration;
 
