@@ -1,7 +1,9 @@
 //! Retell's side of the custom-LLM WebSocket, driven by [`voxgate_retell::RetellDriver`]:
 //! connect to `/llm-websocket/{call_id}`, answer `config` (send `call_details` when asked),
 //! wait for the begin message, then say each user utterance and wait for the agent's complete
-//! response; ping_pong and reminders run on the driver's timers.
+//! response; ping_pong and reminders run on the driver's timers. After a lost connection it
+//! reconnects as Retell does (same URL, at most twice) and still waits for the answer that was
+//! streaming: the driver asks for it again under the same id, and it is read from its start.
 
 use std::time::Duration;
 
@@ -71,6 +73,12 @@ pub fn call_id_of(url: &str) -> String {
         .to_owned()
 }
 
+/// Milliseconds since the Unix epoch at `t` (0 for a clock set before 1970).
+fn epoch_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Plays one call, emitting every event to `events`.
 ///
 /// # Errors
@@ -84,9 +92,11 @@ pub async fn run(opts: &RetellOptions, events: &mut Events) -> anyhow::Result<Re
     cfg.call.call_status = "ongoing".into();
     // The client plays a scripted user: no reminders unless the server configures them.
     cfg.reminder_trigger = None;
-    let mut driver = RetellDriver::new(cfg);
     let fields = json!({"call_id": call_id_of(&opts.url)});
     let mut ws = ws::open(&opts.url, &[], opts.timeout, events, fields).await?;
+    // Retell's ping timestamps are epoch milliseconds; the driver counts on from this one.
+    cfg.epoch_ms = epoch_ms(std::time::SystemTime::now());
+    let mut driver = RetellDriver::new(cfg);
     driver.handle_input(std::time::Instant::now(), DriverInput::Connected);
 
     let mut out = RetellOutcome::default();
@@ -296,5 +306,12 @@ mod tests {
         assert_eq!(call_id_of("ws://h:1/llm-websocket/call_42/"), "call_42");
         assert_eq!(call_id_of("wss://h/llm-websocket/abc?x=1"), "abc");
         assert_eq!(call_id_of("ws://h:1"), "call_voxgate_client");
+    }
+
+    #[test]
+    fn ping_timestamps_are_epoch_milliseconds() {
+        let t = std::time::UNIX_EPOCH + Duration::from_millis(1_764_000_000_123);
+        assert_eq!(epoch_ms(t), 1_764_000_000_123);
+        assert_eq!(epoch_ms(std::time::UNIX_EPOCH - Duration::from_secs(1)), 0);
     }
 }

@@ -510,6 +510,61 @@ pub(crate) fn strip_chunk(text: &str, reply_start: bool) -> String {
     out
 }
 
+/// Emoji removal for a reply streamed in fragments, for outputs that show or speak the text but
+/// have no face to put an emoji on (a text-only reply here; a door whose protocol has no emotion
+/// channel, such as Retell's spoken content). Each fragment loses its emoji while the spaces
+/// between words survive the fragment boundaries: `"see you "` + `"👋"` + `" soon"` reads
+/// `"see you soon"`, and a reply's leading emoji leaves no leading space.
+///
+/// ```
+/// use voxgate_engine::emotion::FragmentStripper;
+///
+/// let mut s = FragmentStripper::new();
+/// let out: Vec<String> = ["😊 ", "You ", "said ", "🎉 ", "hi ", "👋", " there"]
+///     .iter()
+///     .map(|f| s.push(f))
+///     .collect();
+/// assert_eq!(out.concat(), "You said hi there");
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct FragmentStripper {
+    /// Some text was let through (until then, leading spaces are dropped).
+    started: bool,
+    /// The text let through last ended in whitespace.
+    ends_with_space: bool,
+    /// The last fragment with text ended in an emoji (removed).
+    emoji_gap: bool,
+}
+
+impl FragmentStripper {
+    /// A stripper at the start of a reply.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The next fragment without emoji (possibly empty: nothing to send).
+    pub fn push(&mut self, fragment: &str) -> String {
+        let mut out = strip_chunk(fragment, !self.started);
+        // "see you " + "👋" + " soon" (or "see " + "👋 " + "you"): the spaces on both sides of
+        // a removed emoji arrive in different fragments; keep one.
+        if (self.emoji_gap || contains_emoji(fragment)) && self.ends_with_space {
+            out = out.trim_start().to_owned();
+        }
+        if !fragment.trim().is_empty() {
+            self.emoji_gap =
+                fragment.trim_end().chars().next_back().is_some_and(|c| {
+                    extends_emoji(c) || contains_emoji(c.encode_utf8(&mut [0; 4]))
+                });
+        }
+        if !out.is_empty() {
+            self.started = true;
+            self.ends_with_space = out.ends_with(char::is_whitespace);
+        }
+        out
+    }
+}
+
 /// Whether `c` continues an emoji cluster (ZWJ, variation selectors, skin tones, keycap,
 /// tag characters, the second regional indicator of a flag): a grapheme followed by one of
 /// these is not complete yet.

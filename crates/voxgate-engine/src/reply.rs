@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use voxgate_turn::{AudioSpan, Input as TurnInput};
 
 use crate::config::{EngineConfig, OutputAudio};
-use crate::emotion::{self, EmojiPolicy, extends_emoji, lead_settled, strip_chunk};
+use crate::emotion::{self, EmojiPolicy, FragmentStripper, lead_settled};
 use crate::history::AudioData;
 use crate::playback::Ledger;
 use crate::provider::{ProviderEvent, ProviderRequest};
@@ -62,10 +62,8 @@ struct Response {
     generation_ended: bool,
     end_sent: bool,
     asks_question: bool,
-    /// Text-only replies: everything shown so far.
-    shown: String,
-    /// Text-only replies: the last fragment with text ended in an emoji (removed).
-    emoji_gap: bool,
+    /// Text-only replies: emoji removal across fragments.
+    stripper: FragmentStripper,
     /// Spoken replies: each delivered sentence's audio, in ledger segment order.
     spoken: Vec<AudioData>,
 }
@@ -188,8 +186,7 @@ impl Reply {
             generation_ended: false,
             end_sent: false,
             asks_question: false,
-            shown: String::new(),
-            emoji_gap: false,
+            stripper: FragmentStripper::new(),
             spoken: Vec::new(),
         });
     }
@@ -334,17 +331,7 @@ impl Reply {
                 ..Routed::default()
             };
         }
-        let mut out = strip_chunk(text, r.shown.is_empty());
-        // "see you " + "👋" + " soon": the spaces on both sides of a removed emoji arrive in
-        // different fragments; keep one.
-        if r.emoji_gap && r.shown.ends_with(char::is_whitespace) {
-            out = out.trim_start().to_owned();
-        }
-        if !text.trim().is_empty() {
-            r.emoji_gap = text.trim_end().chars().next_back().is_some_and(|c| {
-                extends_emoji(c) || emotion::contains_emoji(c.encode_utf8(&mut [0; 4]))
-            });
-        }
+        let out = r.stripper.push(text);
         Routed {
             chunk: self.text_chunk(out),
             ..Routed::default()
@@ -386,7 +373,6 @@ impl Reply {
         if text.is_empty() || r.generation_ended {
             return None;
         }
-        r.shown.push_str(&text);
         let turn = r.turn;
         let events = vec![ClientEvent::TextFragment {
             turn,

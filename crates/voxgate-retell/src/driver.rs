@@ -172,6 +172,8 @@ pub struct RetellDriver {
     items: Vec<TranscriptItem>,
     /// Ids requested so far; the highest is the only one whose answer is used.
     last_requested: Option<u64>,
+    /// What the latest request asked for, to ask again after a reconnect.
+    last_kind: RequestKindWire,
     streaming: Option<Streaming>,
     completed: BTreeSet<u64>,
     begin_done: bool,
@@ -199,6 +201,7 @@ impl RetellDriver {
             server_config: ConfigBody::default(),
             items: Vec::new(),
             last_requested: None,
+            last_kind: RequestKindWire::Response,
             streaming: None,
             completed: BTreeSet::new(),
             begin_done: false,
@@ -352,6 +355,7 @@ impl RetellDriver {
     }
 
     fn on_connected(&mut self, now: Instant) {
+        let reconnect = self.start.is_some();
         self.start.get_or_insert(now);
         self.connected = true;
         // The call keeps its config across reconnects (so pinging resumes at once); the
@@ -359,6 +363,15 @@ impl RetellDriver {
         self.details_sent = false;
         self.last_ping_sent = self.pinging().then_some(now);
         self.last_heard = Some(now);
+        if reconnect
+            && let Some(id) = self.last_requested
+            && !self.completed.contains(&id)
+        {
+            // The answer was cut off with the old socket and is still wanted: ask again
+            // under the same id (a server that resumes the call may already be answering it
+            // again; one that does not starts now). Its chunks count from the start.
+            self.send_request(id, self.last_kind);
+        }
     }
 
     fn on_disconnected(&mut self) {
@@ -447,6 +460,11 @@ impl RetellDriver {
         }
         let id = self.last_requested.map_or(1, |i| i + 1);
         self.last_requested = Some(id);
+        self.last_kind = kind;
+        self.send_request(id, kind);
+    }
+
+    fn send_request(&mut self, id: u64, kind: RequestKindWire) {
         self.streaming = None;
         let body = ResponseRequest {
             response_id: id,
@@ -748,6 +766,53 @@ mod tests {
             [DriverOutput::CallEnded(EndReason::ServerClosed)]
         );
         assert!(d.is_ended());
+    }
+
+    #[test]
+    fn a_response_cut_off_by_a_reconnect_is_asked_again_and_read_from_its_start() {
+        let now = Instant::now();
+        let mut d = asked(now);
+        recv(
+            &mut d,
+            now,
+            r#"{"response_type":"config","config":{"auto_reconnect":true}}"#,
+        );
+        recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":1,"content":"Once upon","content_complete":false}"#,
+        );
+        d.handle_input(now, DriverInput::Disconnected);
+        assert_eq!(drain(&mut d), [DriverOutput::Reconnect { attempt: 1 }]);
+        d.handle_input(now, DriverInput::Connected);
+        let out = drain(&mut d);
+        assert!(
+            matches!(&out[..], [DriverOutput::Send(RetellEvent::ResponseRequired(r))] if r.response_id == 1 && r.transcript.len() == 1),
+            "{out:?}"
+        );
+        // The answer starts over on the new socket: only its chunks make the spoken text.
+        recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":1,"content":"Once upon ","content_complete":false}"#,
+        );
+        let out = recv(
+            &mut d,
+            now,
+            r#"{"response_type":"response","response_id":1,"content":"a time.","content_complete":true}"#,
+        );
+        assert!(out.contains(&DriverOutput::AgentSpoke {
+            response_id: 1,
+            content: "Once upon a time.".into()
+        }));
+        // Answered: the next reconnect asks nothing again.
+        d.handle_input(now, DriverInput::Disconnected);
+        d.handle_input(now, DriverInput::Connected);
+        assert!(
+            !drain(&mut d)
+                .iter()
+                .any(|o| matches!(o, DriverOutput::Send(RetellEvent::ResponseRequired(_))))
+        );
     }
 
     #[test]

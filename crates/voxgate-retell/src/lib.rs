@@ -38,7 +38,9 @@
 //!
 //! Keep one tracker per `call_id` for the whole call, not per socket: a reconnect is
 //! `handle_input(now, Connected { call_id })` on the same tracker, which sends the config
-//! again and not the begin message. Close the socket only with code 1000 (anything else ends
+//! again and not the begin message, and generates an answer the old socket cut off again
+//! from its start under the same `response_id` (a [`TrackerOutput::Generate`] right after the
+//! config). Close the socket only with code 1000 (anything else ends
 //! the call as an error on Retell's side); on an internal error send an apology response.
 //!
 //! # Example

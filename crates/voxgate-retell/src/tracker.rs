@@ -201,6 +201,9 @@ pub struct TrackerStats {
     pub stale_chunks_dropped: u64,
     /// Responses stopped because a newer request arrived or the socket dropped.
     pub responses_stopped: u64,
+    /// Responses cut off by a dropped socket and generated again from the start after the
+    /// reconnect.
+    pub responses_restarted: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,6 +211,23 @@ struct Current {
     id: u64,
     complete: bool,
     stopped: bool,
+    /// Stopped because its socket dropped, not because a newer request superseded it: the
+    /// next connection generates it again.
+    cut_off: bool,
+    /// The connection (counted from 1) it was asked or restarted on.
+    connection: u32,
+}
+
+impl Current {
+    fn open(id: u64, connection: u32) -> Self {
+        Current {
+            id,
+            complete: false,
+            stopped: false,
+            cut_off: false,
+            connection,
+        }
+    }
 }
 
 /// The server side of one Retell call, across reconnects.
@@ -221,6 +241,9 @@ pub struct ResponseTracker {
     connected: bool,
     begin_sent: bool,
     current: Option<Current>,
+    /// The request `current` answers, kept until its response completes or is superseded, so
+    /// a response cut off by a dropped socket can be generated again after the reconnect.
+    pending: Option<Generate>,
     keepalive: bool,
     /// Retell's last ping: when it arrived and its timestamp (our only wall clock).
     last_ping: Option<(Instant, u64)>,
@@ -247,6 +270,7 @@ impl ResponseTracker {
             connected: false,
             begin_sent: false,
             current: None,
+            pending: None,
             keepalive,
             last_ping: None,
             last_sent_ping: None,
@@ -384,6 +408,19 @@ impl ResponseTracker {
             self.out
                 .push_back(TrackerOutput::Send(ServerEvent::Config(c.clone())));
         }
+        if !first
+            && let Some(c) = self.current.as_mut()
+            && c.cut_off
+            && let Some(g) = self.pending.clone()
+            && g.response_id == c.id
+        {
+            // The response was cut off with the old socket and Retell still waits for it
+            // (it only ever wants the latest id): generate it again, from the start, under the
+            // same id. A repeat of the request on this socket is then one we are answering.
+            *c = Current::open(c.id, self.stats.connections);
+            self.stats.responses_restarted += 1;
+            self.out.push_back(TrackerOutput::Generate(g));
+        }
         if first {
             match &self.cfg.begin {
                 BeginMessage::Immediately(text) => {
@@ -392,17 +429,15 @@ impl ResponseTracker {
                 }
                 BeginMessage::AfterCallDetails(_) => {}
                 BeginMessage::Manual => {
-                    self.current = Some(Current {
-                        id: 0,
-                        complete: false,
-                        stopped: false,
-                    });
-                    self.out.push_back(TrackerOutput::Generate(Generate {
+                    self.current = Some(Current::open(0, self.stats.connections));
+                    let g = Generate {
                         response_id: 0,
                         kind: RequestKind::Begin,
                         transcript: Vec::new(),
                         transcript_with_tool_calls: None,
-                    }));
+                    };
+                    self.pending = Some(g.clone());
+                    self.out.push_back(TrackerOutput::Generate(g));
                 }
             }
         }
@@ -414,12 +449,14 @@ impl ResponseTracker {
             return;
         }
         self.connected = false;
-        // The socket that asked is gone; Retell asks again after reconnecting.
+        // The socket that asked is gone: stop streaming into it. The request stays owed: the
+        // next connection (a resume) generates it again from the start.
         if let Some(c) = self.current.as_mut()
             && !c.complete
             && !c.stopped
         {
             c.stopped = true;
+            c.cut_off = true;
             self.stats.responses_stopped += 1;
             self.out
                 .push_back(TrackerOutput::Stop { response_id: c.id });
@@ -429,10 +466,10 @@ impl ResponseTracker {
     fn send_begin(&mut self, text: String) {
         self.begin_sent = true;
         self.current = Some(Current {
-            id: 0,
             complete: true,
-            stopped: false,
+            ..Current::open(0, self.stats.connections)
         });
+        self.pending = None;
         self.out
             .push_back(TrackerOutput::Send(ServerEvent::Response(Response::chunk(
                 0, text, true,
@@ -475,8 +512,12 @@ impl ResponseTracker {
 
     fn on_request(&mut self, r: ResponseRequest, kind: RequestKind) {
         if let Some(c) = self.current.as_mut() {
-            if c.id == r.response_id && !c.stopped {
-                // A repeat of a request we are answering (or answered): one answer is enough.
+            // A repeat of a request we are answering (or answered, or restarted after a
+            // reconnect): one answer is enough. Except an answer completed on an earlier
+            // socket: asked again after a reconnect, it was lost with that socket (sent, but
+            // never read), so it is generated again.
+            let lost = c.complete && c.connection != self.stats.connections;
+            if c.id == r.response_id && !c.stopped && !lost {
                 return;
             }
             if c.id != r.response_id && !c.complete && !c.stopped {
@@ -489,17 +530,15 @@ impl ResponseTracker {
         // A request means the conversation is under way: a pending begin is moot.
         self.begin_sent = true;
         // The latest request wins, even with a lower id (Retell restarting its counter).
-        self.current = Some(Current {
-            id: r.response_id,
-            complete: false,
-            stopped: false,
-        });
-        self.out.push_back(TrackerOutput::Generate(Generate {
+        self.current = Some(Current::open(r.response_id, self.stats.connections));
+        let g = Generate {
             response_id: r.response_id,
             kind,
             transcript: r.transcript,
             transcript_with_tool_calls: r.transcript_with_tool_calls,
-        }));
+        };
+        self.pending = Some(g.clone());
+        self.out.push_back(TrackerOutput::Generate(g));
     }
 
     fn on_send(&mut self, now: Instant, ev: ServerEvent) -> Result<(), TrackerError> {
@@ -519,6 +558,10 @@ impl ResponseTracker {
                     return Err(TrackerError::NotConnected);
                 }
                 c.complete = r.content_complete;
+                if c.complete {
+                    // Answered: nothing to generate again after a reconnect.
+                    self.pending = None;
+                }
                 if c.id == 0 {
                     self.begin_sent = true;
                 }
@@ -635,12 +678,13 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_request_is_answered_once_unless_it_was_stopped() {
+    fn a_repeated_request_is_answered_once() {
         let (mut t, now) = connected(TrackerConfig::default());
         t.handle_input(now, request(1)).unwrap();
         t.handle_input(now, request(1)).unwrap();
         assert_eq!(generated(&drain(&mut t)), [1]);
-        // The socket drops mid-answer; after the reconnect Retell asks with the same id.
+        // The socket drops mid-answer; the reconnect generates it again at once, and Retell
+        // asking again with the same id on the new socket gets no second answer.
         t.handle_input(now, TrackerInput::Disconnected).unwrap();
         assert_eq!(drain(&mut t), [TrackerOutput::Stop { response_id: 1 }]);
         t.handle_input(
@@ -653,6 +697,78 @@ mod tests {
         t.handle_input(now, request(1)).unwrap();
         assert_eq!(generated(&drain(&mut t)), [1]);
         assert!(t.is_current(1));
+    }
+
+    /// Drops the socket and opens a new one; what the new connection put out.
+    fn reconnect(t: &mut ResponseTracker, now: Instant) -> Vec<TrackerOutput> {
+        drain(t);
+        t.handle_input(now, TrackerInput::Disconnected).unwrap();
+        drain(t);
+        t.handle_input(
+            now,
+            TrackerInput::Connected {
+                call_id: "c1".into(),
+            },
+        )
+        .unwrap();
+        drain(t)
+    }
+
+    #[test]
+    fn a_response_cut_off_by_a_dropped_socket_is_generated_again_after_the_reconnect() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        let words = vec![Utterance::new(Role::User, "tell me a story")];
+        let asked = TrackerInput::Received(RetellEvent::ResponseRequired(ResponseRequest {
+            response_id: 3,
+            transcript: words.clone(),
+            ..ResponseRequest::default()
+        }));
+        t.handle_input(now, asked).unwrap();
+        t.handle_input(now, chunk(3, false)).unwrap();
+        drain(&mut t);
+        let out = reconnect(&mut t, now);
+        // Config first, then the same request again (same id, same transcript).
+        assert!(matches!(
+            out[0],
+            TrackerOutput::Send(ServerEvent::Config(_))
+        ));
+        let again: Vec<_> = out
+            .iter()
+            .filter_map(|o| match o {
+                TrackerOutput::Generate(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].response_id, &again[0].transcript), (3, &words));
+        assert!(t.is_current(3));
+        assert_eq!(t.stats().responses_restarted, 1);
+        // The restarted response streams from its start and completes normally.
+        t.handle_input(now, chunk(3, false)).unwrap();
+        t.handle_input(now, chunk(3, true)).unwrap();
+        // Complete: a later reconnect has nothing to generate again.
+        assert_eq!(generated(&reconnect(&mut t, now)), Vec::<u64>::new());
+        // Unless Retell asks for it again: the answer was lost with the old socket.
+        t.handle_input(now, request(3)).unwrap();
+        assert_eq!(generated(&drain(&mut t)), [3]);
+        // On the socket that answered it, a repeat is still just a repeat.
+        t.handle_input(now, chunk(3, true)).unwrap();
+        t.handle_input(now, request(3)).unwrap();
+        assert_eq!(generated(&drain(&mut t)), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn superseded_and_completed_responses_are_not_generated_again() {
+        let (mut t, now) = connected(TrackerConfig::default());
+        t.handle_input(now, request(1)).unwrap();
+        t.handle_input(now, chunk(1, true)).unwrap();
+        assert_eq!(generated(&reconnect(&mut t, now)), Vec::<u64>::new());
+        // Superseded by a newer request, which is then cut off: only the newer one returns.
+        t.handle_input(now, request(2)).unwrap();
+        t.handle_input(now, request(3)).unwrap();
+        drain(&mut t);
+        assert_eq!(generated(&reconnect(&mut t, now)), [3]);
+        assert_eq!(t.stats().responses_restarted, 1);
     }
 
     #[test]

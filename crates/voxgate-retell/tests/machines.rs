@@ -373,15 +373,23 @@ fn stalled_server_makes_retell_reconnect_and_the_call_resumes() {
     assert_eq!(w.stops, vec![2]);
     assert_eq!(w.server.stats().connections, 2);
 
-    // The network heals; the same call_id resumes rather than restarts.
+    // The network heals; the same call_id resumes rather than restarts, and response 2, cut
+    // off with the old socket, is generated again from its start under the same id.
     w.server_stalled = false;
-    w.reply(2, "open at ten.", true);
-    assert_eq!(w.server.stats().stale_chunks_dropped, 1);
+    let g = w.last_generate().clone();
+    assert_eq!(g.response_id, 2);
+    assert_eq!(g.transcript.len(), 4, "history survives the reconnect");
+    assert_eq!(w.server.stats().responses_restarted, 1);
+    w.reply(2, "On weekends we open at ten.", true);
+    assert_eq!(
+        w.spoken.last().unwrap(),
+        &(2, "On weekends we open at ten.".to_owned())
+    );
     w.retell(DriverInput::RequestResponse);
     let g = w.last_generate().clone();
     assert_eq!(g.response_id, 3);
-    assert_eq!(g.transcript.len(), 4, "history survives the reconnect");
-    w.reply(3, "On weekends we open at ten.", true);
+    assert_eq!(g.transcript.len(), 5);
+    w.reply(3, "Anything else?", true);
     assert_eq!(w.spoken.last().unwrap().0, 3);
     // No second greeting, config sent again on the new socket.
     let begins = w

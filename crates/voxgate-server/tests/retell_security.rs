@@ -246,12 +246,12 @@ async fn with_a_secret_only_the_right_one_opens_the_socket() {
         // The right secret in the path: a working call.
         let mut call = Socket::new(open(addr, &with_secret("call_p")).await.unwrap());
         call.begun().await;
-        assert_eq!(call.ask(1, "hello").await, "😊 You said: hello");
+        assert_eq!(call.ask(1, "hello").await, "You said: hello");
         // ... and in the query.
         let query = format!("/llm-websocket/call_q?secret={SECRET}");
         let mut call = Socket::new(open(addr, &query).await.unwrap());
         call.begun().await;
-        assert_eq!(call.ask(1, "hi").await, "😊 You said: hi");
+        assert_eq!(call.ask(1, "hi").await, "You said: hi");
         server.stop().await;
     })
     .await;
@@ -268,7 +268,7 @@ async fn without_a_secret_todays_urls_work_and_urls_with_one_are_refused() {
         let server = Running::start(config(|c| c.retell.begin_message = "Hi.".into())).await;
         let mut call = Socket::new(open(server.addr, "/llm-websocket/call_open").await.unwrap());
         call.begun().await;
-        assert_eq!(call.ask(1, "hello").await, "😊 You said: hello");
+        assert_eq!(call.ask(1, "hello").await, "You said: hello");
         // A URL with a secret the server does not have: refused, so an operator who pasted
         // one does not run unprotected without knowing.
         let path = "/llm-websocket/some-secret/call_other";
@@ -289,16 +289,16 @@ async fn a_second_socket_for_a_live_call_is_refused_and_the_first_keeps_answerin
         let addr = server.addr;
         let mut first = Socket::new(open(addr, &with_secret("call_live")).await.unwrap());
         first.begun().await;
-        assert_eq!(first.ask(1, "one").await, "😊 You said: one");
+        assert_eq!(first.ask(1, "one").await, "You said: one");
         // A takeover attempt with the right secret, path or query form: 409 (after the
         // reconnect grace); meanwhile and afterwards the first socket answers as before.
         let path = with_secret("call_live");
         let (status, answer) = tokio::join!(refused(addr, &path), first.ask(2, "two"));
         assert_eq!(status, 409);
-        assert_eq!(answer, "😊 You said: two");
+        assert_eq!(answer, "You said: two");
         let query = format!("/llm-websocket/call_live?secret={SECRET}");
         assert_eq!(refused(addr, &query).await, 409);
-        assert_eq!(first.ask(3, "three").await, "😊 You said: three");
+        assert_eq!(first.ask(3, "three").await, "You said: three");
         assert_eq!(server.metrics.active_sessions(Door::Retell), 1);
         // Without the secret the answer is 401, not 409: it says nothing about the call.
         assert_eq!(refused(addr, "/llm-websocket/call_live").await, 401);
@@ -314,14 +314,14 @@ async fn a_reconnect_after_the_socket_closed_resumes_the_call() {
         let addr = server.addr;
         let mut first = Socket::new(open(addr, &with_secret("call_rc")).await.unwrap());
         first.begun().await;
-        assert_eq!(first.ask(1, "one").await, "😊 You said: one");
+        assert_eq!(first.ask(1, "one").await, "You said: one");
         assert!(first.got_a_fresh_start());
 
         // Retell closes the socket and reconnects at once (the reconnect may reach the
         // server before the close has been handled: the grace covers it).
         first.ws.close(None).await.unwrap();
         let mut second = Socket::new(open(addr, &with_secret("call_rc")).await.unwrap());
-        assert_eq!(second.ask(2, "two").await, "😊 You said: two");
+        assert_eq!(second.ask(2, "two").await, "You said: two");
         assert_eq!(second.frames[0]["response_type"], "config");
         assert!(!second.got_a_fresh_start(), "{:#?}", second.frames);
 
@@ -329,7 +329,7 @@ async fn a_reconnect_after_the_socket_closed_resumes_the_call() {
         drop(second);
         let query = format!("/llm-websocket/call_rc?secret={SECRET}");
         let mut third = Socket::new(open(addr, &query).await.unwrap());
-        assert_eq!(third.ask(3, "three").await, "😊 You said: three");
+        assert_eq!(third.ask(3, "three").await, "You said: three");
         assert!(!third.got_a_fresh_start(), "{:#?}", third.frames);
         third.ws.close(None).await.unwrap();
         server.sessions_drain(Door::Retell).await;
@@ -360,12 +360,12 @@ async fn two_reconnects_at_once_one_wins() {
         };
         assert_eq!(loser.0, 409, "{}", loser.1);
         let mut winner = Socket::new(winner);
-        assert_eq!(winner.ask(1, "who won?").await, "😊 You said: who won?");
+        assert_eq!(winner.ask(1, "who won?").await, "You said: who won?");
         assert!(!winner.got_a_fresh_start(), "{:#?}", winner.frames);
         // Once the winner leaves, the call is free again.
         winner.ws.close(None).await.unwrap();
         let mut next = Socket::new(open(addr, &path).await.unwrap());
-        assert_eq!(next.ask(2, "me now").await, "😊 You said: me now");
+        assert_eq!(next.ask(2, "me now").await, "You said: me now");
         server.stop().await;
     })
     .await;
@@ -383,7 +383,7 @@ async fn after_the_resume_window_a_reconnect_starts_a_new_call() {
         // Longer than the window after the socket closed.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let mut again = Socket::new(open(addr, &with_secret("call_late")).await.unwrap());
-        assert_eq!(again.ask(1, "new call?").await, "😊 You said: new call?");
+        assert_eq!(again.ask(1, "new call?").await, "You said: new call?");
         // A new call: the begin message and update_agent again.
         let kinds: Vec<_> = again.frames.iter().map(|f| &f["response_type"]).collect();
         assert_eq!(kinds[..3], ["config", "response", "update_agent"]);
@@ -405,7 +405,7 @@ async fn a_refused_socket_does_not_count_against_the_call() {
         for _ in 0..3 {
             assert_eq!(refused(addr, "/llm-websocket/nope/call_keep").await, 403);
         }
-        assert_eq!(call.ask(1, "still mine").await, "😊 You said: still mine");
+        assert_eq!(call.ask(1, "still mine").await, "You said: still mine");
         let mut ws = call.ws;
         ws.send(Message::Close(None)).await.unwrap();
         server.sessions_drain(Door::Retell).await;

@@ -11,6 +11,7 @@ use std::time::{Instant, SystemTime};
 
 use axum::extract::ws::WebSocket;
 use tokio::sync::mpsc;
+use voxgate_engine::emotion::{self, FragmentStripper};
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall, ToolSpec};
 use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnId};
 use voxgate_retell::{
@@ -135,6 +136,9 @@ struct Active {
     /// The previous round's text ended without a space: the next round's text needs one, or
     /// Retell would speak the two glued together.
     space_before_next: bool,
+    /// Retell speaks `content` and has no emotion channel: the model's emoji (the demo agent
+    /// starts every reply with one) are removed across the whole response, not read aloud.
+    stripper: FragmentStripper,
 }
 
 /// What a finished response asks Retell to do once it is spoken.
@@ -262,6 +266,7 @@ impl RetellSession {
             action: None,
             tools_used: Vec::new(),
             space_before_next: false,
+            stripper: FragmentStripper::new(),
         };
         self.generate(&mut active, out);
         self.active = Some(active);
@@ -304,7 +309,12 @@ impl RetellSession {
         match event {
             ProviderEvent::TextDelta { delta, .. } => {
                 // After end_call / transfer_call only the closing message is said.
-                if active.action.is_none() && !delta.is_empty() {
+                let delta = if active.action.is_none() {
+                    active.stripper.push(&delta)
+                } else {
+                    String::new()
+                };
+                if !delta.is_empty() {
                     let delta = if std::mem::take(&mut active.space_before_next)
                         && !delta.starts_with(char::is_whitespace)
                     {
@@ -415,6 +425,7 @@ impl RetellSession {
                 }
                 ToolOutcome::Result(_) => (String::new(), None),
             };
+            let message = emotion::strip_emoji(&message).into_owned();
             let message = if !message.is_empty() && !active.round_text.is_empty() {
                 format!(" {message}")
             } else {

@@ -169,13 +169,36 @@ fn the_server_speaks_first_and_a_reconnect_resumes() {
     let mut out = Out::new();
     second.on_start(t1, &mut out);
     assert_eq!(kinds(&json_frames(&mut out)), ["config"]);
-    // The request the first socket never finished is asked again and answered.
-    let mut out = client(&mut second, t1, &request(1, &["hi"]));
-    let (r, _) = generate(&mut out);
+    // The request the first socket never finished is answered again at once, from the start,
+    // with the same context: Retell still waits for it.
+    let (r, messages) = generate(&mut out);
+    assert_eq!(messages.last().unwrap().content, "hi");
+    // Retell asking again on the new socket is a repeat: no second LLM request.
+    let mut again = client(&mut second, t1, &request(1, &["hi"]));
+    assert!(again.take_requests().is_empty());
     let mut out = provider(&mut second, t1, delta(r, "Hi!"));
     let frames = json_frames(&mut out);
     assert_eq!(frames[0]["response_id"], 1);
     assert_eq!(frames[0]["content"], "Hi!");
+    let mut out = provider(&mut second, t1, ProviderEvent::Done { id: r });
+    let frames = json_frames(&mut out);
+    assert_eq!(
+        (&frames[0]["response_id"], &frames[0]["content_complete"]),
+        (&json!(1), &json!(true))
+    );
+}
+
+#[test]
+fn model_emoji_are_not_spoken() {
+    let (mut s, _tx, _m, t0) = started(&RetellConfig::default());
+    let (r, _) = generate(&mut client(&mut s, t0, &request(1, &["hi"])));
+    let mut spoken = String::new();
+    for d in ["😊 ", "Hi ", "there ", "👋", " friend!"] {
+        for f in json_frames(&mut provider(&mut s, t0, delta(r, d))) {
+            spoken.push_str(f["content"].as_str().unwrap());
+        }
+    }
+    assert_eq!(spoken, "Hi there friend!");
 }
 
 #[test]
