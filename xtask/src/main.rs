@@ -27,7 +27,8 @@ struct Cli {
 enum Command {
     /// Everything CI checks: fmt, clippy, tests, docs, codegen, dependency rules, fuzz smoke.
     Ci(ci::Args),
-    /// Run one fuzz target, or all of them, for a number of seconds each.
+    /// Fuzz: a smoke run of one target or all of them for some seconds each, or a campaign
+    /// (`--campaign`) of millions of executions that keeps its corpus (docs/fuzzing.md).
     Fuzz(fuzz::Args),
     /// Check the layering rules of ARCHITECTURE.md against `cargo metadata`.
     Deps,

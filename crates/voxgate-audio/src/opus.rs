@@ -550,6 +550,13 @@ impl OpusDecoder {
             .map_err(|e| OpusError::Corrupt(e.to_string()))?
             .min(max),
         };
+        if want_f32 {
+            // libopus's float decoder does not clip (its `i16` path does): a hostile packet
+            // stream drove it to thousands (found by the `opus_libopus` fuzz target).
+            for s in &mut self.pcm_f32[..n] {
+                *s = if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) };
+            }
+        }
         self.last_frame = n;
         Ok(n)
     }
@@ -826,6 +833,37 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Regression (found by the `opus_libopus` fuzz target): libopus's float decoder does not
+    /// clip, and the same packet fed repeatedly drove `decode_f32` output to hundreds (the
+    /// documented range is `-1.0..=1.0`; the `i16` path saturates).
+    #[cfg(feature = "libopus")]
+    #[test]
+    fn libopus_f32_output_stays_in_range() {
+        let hex: String = [
+            "e2ee8ee878e4bae20ce3cfe42ee748e959eae0e9b8e721e4b1df3cdbaed7dad558d666d9dbde2ee68dee02f7",
+            "9efea204a208950ad10a000af808920884093a0cbd10b8167d1d2a24cb298e2de02e8e2dcb292a247d1db816",
+            "bd103a0c84099208f808000ad10a950aa208a2049efe02f78dee2ee6dbde66d958d6dad5aed73cdbb1df21e4",
+            "b8e7e0e959ea48e92ee7cfe40ce3bae278e48ee8e2eef7f6000009091e117217881b461df41c311bd218b816",
+            "a71520164818df1b4f20c4245228262aa8299a262521d2197311fe0862015efb5ef76bf52ff500f608f76ef7",
+            "7cf6c6f343ef48e983e2d6db35d672d220d172d235d6d6db83e2",
+        ]
+        .concat();
+        let packet: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        for backend in [OpusBackend::Libopus, OpusBackend::Pure] {
+            let mut dec = OpusDecoder::new(16_000, backend).unwrap();
+            let mut peak = 0f32;
+            for _ in 0..8 {
+                let pcm = dec.decode_f32(&packet).unwrap();
+                assert!(!pcm.is_empty());
+                peak = pcm.iter().fold(peak, |m, s| m.max(s.abs()));
+            }
+            assert!(peak <= 1.0, "{backend:?}: peak {peak}");
         }
     }
 

@@ -116,3 +116,9 @@ pub trait Tts: Send + Sync {
     /// cancels.
     fn synthesize(&self, request: TtsRequest) -> TtsStream;
 }
+
+/// Pure parsers otherwise private, for the fuzz targets in `fuzz/`; not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::openai_chat::ChunkDecoder;
+}

@@ -140,14 +140,8 @@ impl Llm for OpenAiChat {
         let run = ChatRun {
             chat: self.clone(),
             body,
-            names,
             reader: None,
-            sse: SseDecoder::new(),
-            queue: VecDeque::new(),
-            calls: BTreeMap::new(),
-            finish: None,
-            usage: None,
-            done: false,
+            chunks: ChunkDecoder::new(names),
         };
         Box::pin(futures::stream::unfold(run, |mut run| async move {
             run.next().await.map(|e| (e, run))
@@ -303,30 +297,21 @@ struct PartialCall {
 struct ChatRun {
     chat: OpenAiChat,
     body: Value,
-    names: HashMap<String, String>,
     reader: Option<BodyReader>,
-    sse: SseDecoder,
-    queue: VecDeque<LlmEvent>,
-    /// Tool calls being assembled, by their stream index.
-    calls: BTreeMap<u32, PartialCall>,
-    finish: Option<FinishReason>,
-    usage: Option<Usage>,
-    done: bool,
+    chunks: ChunkDecoder,
 }
 
 impl ChatRun {
     async fn next(&mut self) -> Option<LlmEvent> {
         loop {
-            if let Some(e) = self.queue.pop_front() {
+            if let Some(e) = self.chunks.pop_event() {
                 return Some(e);
             }
-            if self.done {
+            if self.chunks.is_done() {
                 return None;
             }
             if let Err(e) = self.step().await {
-                // Text already decoded is still delivered, then the error ends the stream.
-                self.done = true;
-                self.queue.push_back(LlmEvent::Error(e));
+                self.chunks.fail(e);
             }
         }
     }
@@ -346,28 +331,105 @@ impl ChatRun {
             self.reader = Some(BodyReader::new(resp, self.chat.config.http.idle_timeout));
             return Ok(());
         };
-        let mut events = Vec::new();
         match reader.next_chunk().await? {
-            Some(bytes) => self.sse.feed(&bytes, &mut events)?,
-            None => {
-                self.sse.finish(&mut events)?;
-                for data in &events {
-                    self.on_data(data)?;
-                }
-                if self.done {
-                    return Ok(());
-                }
-                // Tolerated: a server that finished the choice but closed without `[DONE]`.
-                if self.finish.is_some() {
-                    self.complete();
-                    return Ok(());
-                }
-                return Err(ProviderError::StreamCut(
-                    "the event stream ended before the completion finished".into(),
-                ));
-            }
+            Some(bytes) => self.chunks.feed(&bytes),
+            None => self.chunks.finish(),
         }
-        for data in &events {
+        Ok(())
+    }
+}
+
+/// Turns a completion stream's body (Server-Sent Events, each one [`Chunk`] of JSON, then
+/// `[DONE]`) into [`LlmEvent`]s, assembling tool calls that arrive in pieces. Pure, so the
+/// fuzz target runs exactly this; the network side is [`ChatRun`].
+#[doc(hidden)]
+pub struct ChunkDecoder {
+    sse: SseDecoder,
+    /// Wire tool name to declared name.
+    names: HashMap<String, String>,
+    queue: VecDeque<LlmEvent>,
+    /// Tool calls being assembled, by their stream index.
+    calls: BTreeMap<u32, PartialCall>,
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+impl ChunkDecoder {
+    /// A decoder mapping wire tool names back through `names` (wire name to declared name).
+    #[must_use]
+    pub fn new(names: HashMap<String, String>) -> Self {
+        Self {
+            sse: SseDecoder::new(),
+            names,
+            queue: VecDeque::new(),
+            calls: BTreeMap::new(),
+            finish: None,
+            usage: None,
+            done: false,
+        }
+    }
+
+    /// The next decoded event, if any.
+    pub fn pop_event(&mut self) -> Option<LlmEvent> {
+        self.queue.pop_front()
+    }
+
+    /// Whether the stream is over (completed or failed): no event follows those queued.
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Ends the stream with `error` (a transport failure); events already decoded are still
+    /// delivered first.
+    pub fn fail(&mut self, error: ProviderError) {
+        if !self.done {
+            self.done = true;
+            self.queue.push_back(LlmEvent::Error(error));
+        }
+    }
+
+    /// Decodes the next body chunk (split anywhere). Malformed input ends the stream with an
+    /// [`LlmEvent::Error`] after the events decoded before it; bytes after the end are ignored.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.done {
+            return;
+        }
+        let mut events = Vec::new();
+        let fed = self.sse.feed(bytes, &mut events);
+        // The events completed before a bad line count, whatever the chunking: a `[DONE]`
+        // among them ends the stream cleanly and the bad line after it is never looked at.
+        let result = self.on_events(&events);
+        let result = if self.done { result } else { result.and(fed) };
+        if let Err(e) = result {
+            self.fail(e);
+        }
+    }
+
+    /// The body ended. A server that finished the choice but closed without `[DONE]` is
+    /// tolerated; otherwise the stream ends with [`ProviderError::StreamCut`].
+    pub fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut events = Vec::new();
+        let result = self
+            .sse
+            .finish(&mut events)
+            .and_then(|()| self.on_events(&events));
+        match result {
+            Err(e) => self.fail(e),
+            Ok(()) if self.done => {}
+            Ok(()) if self.finish.is_some() => self.complete(),
+            Ok(()) => self.fail(ProviderError::StreamCut(
+                "the event stream ended before the completion finished".into(),
+            )),
+        }
+    }
+
+    fn on_events(&mut self, events: &[String]) -> Result<(), ProviderError> {
+        for data in events {
             if self.done {
                 break;
             }
@@ -472,6 +534,71 @@ mod tests {
             description: String::new(),
             parameters: json!({"type": "object"}),
         }
+    }
+
+    fn decode(body: &[u8], piece: usize) -> Vec<LlmEvent> {
+        let names = HashMap::from([("a_b".to_owned(), "a.b".to_owned())]);
+        let mut d = ChunkDecoder::new(names);
+        for c in body.chunks(piece) {
+            d.feed(c);
+        }
+        d.finish();
+        std::iter::from_fn(|| d.pop_event()).collect()
+    }
+
+    #[test]
+    fn chunks_decode_to_text_tool_calls_and_done() {
+        let body = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",",
+            "\"function\":{\"name\":\"a_b\",\"arguments\":\"{\\\"x\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,",
+            "\"function\":{\"arguments\":\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let expected = vec![
+            LlmEvent::TextDelta("Hi".into()),
+            LlmEvent::ToolCall(ToolCall {
+                id: "c1".into(),
+                name: "a.b".into(),
+                arguments: "{\"x\":1}".into(),
+            }),
+            LlmEvent::Done {
+                finish_reason: FinishReason::ToolCalls,
+                usage: None,
+            },
+        ];
+        for piece in [1, 7, body.len()] {
+            assert_eq!(decode(body.as_bytes(), piece), expected, "piece {piece}");
+        }
+    }
+
+    #[test]
+    fn bytes_after_done_are_ignored_whatever_the_chunking() {
+        // Regression (found writing the `openai_chat_chunks` fuzz target): a bad line after
+        // `[DONE]` in the same network chunk failed the finished stream and dropped the
+        // events decoded before it; in another chunk it was never read.
+        let body =
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n\xff\n";
+        for piece in [1, 5, body.len()] {
+            let events = decode(body, piece);
+            assert_eq!(events.len(), 2, "piece {piece}: {events:?}");
+            assert!(matches!(events[1], LlmEvent::Done { .. }));
+        }
+    }
+
+    #[test]
+    fn a_cut_stream_keeps_its_text_and_ends_in_one_error() {
+        let events = decode(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"par\"}}]}\n\n",
+            4,
+        );
+        assert_eq!(events[0], LlmEvent::TextDelta("par".into()));
+        assert!(matches!(
+            events[1],
+            LlmEvent::Error(ProviderError::StreamCut(_))
+        ));
+        assert_eq!(events.len(), 2);
     }
 
     #[test]

@@ -5,6 +5,9 @@ use crate::error::ProviderError;
 
 /// Longest line accepted; a server that never sends a newline must not exhaust memory.
 const MAX_LINE: usize = 4 << 20;
+/// Most data one event may gather; a server that never sends the blank line ending an event
+/// must not exhaust memory either.
+const MAX_EVENT: usize = 4 << 20;
 
 /// Turns body chunks (split anywhere, even inside a UTF-8 sequence) into event data strings.
 #[derive(Debug, Default)]
@@ -24,7 +27,8 @@ impl SseDecoder {
     /// Feeds the next body chunk and appends the data of every completed event to `out`.
     ///
     /// # Errors
-    /// [`ProviderError::Protocol`] for a line that is not UTF-8 or longer than 4 MiB.
+    /// [`ProviderError::Protocol`] for a line that is not UTF-8 or longer than 4 MiB, or an
+    /// event whose data grows past 4 MiB.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<String>) -> Result<(), ProviderError> {
         let mut rest = bytes;
         while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
@@ -73,6 +77,11 @@ impl SseDecoder {
         };
         // `event:`, `id:`, `retry:` and comments (empty field name) carry nothing we use.
         if field == "data" {
+            if self.data.len() + value.len() >= MAX_EVENT {
+                return Err(ProviderError::Protocol(
+                    "SSE event data longer than 4 MiB".into(),
+                ));
+            }
             if self.has_data {
                 self.data.push('\n');
             }
@@ -119,6 +128,20 @@ mod tests {
     #[test]
     fn last_event_without_blank_line_is_delivered() {
         assert_eq!(decode_in_pieces(b"data: x", 3), vec!["x"]);
+    }
+
+    #[test]
+    fn event_data_is_bounded_across_lines() {
+        // Regression: each line was bounded but the data of one event, gathered over many
+        // `data:` lines without the blank line that ends it, was not.
+        let mut line = b"data: ".to_vec();
+        line.resize(1 << 20, b'x');
+        line.push(b'\n');
+        let mut d = SseDecoder::new();
+        let mut out = Vec::new();
+        let results: Vec<bool> = (0..6).map(|_| d.feed(&line, &mut out).is_ok()).collect();
+        assert_eq!(results, [true, true, true, true, false, false]);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -46,16 +46,19 @@ impl WavStreamDecoder {
     /// [`ProviderError::Protocol`] when the bytes are not a 16-bit PCM WAV.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<PcmChunk>, ProviderError> {
         let Some(format) = self.format else {
-            if self.header.len() + bytes.len() > MAX_HEADER {
-                return Err(bad("no data chunk in the first 64 KiB"));
-            }
-            self.header.extend_from_slice(bytes);
+            // Only the header is buffered, never more than 64 KiB of it; a first chunk that
+            // holds the header and sample data too (a whole file in one read) is fine.
+            let room = MAX_HEADER.saturating_sub(self.header.len());
+            let (head, tail) = bytes.split_at(bytes.len().min(room));
+            self.header.extend_from_slice(head);
             return match parse_header(&self.header)? {
-                None => Ok(None),
+                None if tail.is_empty() => Ok(None),
+                None => Err(bad("no data chunk in the first 64 KiB")),
                 Some((format, data_start, data_len)) => {
                     self.format = Some(format);
                     self.remaining = data_len;
-                    let rest = self.header.split_off(data_start);
+                    let mut rest = self.header.split_off(data_start);
+                    rest.extend_from_slice(tail);
                     self.header = Vec::new();
                     self.samples(format, &rest)
                 }
@@ -220,6 +223,32 @@ mod tests {
         let mut wav = voxgate_audio::wav::wav_bytes_i16(16_000, 1, &[1, 2]).unwrap();
         wav.extend_from_slice(b"LIST\x04\x00\x00\x00abcd");
         assert_eq!(decode(&wav, 3).1, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_whole_file_larger_than_the_header_limit_decodes_in_one_feed() {
+        // Regression (found writing the `wav_stream` fuzz target): a first chunk over 64 KiB
+        // was refused as "no data chunk in the first 64 KiB" although its header was 44 bytes.
+        let pcm: Vec<i16> = (0..40_000)
+            .map(|i| i16::try_from(i % 2000).unwrap() - 1000)
+            .collect();
+        let wav = voxgate_audio::wav::wav_bytes_i16(16_000, 1, &pcm).unwrap();
+        assert!(wav.len() > MAX_HEADER);
+        assert_eq!(decode(&wav, wav.len()), (16_000, pcm));
+    }
+
+    #[test]
+    fn a_header_without_data_chunk_is_refused_after_64_kib() {
+        let mut wav = voxgate_audio::wav::wav_bytes_i16(16_000, 1, &[]).unwrap();
+        wav.truncate(36);
+        while wav.len() <= MAX_HEADER {
+            wav.extend_from_slice(b"junk\xe8\x03\x00\x00");
+            wav.resize(wav.len() + 1000, 0);
+        }
+        assert!(WavStreamDecoder::new().feed(&wav).is_err());
+        let mut d = WavStreamDecoder::new();
+        let errors = wav.chunks(1000).filter_map(|c| d.feed(c).err()).count();
+        assert!(errors > 0);
     }
 
     #[test]

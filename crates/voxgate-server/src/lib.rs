@@ -60,3 +60,73 @@ pub use exposure::exposure_warnings;
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};
+
+/// Pure validation otherwise private, for the fuzz targets in `fuzz/`; not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::bridge::perception::{EventOrigin, PerceptionBus, PerceptionEvent};
+
+    /// A perception bus fed the way `POST /api/perception/event` and the Xiaozhi door feed it.
+    #[derive(Debug, Default)]
+    pub struct Perception {
+        bus: PerceptionBus,
+    }
+
+    impl Perception {
+        /// An empty bus.
+        #[must_use]
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// What `POST /api/perception/event` does with a body it has read: parse, validate,
+        /// publish. Returns the event as subscribers get it (JSON), or the 400 text.
+        ///
+        /// # Errors
+        /// The refusal text for a body that is not JSON or not a valid event.
+        pub fn post(&self, body: &[u8]) -> Result<String, String> {
+            let value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            self.publish(PerceptionEvent::from_value(
+                value,
+                None,
+                None,
+                EventOrigin::Http,
+            ))
+        }
+
+        /// A device's `event` frame, the connection supplying the ids the frame leaves out.
+        ///
+        /// # Errors
+        /// As [`post`](Self::post).
+        pub fn device_frame(
+            &self,
+            frame: &[u8],
+            device_id: &str,
+            session_id: &str,
+        ) -> Result<String, String> {
+            let value = serde_json::from_slice(frame).map_err(|e| e.to_string())?;
+            self.publish(PerceptionEvent::from_value(
+                value,
+                Some(device_id),
+                Some(session_id),
+                EventOrigin::Device,
+            ))
+        }
+
+        fn publish(
+            &self,
+            event: Result<PerceptionEvent, crate::bridge::perception::InvalidEvent>,
+        ) -> Result<String, String> {
+            let event = event.map_err(|e| e.0)?;
+            let json = serde_json::to_string(&event).map_err(|e| e.to_string())?;
+            self.bus.publish(event);
+            Ok(json)
+        }
+
+        /// Every device's state as `GET /admin/perception` renders it.
+        #[must_use]
+        pub fn devices_json(&self) -> String {
+            serde_json::to_string(&self.bus.devices()).unwrap_or_default()
+        }
+    }
+}
