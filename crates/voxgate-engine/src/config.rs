@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::emotion::EmojiPolicy;
 use voxgate_audio::vad::VadConfig;
+use voxgate_mcp::action::ActionConfig;
 
 /// How the client's output audio is counted, so playback reports (`bytes_played`) can be
 /// matched to the audio the engine delivered.
@@ -80,6 +81,10 @@ pub struct EngineConfig {
     /// ([`EngineConfig::max_context_chars`]). 0: unlimited. Default
     /// [`DEFAULT_MAX_HISTORY_MESSAGES`].
     pub max_history_messages: usize,
+    /// The client's declared actions (VIP §5.3, [`crate::Input::SetActions`]): how long the
+    /// client has to answer an invocation (default 10 s) and the fallback sentence said when
+    /// an action fails or times out (`{action}` and `{reason}` are replaced).
+    pub actions: ActionConfig,
 }
 
 impl Default for EngineConfig {
@@ -101,6 +106,7 @@ impl Default for EngineConfig {
             max_history_audio: Duration::from_secs(300),
             max_context_chars: DEFAULT_MAX_CONTEXT_CHARS,
             max_history_messages: DEFAULT_MAX_HISTORY_MESSAGES,
+            actions: ActionConfig::default(),
         }
     }
 }

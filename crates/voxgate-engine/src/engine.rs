@@ -10,9 +10,11 @@ use std::time::Instant;
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
 use voxgate_turn::{
-    Delivery, Input as TurnInput, Output as TurnOutput, State, TriggerMode, TurnMachine, UserSource,
+    Delivery, Input as TurnInput, Output as TurnOutput, ResponseCause, State, TriggerMode,
+    TurnMachine, UserSource,
 };
 
+use crate::actions::{Actions, ActionsEvent};
 use crate::capture::{Capture, CaptureEvent};
 use crate::config::EngineConfig;
 use crate::history::{ChatMessage, Content};
@@ -41,6 +43,8 @@ pub struct Engine {
     /// The recognizer is in use: the turn machine waits for transcripts before ending turns.
     transcribing_enabled: bool,
     tools: Tools,
+    /// The client's declared actions, narrated state and invocations in flight (VIP §5.3).
+    actions: Actions,
     next_request: u64,
     outputs: VecDeque<Output>,
     /// Transcripts in flight, what was heard, history, queries and exports.
@@ -75,6 +79,7 @@ impl Engine {
         }
         let capture = new_capture(&config, config.input_rate)?;
         let reply = Reply::new(&config);
+        let actions = Actions::new(config.actions.clone());
         let max_history_messages = config.max_history_messages;
         let mut turn = TurnMachine::new(config.turn.clone());
         for input in [TurnInput::Connect, TurnInput::Connected] {
@@ -88,6 +93,7 @@ impl Engine {
             capture,
             transcribing_enabled: false,
             tools: Tools::new(),
+            actions,
             record: Record::new(max_history_messages),
             reply,
             next_request: 1,
@@ -143,10 +149,15 @@ impl Engine {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let held = self.held.as_ref().and(self.tools.first_listing_deadline());
-        [self.turn.poll_timeout(), self.tools.poll_timeout(), held]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.turn.poll_timeout(),
+            self.tools.poll_timeout(),
+            self.actions.poll_timeout(),
+            held,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs the timers due at `now`.
@@ -155,6 +166,8 @@ impl Engine {
         self.pump(now);
         self.tools.handle_timeout(now);
         self.pump_mcp(now);
+        self.actions.handle_timeout(now);
+        self.pump_actions(now);
         self.release_held(now);
     }
 
@@ -270,6 +283,21 @@ impl Engine {
                 }
             }
             Input::ToolResult { id, result } => self.client_tool_result(now, id, result)?,
+            Input::SetActions(actions) => {
+                self.actions.declare(now, actions);
+                self.pump_actions(now);
+            }
+            Input::NarratedState(text) => {
+                self.actions.narrate(now, text);
+                self.pump_actions(now);
+            }
+            Input::ActionResult {
+                invocation,
+                outcome,
+            } => {
+                self.actions.result(now, invocation, outcome);
+                self.pump_actions(now);
+            }
             Input::DeviceMcpStart => {
                 self.tools.start_device(now);
                 self.pump_mcp(now);
@@ -366,6 +394,7 @@ impl Engine {
             self.record
                 .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
         }
+        self.actions.close();
         self.closed = true;
     }
 
@@ -520,18 +549,29 @@ impl Engine {
             TurnOutput::UserTurn(u) => self.record.user_text(now, u.turn, u.text),
             TurnOutput::UserTurnDiscarded => self.record.discard_heard(),
             TurnOutput::StartResponse {
-                turn, instructions, ..
+                turn,
+                instructions,
+                cause,
             } => {
                 if let Some(text) = instructions {
                     self.record.instructions(now, turn, text);
                 }
+                // Taken at every start, so a fallback never outlives its follow-up.
+                if let Some(fallback) = self.actions.take_fallback()
+                    && cause == ResponseCause::ToolResults
+                {
+                    self.say_fallback(now, turn, &fallback);
+                    return;
+                }
                 let id = self.request();
                 self.reply.begin(turn, Some(id));
-                let (messages, truncated) = self.record.response_context(
+                let (mut messages, truncated) = self.record.response_context(
                     &self.config.system_prompt,
                     self.config.max_context_chars,
+                    self.actions.narrated_chars(),
                     turn,
                 );
+                self.actions.add_narrated(&mut messages);
                 if !truncated.is_empty() {
                     self.client(ClientEvent::ContextTruncated {
                         truncated,
@@ -574,6 +614,8 @@ impl Engine {
             TurnOutput::CancelTool { call_id } if self.tools.cancel(&call_id) => {
                 self.record
                     .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
+                self.actions.cancel_call(&call_id);
+                self.pump_actions(now);
             }
             TurnOutput::ClearPlayback { .. } => self.client(ClientEvent::ClearPlayback),
             TurnOutput::ResponseEnded(a) => {
@@ -826,19 +868,58 @@ impl Engine {
                 turn,
                 call_id: call_id.clone(),
                 name,
-                // Tool results survive a barge-in: the action happened either way.
-                cancel_on_interrupt: false,
+                // Tool results survive a barge-in: the action happened either way. A client
+                // action is the exception: its invocation dies with the reply (VIP §5.3,
+                // see `crate::actions`).
+                cancel_on_interrupt: Tools::is_action(&prepared),
             },
         );
         self.pump(now);
         match self.tools.dispatch(now, &call_id, prepared, turn) {
             Dispatch::Client(request) => self.client(request),
             Dispatch::Device => self.pump_mcp(now),
+            Dispatch::Action { name, arguments } => {
+                match self.actions.invoke(now, &call_id, turn, &name, arguments) {
+                    Ok(()) => self.pump_actions(now),
+                    Err(payload) => {
+                        self.record.tool_result(now, &call_id, payload);
+                        self.reply.refuse(call_id);
+                    }
+                }
+            }
             Dispatch::Refused(message) => {
                 self.record.tool_result(now, &call_id, message);
                 self.reply.refuse(call_id);
             }
         }
+    }
+
+    /// Acts on what the actions machine reports (tools to offer, client events, answered
+    /// invocations).
+    fn pump_actions(&mut self, now: Instant) {
+        while let Some(event) = self.actions.poll() {
+            match event {
+                ActionsEvent::Client(e) => self.client(e),
+                ActionsEvent::Tools(tools) => {
+                    let rejected = self.tools.set_action_tools(tools);
+                    self.actions.tools_rejected(rejected);
+                }
+                ActionsEvent::Finished { call_id, text, ok } => {
+                    self.record.tool_result(now, &call_id, text);
+                    self.finish_call(now, &call_id, ok);
+                }
+            }
+        }
+    }
+
+    /// Response `turn` is the follow-up of failed actions: it says their fallback sentence
+    /// verbatim instead of asking the model (VIP §5.5.2, see `crate::actions`).
+    fn say_fallback(&mut self, now: Instant, turn: TurnId, text: &str) {
+        self.reply.begin_direct(turn);
+        self.feed_internal(now, TurnInput::ResponseStarted { turn });
+        self.pump(now);
+        self.reply_text(now, text);
+        self.end_reply_text(now);
     }
 
     fn client_tool_result(

@@ -23,12 +23,22 @@
 //!   its outputs before the next step, so a barge-in caused by one chunk stops the next;
 //! - the tools machine holds the tool registry, the device MCP client and the calls in
 //!   flight;
+//! - the actions machine holds the client's VIP action registry (§5.3,
+//!   [`Input::SetActions`], [`Input::NarratedState`]): declared actions are offered as tools,
+//!   the narrated state goes into every reply's context as a system message right before the
+//!   newest user turn, a model's call of an action becomes [`ClientEvent::ActionInvoke`] and
+//!   the client's [`Input::ActionResult`] its result; a failure or timeout is reported to the
+//!   model and the registry's fallback sentence is said verbatim as the follow-up reply;
+//!   invocations die with the reply that made them ([`ClientEvent::ActionCancelled`]);
 //! - the record machine holds the transcriptions in flight (applied in request order), the
 //!   utterances heard for the user turn, the [`history`] and the queries and exports waiting
 //!   for answers.
 //!
 //! Every per-session queue is bounded ([`EngineConfig::max_history_messages`],
-//! [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`], [`voxgate_turn::MAX_QUEUED_INPUTS`]):
+//! [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`], [`voxgate_turn::MAX_QUEUED_INPUTS`],
+//! the action registry's [`voxgate_mcp::action::MAX_ACTIONS`],
+//! [`voxgate_mcp::action::MAX_NARRATED_STATE_BYTES`] and
+//! [`voxgate_mcp::action::MAX_ACTION_RESULT_BYTES`]):
 //! beyond a bound the oldest history is dropped and counted, or the request is refused with
 //! [`ClientEvent::Error`]. What the reply machine holds comes from the model's reply, never
 //! from the client: one response (and the one closing), one undelivered chunk, the reply's
@@ -103,6 +113,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod actions;
 mod capture;
 mod config;
 pub mod emotion;
@@ -127,5 +138,10 @@ pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
     TurnId,
 };
+/// The VIP action registry's values, used in [`Input::SetActions`], [`Input::ActionResult`]
+/// and the action [`ClientEvent`]s.
+pub use voxgate_mcp::action::{Action, ActionConfig, ActionOutcome, InvocationId};
+/// The standard error payload of failed actions and tool calls.
+pub use voxgate_mcp::schema::{ErrorCode, ErrorPayload};
 /// The turn machine's trigger modes and states, used in [`Input::Text`] and [`Engine::state`].
 pub use voxgate_turn::{State, TriggerMode};

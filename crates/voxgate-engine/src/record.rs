@@ -264,15 +264,17 @@ impl Record {
         m.ephemeral = ephemeral;
     }
 
-    /// The LLM context for response `turn`, within `max_chars`, and the turns that left it
-    /// for good now (marked in history, to report to the client).
+    /// The LLM context for response `turn`, within `max_chars` with `reserve` characters left
+    /// for what the caller adds (the narrated state), and the turns that left it for good now
+    /// (marked in history, to report to the client).
     pub(crate) fn response_context(
         &mut self,
         system_prompt: &str,
         max_chars: usize,
+        reserve: usize,
         turn: TurnId,
     ) -> (Vec<ContextMessage>, Vec<TurnId>) {
-        let context = self.history.context(system_prompt, max_chars, 0);
+        let context = self.history.context(system_prompt, max_chars, reserve);
         let truncated = self.history.mark_truncated(&context.dropped, turn);
         (context.messages, truncated)
     }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
 use voxgate_mcp::jsonrpc::ErrorObject;
 use voxgate_mcp::model::Tool;
-use voxgate_mcp::registry::{PreparedCall, ToolRegistry, ToolSource};
+use voxgate_mcp::registry::{PreparedCall, RejectedTool, ToolRegistry, ToolSource};
 
 use crate::provider::ToolSpec;
 use crate::types::{ClientEvent, ErrorCategory, InputError, ToolDefinition, TurnId};
@@ -43,6 +43,13 @@ pub(crate) enum Dispatch {
     Client(ClientEvent),
     /// Sent to the device over MCP; its answer comes from [`Tools::poll`].
     Device,
+    /// A declared action: invoke it through [`crate::actions::Actions`].
+    Action {
+        /// The action's id.
+        name: String,
+        /// Validated parameters.
+        arguments: Value,
+    },
     /// Not run: this error text is its result, given to the model once generation ends.
     Refused(String),
 }
@@ -134,6 +141,17 @@ impl Tools {
             .collect()
     }
 
+    /// Replaces the declared actions offered as tools (source [`ToolSource::Action`]). A list
+    /// the registry refuses whole (too many tools over all sources) removes the previous
+    /// actions too, so the model is never offered actions the client no longer declares.
+    pub(crate) fn set_action_tools(&mut self, tools: Vec<Tool>) -> Vec<RejectedTool> {
+        let rejected = self.registry.set_source_tools(ToolSource::Action, tools);
+        if rejected.iter().any(|r| r.name.is_empty()) {
+            self.registry.remove_source(&ToolSource::Action);
+        }
+        rejected
+    }
+
     /// Starts a fresh device MCP client (`initialize`, then `tools/list`).
     pub(crate) fn start_device(&mut self, now: Instant) {
         let mut client = McpClient::new(ClientConfig::default());
@@ -172,6 +190,14 @@ impl Tools {
     /// Whether any call is in flight.
     pub(crate) fn pending(&self) -> bool {
         !self.calls.is_empty()
+    }
+
+    /// Whether a prepared call is a declared action's (cancelled on barge-in, unlike tools).
+    pub(crate) fn is_action(prepared: &Prepared) -> bool {
+        prepared
+            .outcome
+            .as_ref()
+            .is_ok_and(|p| p.source == ToolSource::Action)
     }
 
     /// Checks a model's call against the registry.
@@ -228,6 +254,10 @@ impl Tools {
                     _ => Dispatch::Refused("the device is not connected".to_owned()),
                 }
             }
+            ToolSource::Action => Dispatch::Action {
+                name: p.name,
+                arguments: p.arguments,
+            },
             _ => Dispatch::Refused("no runner for this tool".to_owned()),
         };
         self.track(call_id, source, None);
@@ -385,6 +415,35 @@ mod tests {
         assert!(tools.finish("c1"));
         assert!(!tools.finish("c1"));
         assert!(!tools.pending());
+    }
+
+    #[test]
+    fn actions_are_their_own_source_and_a_refused_list_removes_the_old_one() {
+        let now = Instant::now();
+        let mut tools = Tools::new();
+        let action = |name: String| Tool::new(name, "", json!({"type": "object"}));
+        assert!(tools.set_client_tools(vec![lamp()]).is_empty());
+        assert!(
+            tools
+                .set_action_tools(vec![action("open_settings".into())])
+                .is_empty()
+        );
+        assert_eq!(tools.llm_tools().len(), 2);
+        let p = tools.prepare("open_settings", json!(null));
+        assert!(Tools::is_action(&p));
+        assert!(matches!(
+            tools.dispatch(now, "c1", p, TurnId(2)),
+            Dispatch::Action { ref name, .. } if name == "open_settings"
+        ));
+        // Not a client tool call: `Input::ToolResult` cannot answer it.
+        assert!(tools.contains("c1") && !tools.awaits_client("c1"));
+
+        let too_many = (0..=voxgate_mcp::registry::MAX_TOOLS)
+            .map(|i| action(format!("a{i}")))
+            .collect();
+        assert_eq!(tools.set_action_tools(too_many).len(), 1);
+        let names: Vec<String> = tools.llm_tools().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, ["home_lamp"]);
     }
 
     #[test]

@@ -4,7 +4,9 @@ use std::fmt;
 
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
+use voxgate_mcp::action::{Action, ActionOutcome, InvocationId};
 use voxgate_mcp::jsonrpc::Message;
+use voxgate_mcp::schema::ErrorPayload;
 use voxgate_turn::TriggerMode;
 
 use crate::emotion::Emotion;
@@ -65,6 +67,29 @@ pub enum Input {
         id: String,
         /// The result text (JSON or prose) handed to the model.
         result: String,
+    },
+    /// Replaces the client's declared actions (VIP §5.3.1 action registry, the `actions`
+    /// map); an empty list removes them all. Each is offered to the model as a tool, and a
+    /// model's call of one goes to the client as [`ClientEvent::ActionInvoke`]. At most
+    /// [`voxgate_mcp::action::MAX_ACTIONS`] (a longer list is refused with
+    /// [`ClientEvent::ActionError`] and the previous actions stay); an action whose schema does
+    /// not compile or that is over a size maximum is left out and reported the same way.
+    /// Invocations in flight finish as they were sent.
+    SetActions(Vec<Action>),
+    /// The client's narrated state (VIP §5.3.2): a textual description of its current view,
+    /// sent at session start and on every significant UI change. The newest one goes into
+    /// every later reply's context, as a system message right before the newest user turn;
+    /// an empty text removes it. At most [`voxgate_mcp::action::MAX_NARRATED_STATE_BYTES`] (a
+    /// longer one is refused with [`ClientEvent::ActionError`] and the previous one stays).
+    NarratedState(String),
+    /// The client's `action.result` for a [`ClientEvent::ActionInvoke`]. A result for an
+    /// invocation no longer awaited (timed out, cancelled, never issued) is refused with
+    /// [`ClientEvent::ActionError`].
+    ActionResult {
+        /// The invocation answered.
+        invocation: InvocationId,
+        /// Success data for the model, or the standard error payload.
+        outcome: ActionOutcome,
     },
     /// The device speaks MCP (Xiaozhi `features.mcp`): start the MCP client (`initialize`, then
     /// `tools/list`).
@@ -265,6 +290,37 @@ pub enum ClientEvent {
     },
     /// Send this JSON-RPC message to the device (Xiaozhi `mcp` envelope).
     DeviceMcp(Message),
+    /// VIP `action.invoke`: run a declared action ([`Input::SetActions`]) and answer with
+    /// [`Input::ActionResult`] before the action timeout.
+    ActionInvoke {
+        /// Correlates the result.
+        invocation: InvocationId,
+        /// The declared action's id.
+        action_id: String,
+        /// Parameters, validated against the action's schema.
+        parameters: Value,
+        /// The response that invoked it.
+        turn: TurnId,
+    },
+    /// The engine no longer waits for this invocation's result: it timed out, or the reply
+    /// that invoked it was cut off (barge-in, abort). A later result is refused.
+    ActionCancelled {
+        /// The invocation.
+        invocation: InvocationId,
+        /// Why (code `timeout` or `cancelled`).
+        reason: ErrorPayload,
+    },
+    /// Something the client sent on the action channel was refused (an action left out of a
+    /// declaration, a declaration or narrated state over its maximum, a result for an
+    /// invocation not awaited). The session goes on.
+    ActionError {
+        /// The invocation concerned, if any.
+        invocation: Option<InvocationId>,
+        /// The action concerned, if any.
+        action: Option<String>,
+        /// What was refused, in the standard error payload shape.
+        error: ErrorPayload,
+    },
     /// The conversation so far (realtime `ChatHistory`): the messages still in memory.
     History {
         /// The messages, oldest first.

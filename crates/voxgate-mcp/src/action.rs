@@ -5,6 +5,15 @@
 //! (`action.invoke`), and the client answers with a success or error payload (`action.result`).
 //! When an action fails, is refused, or times out, the outcome carries the standard
 //! [`ErrorPayload`] and a deterministic fallback sentence for the runtime to say.
+//!
+//! Everything here comes from the client, so it is bounded: at most [`MAX_ACTIONS`] actions
+//! (a longer list is refused whole and the previous one stays), each within the tool
+//! registry's per-tool maxima ([`MAX_TOOL_NAME_BYTES`] of id, [`MAX_TOOL_DESCRIPTION_BYTES`]
+//! of description, [`MAX_TOOL_SCHEMA_BYTES`] of schema; an action over one is left out like one
+//! whose schema does not compile), a narrated state of at most [`MAX_NARRATED_STATE_BYTES`]
+//! (a longer one is refused and the previous one stays), and a result of at most
+//! [`MAX_ACTION_RESULT_BYTES`] (a larger one ends its invocation as a failure). The reason
+//! quoted in a fallback sentence is cut to [`MAX_FALLBACK_REASON_CHARS`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -14,8 +23,29 @@ use serde_json::Value;
 use crate::correlation::Correlation;
 use crate::jsonrpc::Id;
 use crate::model::Tool;
-use crate::registry::RejectedTool;
+use crate::registry::{
+    MAX_TOOL_DESCRIPTION_BYTES, MAX_TOOL_NAME_BYTES, MAX_TOOL_SCHEMA_BYTES, RejectReason,
+    RejectedTool,
+};
 use crate::schema::{CompiledSchema, ErrorCode, ErrorPayload, Violation};
+
+/// Most actions one declaration may hold: half of the tool registry's
+/// [`MAX_TOOLS`](crate::registry::MAX_TOOLS), so the device's and the server's tools keep room
+/// next to them, and already more than a model chooses from well.
+pub const MAX_ACTIONS: usize = 64;
+
+/// Longest narrated state accepted, in UTF-8 bytes (about 2,000 tokens of English). It goes
+/// into the model's context on every reply, so it is kept well below the context budget.
+pub const MAX_NARRATED_STATE_BYTES: usize = 8 * 1024;
+
+/// Largest `action.result` accepted, in bytes of compact JSON (the success data or the error
+/// payload). It becomes the model's tool result; a larger one ends the invocation as an
+/// `execution_failed` failure instead.
+pub const MAX_ACTION_RESULT_BYTES: usize = 16 * 1024;
+
+/// Most characters of a failure's reason quoted in the fallback sentence: it is spoken, and the
+/// client wrote it.
+pub const MAX_FALLBACK_REASON_CHARS: usize = 160;
 
 /// An action the client can perform (a button, a navigation route, an input).
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +63,7 @@ pub struct Action {
 pub struct InvocationId(pub u64);
 
 /// Settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionConfig {
     /// How long the client has to report a result.
     pub timeout: Duration,
@@ -144,9 +174,26 @@ pub enum ActionError {
         /// What is wrong.
         violations: Vec<Violation>,
     },
-    /// The client reported a result for an invocation that is not pending (peer fault).
+    /// The client reported a result for an invocation that is not pending (peer fault, or a
+    /// result that arrived after a timeout or [`ActionRegistry::cancel`]).
     #[error("result for unknown invocation {}", .0.0)]
     UnknownInvocation(InvocationId),
+    /// The declaration holds more than [`MAX_ACTIONS`] actions; the previous one stays.
+    #[error("{count} actions declared, more than the maximum of {max}")]
+    TooManyActions {
+        /// Actions in the declaration.
+        count: usize,
+        /// [`MAX_ACTIONS`].
+        max: usize,
+    },
+    /// The narrated state is over [`MAX_NARRATED_STATE_BYTES`]; the previous one stays.
+    #[error("the narrated state is {len} bytes, more than the maximum of {max} bytes")]
+    NarratedStateTooLarge {
+        /// Its size in bytes.
+        len: usize,
+        /// [`MAX_NARRATED_STATE_BYTES`].
+        max: usize,
+    },
 }
 
 /// An invocation refused before reaching the client, with what to tell the model and the user.
@@ -196,10 +243,23 @@ impl ActionRegistry {
     pub fn handle_input(&mut self, _now: Instant, input: ActionInput) -> Result<(), ActionError> {
         match input {
             ActionInput::Declare(actions) => {
+                if actions.len() > MAX_ACTIONS {
+                    return Err(ActionError::TooManyActions {
+                        count: actions.len(),
+                        max: MAX_ACTIONS,
+                    });
+                }
                 let mut rejected = Vec::new();
                 self.actions.clear();
                 for action in actions {
                     if self.actions.contains_key(&action.id) {
+                        continue;
+                    }
+                    if let Err(error) = check_sizes(&action) {
+                        rejected.push(RejectedTool {
+                            name: action.id,
+                            error,
+                        });
                         continue;
                     }
                     match CompiledSchema::compile(&action.parameters) {
@@ -217,6 +277,12 @@ impl ActionRegistry {
                     .push_back(ActionOutput::RegistryChanged { rejected });
             }
             ActionInput::NarratedState(text) => {
+                if text.len() > MAX_NARRATED_STATE_BYTES {
+                    return Err(ActionError::NarratedStateTooLarge {
+                        len: text.len(),
+                        max: MAX_NARRATED_STATE_BYTES,
+                    });
+                }
                 if self.narrated.as_deref() != Some(text.as_str()) {
                     self.narrated = Some(text.clone());
                     self.outputs.push_back(ActionOutput::NarratedState(text));
@@ -230,6 +296,7 @@ impl ActionRegistry {
                     .pending
                     .remove(&key(invocation))
                     .ok_or(ActionError::UnknownInvocation(invocation))?;
+                let outcome = bounded(outcome);
                 let fallback = match &outcome {
                     ActionOutcome::Success(_) => None,
                     ActionOutcome::Failure(p) => Some(self.fallback(&action_id, &p.message)),
@@ -305,6 +372,22 @@ impl ActionRegistry {
         Ok(invocation)
     }
 
+    /// Forgets a pending invocation without a result (the runtime gave up on it, e.g. the
+    /// user interrupted the reply that asked for it): no output, and a later `action.result`
+    /// for it is refused as [`ActionError::UnknownInvocation`]. False when it was not pending.
+    pub fn cancel(&mut self, invocation: InvocationId) -> bool {
+        self.pending.remove(&key(invocation)).is_some()
+    }
+
+    /// Forgets every pending invocation (the session is over); returns them.
+    pub fn cancel_all(&mut self) -> Vec<InvocationId> {
+        self.pending
+            .drain()
+            .into_iter()
+            .map(|(_, (i, _))| i)
+            .collect()
+    }
+
     /// Fails every invocation whose deadline is at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         for (_, (invocation, action_id)) in self.pending.expire(now) {
@@ -330,7 +413,7 @@ impl ActionRegistry {
     }
 
     /// The declared actions as tools for the [`ToolRegistry`](crate::registry::ToolRegistry)
-    /// (source `Client`), in id order.
+    /// (source [`ToolSource::Action`](crate::registry::ToolSource::Action)), in id order.
     pub fn tools(&self) -> Vec<Tool> {
         self.actions
             .values()
@@ -360,11 +443,68 @@ impl ActionRegistry {
     }
 
     fn fallback(&self, action_id: &str, reason: &str) -> String {
+        let reason = reason.trim().trim_end_matches('.');
+        let reason: String = reason.chars().take(MAX_FALLBACK_REASON_CHARS).collect();
         self.config
             .fallback_template
             .replace("{action}", &action_id.replace(['_', '.'], " "))
-            .replace("{reason}", reason)
+            .replace("{reason}", &reason)
     }
+}
+
+/// The tool registry's per-tool maxima, applied to an action (cheapest first).
+fn check_sizes(action: &Action) -> Result<(), RejectReason> {
+    let too_large = |what, len, max| RejectReason::TooLarge { what, len, max };
+    if action.id.len() > MAX_TOOL_NAME_BYTES {
+        return Err(too_large("name", action.id.len(), MAX_TOOL_NAME_BYTES));
+    }
+    if action.description.len() > MAX_TOOL_DESCRIPTION_BYTES {
+        return Err(too_large(
+            "description",
+            action.description.len(),
+            MAX_TOOL_DESCRIPTION_BYTES,
+        ));
+    }
+    let schema = json_bytes(&action.parameters);
+    if schema > MAX_TOOL_SCHEMA_BYTES {
+        return Err(too_large("schema", schema, MAX_TOOL_SCHEMA_BYTES));
+    }
+    Ok(())
+}
+
+/// An outcome within [`MAX_ACTION_RESULT_BYTES`], or the failure that replaces a larger one.
+fn bounded(outcome: ActionOutcome) -> ActionOutcome {
+    let len = match &outcome {
+        ActionOutcome::Success(v) => json_bytes(v),
+        ActionOutcome::Failure(p) => json_bytes(&p.to_value()),
+    };
+    if len <= MAX_ACTION_RESULT_BYTES {
+        return outcome;
+    }
+    ActionOutcome::Failure(ErrorPayload::new(
+        ErrorCode::ExecutionFailed,
+        format!(
+            "the app's result was {len} bytes, more than the maximum of {MAX_ACTION_RESULT_BYTES}"
+        ),
+    ))
+}
+
+/// Compact JSON size of `value`, counted without keeping the text.
+fn json_bytes(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing a JSON value into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut n, value);
+    n.0
 }
 
 fn key(invocation: InvocationId) -> Id {

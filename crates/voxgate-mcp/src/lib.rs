@@ -18,7 +18,10 @@
 //!   beyond them a tool, or a whole over-long list, is refused as a
 //!   [`registry::RejectedTool`].
 //! - [`action::ActionRegistry`]: client-declared actions (VIP §5.3) with `action.invoke` /
-//!   `action.result` and a deterministic fallback.
+//!   `action.result` and a deterministic fallback. Bounded like the tool registry: at most
+//!   [`action::MAX_ACTIONS`] (64) actions with the per-tool maxima, a narrated state of
+//!   [`action::MAX_NARRATED_STATE_BYTES`] (8 KiB) and results of
+//!   [`action::MAX_ACTION_RESULT_BYTES`] (16 KiB).
 //!
 //! The MCP types are written here, not taken from `rmcp`: `rmcp` depends on tokio
 //! unconditionally (even for its model types), and this crate must compile without any async

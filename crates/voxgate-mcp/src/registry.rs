@@ -46,10 +46,14 @@ pub const MAX_TOOL_SCHEMA_BYTES: usize = 64 * 1024;
 pub enum ToolSource {
     /// Run by voxgate itself.
     Server,
-    /// Declared by the client in the session (e.g. the action registry).
+    /// Declared by the client in the session (realtime tool definitions).
     Client,
     /// The device's own MCP server (Xiaozhi `mcp` messages).
     Device,
+    /// Actions the client declared in its VIP action registry
+    /// ([`ActionRegistry`](crate::action::ActionRegistry)): invoked with `action.invoke`, kept
+    /// apart from [`ToolSource::Client`] so declaring one kind never replaces the other.
+    Action,
     /// An external MCP server, one per connection (the key tells connections apart).
     Mcp(String),
 }

@@ -209,3 +209,127 @@ fn failures_and_timeouts_carry_the_fallback() {
         Err(ActionError::UnknownInvocation(InvocationId(99)))
     );
 }
+
+#[test]
+fn declarations_states_and_results_are_bounded() {
+    use voxgate_mcp::action::{
+        MAX_ACTION_RESULT_BYTES, MAX_ACTIONS, MAX_FALLBACK_REASON_CHARS, MAX_NARRATED_STATE_BYTES,
+    };
+    use voxgate_mcp::registry::{MAX_TOOL_NAME_BYTES, RejectReason};
+    let now = Instant::now();
+    let mut r = declared(now);
+    drain(&mut r);
+    let action = |id: String| Action {
+        id,
+        description: String::new(),
+        parameters: json!({"type": "object"}),
+    };
+
+    // Too many: refused whole, the previous actions stay.
+    let many = (0..=MAX_ACTIONS).map(|i| action(format!("a{i}"))).collect();
+    assert_eq!(
+        r.handle_input(now, ActionInput::Declare(many)),
+        Err(ActionError::TooManyActions {
+            count: MAX_ACTIONS + 1,
+            max: MAX_ACTIONS
+        })
+    );
+    assert!(drain(&mut r).is_empty());
+    assert!(r.is_declared("open_settings"));
+    let at_max = (0..MAX_ACTIONS).map(|i| action(format!("a{i}"))).collect();
+    r.handle_input(now, ActionInput::Declare(at_max)).unwrap();
+    assert_eq!(r.tools().len(), MAX_ACTIONS);
+    drain(&mut r);
+
+    // A name over the tool registry's maximum is left out.
+    r.handle_input(
+        now,
+        ActionInput::Declare(vec![
+            action("n".repeat(MAX_TOOL_NAME_BYTES + 1)),
+            action("ok".into()),
+        ]),
+    )
+    .unwrap();
+    let out = drain(&mut r);
+    let [ActionOutput::RegistryChanged { rejected }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert!(matches!(
+        rejected[0].error,
+        RejectReason::TooLarge { what: "name", .. }
+    ));
+    assert!(r.is_declared("ok"));
+
+    // Narrated state: at the maximum accepted, beyond it refused and the old one kept.
+    let at_max = "s".repeat(MAX_NARRATED_STATE_BYTES);
+    r.handle_input(now, ActionInput::NarratedState(at_max.clone()))
+        .unwrap();
+    assert!(matches!(
+        r.handle_input(now, ActionInput::NarratedState(format!("{at_max}s"))),
+        Err(ActionError::NarratedStateTooLarge { .. })
+    ));
+    assert_eq!(r.narrated_state(), Some(at_max.as_str()));
+    drain(&mut r);
+
+    // An oversized result fails its invocation; the spoken reason is cut.
+    let a = r.invoke(now, "ok", json!({})).unwrap();
+    let b = r.invoke(now, "ok", json!({})).unwrap();
+    drain(&mut r);
+    r.handle_input(
+        now,
+        ActionInput::Result {
+            invocation: a,
+            outcome: ActionOutcome::Success(json!("x".repeat(MAX_ACTION_RESULT_BYTES))),
+        },
+    )
+    .unwrap();
+    let long_reason = ErrorPayload::new(ErrorCode::ExecutionFailed, "z".repeat(1000));
+    r.handle_input(
+        now,
+        ActionInput::Result {
+            invocation: b,
+            outcome: ActionOutcome::Failure(long_reason),
+        },
+    )
+    .unwrap();
+    let out = drain(&mut r);
+    let [ActionOutput::Result(ra), ActionOutput::Result(rb)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert!(
+        matches!(&ra.outcome, ActionOutcome::Failure(p) if p.code == ErrorCode::ExecutionFailed)
+    );
+    let fallback = rb.fallback.as_deref().unwrap();
+    assert_eq!(
+        fallback.matches('z').count(),
+        MAX_FALLBACK_REASON_CHARS,
+        "{fallback}"
+    );
+}
+
+#[test]
+fn a_cancelled_invocation_has_no_timeout_and_refuses_its_result() {
+    let now = Instant::now();
+    let mut r = declared(now);
+    drain(&mut r);
+    let a = r.invoke(now, "open_settings", json!({})).unwrap();
+    let b = r.invoke(now, "open_settings", json!({})).unwrap();
+    drain(&mut r);
+    assert!(r.cancel(a));
+    assert!(!r.cancel(a));
+    assert_eq!(r.pending(), 1);
+    assert_eq!(
+        r.handle_input(
+            now,
+            ActionInput::Result {
+                invocation: a,
+                outcome: ActionOutcome::Success(json!(null))
+            }
+        ),
+        Err(ActionError::UnknownInvocation(a))
+    );
+    assert_eq!(r.cancel_all(), [b]);
+    assert_eq!(r.poll_timeout(), None);
+    r.handle_timeout(now + Duration::from_secs(60));
+    assert!(drain(&mut r).is_empty());
+}
