@@ -657,3 +657,38 @@ fn one_failure_among_several_actions_makes_the_follow_up_the_fallback() {
         .collect();
     assert_eq!(results.len(), 2);
 }
+
+#[test]
+fn a_new_user_turn_barging_in_cancels_the_invocation_and_is_answered_by_the_model() {
+    let mut d = session();
+    let (invocation, _) = invoke_open_settings(&mut d);
+    let out = d.input(Input::Text {
+        text: "No, wait, go home.".into(),
+        mode: TriggerMode::Immediate,
+    });
+    assert!(client(&out).iter().any(|e| matches!(
+        e,
+        ClientEvent::ActionCancelled { invocation: i, .. } if *i == invocation
+    )));
+    let (id, req) = generate(&out);
+    let messages = messages_of(&req);
+    assert_eq!(messages.last().unwrap().content, "No, wait, go home.");
+    // The cancelled call is answered in the context, so the model knows it did not finish.
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.role == ChatRole::Tool && m.content.contains("cancelled"))
+    );
+    // The late result is refused and does not touch the new reply.
+    let out = d.input(Input::ActionResult {
+        invocation,
+        outcome: ActionOutcome::Success(json!(null)),
+    });
+    assert!(matches!(
+        &client(&out)[..],
+        [ClientEvent::ActionError { .. }]
+    ));
+    assert!(requests(&out).is_empty());
+    let out = d.provider(delta(id, "Going home."));
+    assert_eq!(fragments(&out), "Going home.");
+}
