@@ -154,11 +154,16 @@ pub struct RealtimeConfig {
     /// `ContextTruncated`. 0: unlimited. Default
     /// [`voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS`] (32 000).
     pub max_context_chars: usize,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 impl Default for RealtimeConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             api_keys: Vec::new(),
             elevenlabs_base_url: None,
             max_context_chars: voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS,

@@ -112,11 +112,16 @@ pub struct GeminiConfig {
     /// server's initialization timeout.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connect_timeout_ms: Option<u64>,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 impl Default for GeminiConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             enabled: true,
             own_listener: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 3001)),

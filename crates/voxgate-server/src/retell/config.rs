@@ -94,6 +94,10 @@ pub struct RetellConfig {
     pub secret: String,
     /// Agent settings sent as `update_agent` once per call; nothing is sent when all are unset.
     pub agent: RetellAgentSettings,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 /// `[retell.agent]`: the `update_agent` body.
@@ -153,6 +157,7 @@ pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
 impl Default for RetellConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             enabled: true,
             begin_message: String::new(),
             begin_after_call_details: false,

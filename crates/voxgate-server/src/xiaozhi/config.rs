@@ -211,11 +211,16 @@ pub struct XiaozhiConfig {
     pub timezone_offset_minutes: i32,
     /// The model's instructions for device sessions.
     pub system_prompt: String,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 impl Default for XiaozhiConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             listen: None,
             ota_listen: None,
             websocket_url: String::new(),
