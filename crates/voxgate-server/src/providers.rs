@@ -472,4 +472,34 @@ mod tests {
         runner.start(ProviderRequest::Cancel { id: RequestId(8) });
         assert_eq!(runner.in_flight(), 0);
     }
+
+    #[tokio::test]
+    async fn a_tool_call_without_the_hub_is_an_error_result() {
+        let (mut runner, mut rx) = Runner::new(Providers::embedded(), Arc::new(Metrics::new()));
+        runner.start(ProviderRequest::CallTool {
+            id: RequestId(3),
+            turn: voxgate_engine::TurnId(1),
+            call_id: "c".into(),
+            source: "0000000000000001".into(),
+            name: "echo".into(),
+            arguments: serde_json::json!({}),
+        });
+        let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(
+                &ev,
+                ProviderEvent::ToolOutput {
+                    id: RequestId(3),
+                    ok: false,
+                    ..
+                }
+            ),
+            "{ev:?}"
+        );
+        runner.finished(&ev);
+        assert_eq!(runner.in_flight(), 0);
+    }
 }

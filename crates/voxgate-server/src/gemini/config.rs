@@ -14,6 +14,7 @@
 //! | `assistant_speaking` | `VOXGATE_GEMINI_ASSISTANT_SPEAKING` | `true` | send `ASSISTANT_SPEAKING` |
 //! | `max_frame_bytes` | `VOXGATE_GEMINI_MAX_FRAME_BYTES` | `8388608` | largest client frame |
 //! | `connect_timeout_ms` | `VOXGATE_GEMINI_CONNECT_TIMEOUT_MS` | the server's initialization timeout | close a connection without a session after this long |
+//! | `mcp_tools` | `VOXGATE_GEMINI_MCP_TOOLS` | `true` | engine mode: offer the MCP endpoint's tools, run by the server |
 //!
 //! Access ([`super::access`]): with `tokens` set, a connection must present one as
 //! `Authorization: Bearer <token>`, `?token=<token>` or the URL's last path segment, or it is
@@ -149,6 +150,7 @@ impl GeminiConfig {
     ) -> Result<(), ConfigError> {
         let vars = EnvVars::new(var);
         vars.flag("VOXGATE_GEMINI_ENABLED", &mut self.enabled)?;
+        vars.flag("VOXGATE_GEMINI_MCP_TOOLS", &mut self.mcp_tools)?;
         if let Some(v) = var("VOXGATE_GEMINI_LISTEN") {
             if v.trim().eq_ignore_ascii_case("off") || v.trim().is_empty() {
                 self.own_listener = false;

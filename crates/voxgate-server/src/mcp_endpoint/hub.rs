@@ -511,6 +511,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn server_tools_carry_the_connection_key_and_calls_route_back_to_it() {
+        let hub = McpHub::new();
+        let (tx1, _rx1) = mpsc::channel(4);
+        let (tx2, mut rx2) = mpsc::channel(4);
+        let a = hub.register("", tx1);
+        let b = hub.register("", tx2);
+        hub.set_tools(a.id(), vec![tool("echo")]);
+        hub.set_tools(b.id(), vec![tool("echo")]);
+        let defs = hub.server_tools(&Scope::All);
+        assert_eq!(defs.len(), 2);
+        assert!(defs.iter().all(|d| d.name == "echo"));
+        assert_ne!(defs[0].source, defs[1].source);
+        let second = defs[1].source.clone();
+        let call = hub.call_source_tool(
+            &Scope::All,
+            &second,
+            "echo",
+            json!({"x": 2}),
+            Duration::from_secs(1),
+        );
+        let serve = async {
+            let Some(Command::Call { reply, .. }) = rx2.recv().await else {
+                panic!("no call on the second connection")
+            };
+            reply.send(Ok(CallToolResult::text("two"))).unwrap();
+        };
+        let (outcome, ()) = tokio::join!(call, serve);
+        assert_eq!(McpHub::result_text(&outcome), "two");
+        drop(b);
+        let err = hub
+            .call_source_tool(
+                &Scope::All,
+                &second,
+                "echo",
+                json!({"x": 2}),
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err, HubError::Gone);
+    }
+
+    #[tokio::test]
     async fn a_closed_connection_fails_the_call() {
         let hub = McpHub::new();
         let (tx, rx) = mpsc::channel(4);

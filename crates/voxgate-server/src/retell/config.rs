@@ -190,6 +190,7 @@ impl RetellConfig {
     ) -> Result<(), ConfigError> {
         let vars = EnvVars::new(var);
         vars.flag("VOXGATE_RETELL_ENABLED", &mut self.enabled)?;
+        vars.flag("VOXGATE_RETELL_MCP_TOOLS", &mut self.mcp_tools)?;
         vars.string("VOXGATE_RETELL_BEGIN_MESSAGE", &mut self.begin_message);
         let after_details = &mut self.begin_after_call_details;
         vars.flag("VOXGATE_RETELL_BEGIN_AFTER_CALL_DETAILS", after_details)?;

@@ -317,6 +317,7 @@ impl XiaozhiConfig {
         vars.trimmed("VOXGATE_XIAOZHI_DEFAULT_EMOTION", &mut self.default_emotion);
         vars.list("VOXGATE_XIAOZHI_WAKE_WORDS", &mut self.wake_words);
         vars.flag_blank_false("VOXGATE_XIAOZHI_GREET_ON_WAKE", &mut self.greet_on_wake)?;
+        vars.flag("VOXGATE_XIAOZHI_MCP_TOOLS", &mut self.mcp_tools)?;
         vars.trimmed("VOXGATE_XIAOZHI_VISION_URL", &mut self.vision_url);
         let offset = &mut self.timezone_offset_minutes;
         vars.parsed("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES", offset)?;
