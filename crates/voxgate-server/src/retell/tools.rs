@@ -443,6 +443,45 @@ mod tests {
     use super::*;
     use voxgate_retell::{RequestKind, Utterance};
 
+    #[test]
+    fn mcp_tools_clashing_with_built_ins_get_distinct_names_and_route_to_their_source() {
+        let cfg = RetellConfig::default();
+        let server = |source: &str, name: &str| ServerToolDefinition {
+            source: source.into(),
+            name: name.into(),
+            description: String::new(),
+            parameters: json!({"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}),
+        };
+        let offered = Offered::new(
+            &cfg,
+            vec![server("b", "weather.get"), server("a", GET_CURRENT_TIME)],
+        );
+        let names: Vec<&str> = offered.specs().iter().map(|t| t.name.as_str()).collect();
+        let builtins = specs(&cfg);
+        assert_eq!(
+            &names[..builtins.len()],
+            builtins.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            &names[builtins.len()..],
+            ["get_current_time_2", "weather_get"]
+        );
+        assert_eq!(offered.route(GET_CURRENT_TIME, &json!({})), Route::BuiltIn);
+        assert_eq!(offered.route("no_such_tool", &json!({})), Route::BuiltIn);
+        assert_eq!(
+            offered.route("get_current_time_2", &json!({"x": 1})),
+            Route::Server {
+                source: "a".into(),
+                name: GET_CURRENT_TIME.into(),
+                arguments: json!({"x": 1}),
+            }
+        );
+        assert!(matches!(
+            offered.route("weather_get", &json!({"x": "one"})),
+            Route::Refused(_)
+        ));
+    }
+
     const WIDE: ContextBound = ContextBound {
         max_entries: 1000,
         max_chars: 1_000_000,
