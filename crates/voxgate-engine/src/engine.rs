@@ -282,6 +282,11 @@ impl Engine {
                     self.client(error);
                 }
             }
+            Input::ServerTools(tools) => {
+                // What the registry still refuses (over its size bound with the client's and
+                // device's tools) is not the client's doing: it is left out, not reported.
+                let _ = self.tools.set_server_tools(tools);
+            }
             Input::ToolResult { id, result } => self.client_tool_result(now, id, result)?,
             Input::SetActions(actions) => {
                 self.actions.declare(now, actions);
@@ -387,6 +392,9 @@ impl Engine {
             self.provider(ProviderRequest::Cancel { id });
         }
         for id in self.record.close() {
+            self.provider(ProviderRequest::Cancel { id });
+        }
+        for id in self.tools.server_requests() {
             self.provider(ProviderRequest::Cancel { id });
         }
         // Calls the turn machine did not track (refused ones awaiting generation's end).
@@ -611,7 +619,11 @@ impl Engine {
                     }
                 }
             }
-            TurnOutput::CancelTool { call_id } if self.tools.cancel(&call_id) => {
+            TurnOutput::CancelTool { call_id } if self.tools.contains(&call_id) => {
+                if let Some(id) = self.tools.server_request(&call_id) {
+                    self.provider(ProviderRequest::Cancel { id });
+                }
+                self.tools.cancel(&call_id);
                 self.record
                     .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
                 self.actions.cancel_call(&call_id);
@@ -727,6 +739,8 @@ impl Engine {
             self.llm_event(now, event);
         } else if self.reply.is_tts(id) {
             self.tts_event(now, event);
+        } else if let Some(call_id) = self.tools.server_call_of(id).map(str::to_owned) {
+            self.server_tool_event(now, &call_id, event);
         } else if self.record.awaits_query(id) {
             if let Some(events) = self.record.query_event(event) {
                 for e in events {
@@ -887,6 +901,22 @@ impl Engine {
                     }
                 }
             }
+            Dispatch::Server {
+                source,
+                name,
+                arguments,
+            } => {
+                let id = self.request();
+                self.tools.server_call_sent(&call_id, id);
+                self.provider(ProviderRequest::CallTool {
+                    id,
+                    turn,
+                    call_id,
+                    source,
+                    name,
+                    arguments,
+                });
+            }
             Dispatch::Refused(message) => {
                 self.record.tool_result(now, &call_id, message);
                 self.reply.refuse(call_id);
@@ -934,6 +964,21 @@ impl Engine {
         self.record.tool_result(now, &id, result);
         self.finish_call(now, &id, true);
         Ok(())
+    }
+
+    /// The answer of a server-side call: the model gets it like any tool result; a failed
+    /// request (the host could not run it) is an error result, so the turn goes on.
+    fn server_tool_event(&mut self, now: Instant, call_id: &str, event: ProviderEvent) {
+        let (text, ok) = match event {
+            ProviderEvent::ToolOutput { text, ok, .. } => (text, ok),
+            ProviderEvent::Failed { message, .. } => (format!("Error: {message}"), false),
+            _ => {
+                self.stale_events += 1;
+                return;
+            }
+        };
+        self.record.tool_result(now, call_id, text);
+        self.finish_call(now, call_id, ok);
     }
 
     fn finish_call(&mut self, now: Instant, call_id: &str, ok: bool) {

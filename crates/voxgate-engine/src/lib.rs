@@ -134,6 +134,7 @@ pub use engine::Engine;
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
 pub use record::{MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
+pub use types::ServerToolDefinition;
 pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
     TurnId,

@@ -117,6 +117,25 @@ pub enum ProviderRequest {
         /// The sentence, emoji stripped.
         text: String,
     },
+    /// Run a tool the server offers (one of [`crate::Input::ServerTools`], e.g. from an
+    /// external MCP server) for the model's call. Answer: one [`ProviderEvent::ToolOutput`]
+    /// (or [`ProviderEvent::Failed`], which the model gets as an error result). The host must
+    /// bound the call's time (an MCP server that never answers); a `Cancel` for `id` means the
+    /// turn machine gave up on the call.
+    CallTool {
+        /// Tag for the answer.
+        id: RequestId,
+        /// The response whose generation made the call.
+        turn: TurnId,
+        /// The model's correlation id for the call (for logs).
+        call_id: String,
+        /// The definition's [`crate::ServerToolDefinition::source`]: where the call goes.
+        source: String,
+        /// The tool's own name at its source (not the model-facing name).
+        name: String,
+        /// Arguments, validated against the tool's schema.
+        arguments: Value,
+    },
     /// Stop work on `id`; later events for it are ignored anyway.
     Cancel {
         /// The request to stop.
@@ -164,6 +183,15 @@ pub enum ProviderEvent {
         /// Their rate in Hz.
         sample_rate: u32,
     },
+    /// The result of a [`ProviderRequest::CallTool`]; nothing more comes for it.
+    ToolOutput {
+        /// The request answered.
+        id: RequestId,
+        /// The result text handed to the model (an error description when `ok` is false).
+        text: String,
+        /// Whether the tool succeeded.
+        ok: bool,
+    },
     /// The request finished successfully.
     Done {
         /// The request answered.
@@ -187,6 +215,7 @@ impl ProviderEvent {
             | Self::TextDelta { id, .. }
             | Self::ToolCall { id, .. }
             | Self::Audio { id, .. }
+            | Self::ToolOutput { id, .. }
             | Self::Done { id }
             | Self::Failed { id, .. } => *id,
         }

@@ -1,12 +1,19 @@
-//! The tools machine: which tools the model is offered (client and device), the device's MCP
-//! client, and the tool calls in flight with where each was sent.
+//! The tools machine: which tools the model is offered (client, device and server-side), the
+//! device's MCP client, and the tool calls in flight with where each was sent.
+//!
+//! Server-side tools (external MCP servers' tools, [`crate::ServerToolDefinition`]) share the
+//! one registry, each source as [`ToolSource::Mcp`] with its key, so a name clash with a
+//! client or device tool, or between two sources, gets a distinct deterministic model-facing
+//! name (the client's and device's tools keep theirs). A call to one goes out as a
+//! [`crate::ProviderRequest::CallTool`] to the source it came from; this machine decides that,
+//! the host only runs it.
 //!
 //! Bounded: calls come from the model (one per `ToolCall` event of a generation), never from
 //! the client, and each leaves the table when it is answered, cancelled by the turn machine or
 //! the session closes; a client answering an id not in the table is refused. The device's tool
 //! list is replaced, not appended, on each `tools/list`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -16,7 +23,9 @@ use voxgate_mcp::model::Tool;
 use voxgate_mcp::registry::{PreparedCall, RejectedTool, ToolRegistry, ToolSource};
 
 use crate::provider::ToolSpec;
-use crate::types::{ClientEvent, ErrorCategory, InputError, ToolDefinition, TurnId};
+use crate::types::{
+    ClientEvent, ErrorCategory, InputError, RequestId, ServerToolDefinition, ToolDefinition, TurnId,
+};
 
 /// One call in flight.
 #[derive(Debug, Clone)]
@@ -48,6 +57,16 @@ pub(crate) enum Dispatch {
         /// The action's id.
         name: String,
         /// Validated parameters.
+        arguments: Value,
+    },
+    /// A server-side tool: the engine sends it as `ProviderRequest::CallTool` and reports the
+    /// request with [`Tools::server_call_sent`].
+    Server {
+        /// The source key (which connection runs it).
+        source: String,
+        /// The tool's own name there.
+        name: String,
+        /// Validated arguments.
         arguments: Value,
     },
     /// Not run: this error text is its result, given to the model once generation ends.
@@ -82,6 +101,11 @@ pub(crate) struct Tools {
     /// Until when a first reply waits for the device's first tool listing: set when the device
     /// MCP client starts, cleared when the listing (or its failure) arrives.
     first_listing: Option<Instant>,
+    /// Keys of the server-side sources now in the registry.
+    server_sources: BTreeSet<String>,
+    /// Server-side calls in flight: the model's call id to its provider request, and back.
+    server_calls: BTreeMap<String, RequestId>,
+    server_requests: BTreeMap<RequestId, String>,
 }
 
 /// How long a reply waits for a just-connected device's tools. A device answers `tools/list`
@@ -99,6 +123,9 @@ impl Tools {
             device_calls: BTreeMap::new(),
             queued: VecDeque::new(),
             first_listing: None,
+            server_sources: BTreeSet::new(),
+            server_calls: BTreeMap::new(),
+            server_requests: BTreeMap::new(),
         }
     }
 
@@ -150,6 +177,70 @@ impl Tools {
             self.registry.remove_source(&ToolSource::Action);
         }
         rejected
+    }
+
+    /// Replaces every server-side tool. Sources no longer listed are removed first, then each
+    /// source's tools are set (in key order, so naming is deterministic). The server checked
+    /// these tools when its MCP server listed them; what this registry refuses still (a source
+    /// that would take it over [`voxgate_mcp::registry::MAX_TOOLS`] with the client's and
+    /// device's tools) is left out and returned for the host's log.
+    pub(crate) fn set_server_tools(&mut self, tools: Vec<ServerToolDefinition>) -> Vec<String> {
+        let mut by_source: BTreeMap<String, Vec<Tool>> = BTreeMap::new();
+        for t in tools {
+            by_source.entry(t.source).or_default().push(Tool::new(
+                t.name,
+                t.description,
+                t.parameters,
+            ));
+        }
+        for gone in self
+            .server_sources
+            .iter()
+            .filter(|k| !by_source.contains_key(*k))
+        {
+            self.registry.remove_source(&ToolSource::Mcp(gone.clone()));
+        }
+        self.server_sources = by_source.keys().cloned().collect();
+        let mut rejected = Vec::new();
+        for (key, tools) in by_source {
+            rejected.extend(
+                self.registry
+                    .set_source_tools(ToolSource::Mcp(key), tools)
+                    .into_iter()
+                    .map(|r| r.to_string()),
+            );
+        }
+        rejected
+    }
+
+    /// The provider request now running the server-side call `call_id`.
+    pub(crate) fn server_call_sent(&mut self, call_id: &str, request: RequestId) {
+        if self.calls.contains_key(call_id) {
+            self.server_calls.insert(call_id.to_owned(), request);
+            self.server_requests.insert(request, call_id.to_owned());
+        }
+    }
+
+    /// The call a server-side tool's provider request runs, while it is in flight.
+    pub(crate) fn server_call_of(&self, request: RequestId) -> Option<&str> {
+        self.server_requests.get(&request).map(String::as_str)
+    }
+
+    /// The provider request running the call `call_id`, if it is a server-side call in flight
+    /// (to cancel it).
+    pub(crate) fn server_request(&self, call_id: &str) -> Option<RequestId> {
+        self.server_calls.get(call_id).copied()
+    }
+
+    /// Every server-side call's provider request in flight (the session closes).
+    pub(crate) fn server_requests(&self) -> Vec<RequestId> {
+        self.server_requests.keys().copied().collect()
+    }
+
+    fn forget_server_call(&mut self, call_id: &str) {
+        if let Some(r) = self.server_calls.remove(call_id) {
+            self.server_requests.remove(&r);
+        }
     }
 
     /// Starts a fresh device MCP client (`initialize`, then `tools/list`).
@@ -258,6 +349,11 @@ impl Tools {
                 name: p.name,
                 arguments: p.arguments,
             },
+            ToolSource::Mcp(key) => Dispatch::Server {
+                source: key,
+                name: p.name,
+                arguments: p.arguments,
+            },
             _ => Dispatch::Refused("no runner for this tool".to_owned()),
         };
         self.track(call_id, source, None);
@@ -283,11 +379,13 @@ impl Tools {
 
     /// Removes an answered call; false when it was not in flight.
     pub(crate) fn finish(&mut self, call_id: &str) -> bool {
+        self.forget_server_call(call_id);
         self.calls.remove(call_id).is_some()
     }
 
     /// Cancels a call the turn machine gave up on; false when it was not in flight.
     pub(crate) fn cancel(&mut self, call_id: &str) -> bool {
+        self.forget_server_call(call_id);
         let Some(call) = self.calls.remove(call_id) else {
             return false;
         };
@@ -301,6 +399,8 @@ impl Tools {
     /// The session is over: forgets the device and returns the calls still in flight.
     pub(crate) fn close(&mut self) -> Vec<String> {
         self.device_calls.clear();
+        self.server_calls.clear();
+        self.server_requests.clear();
         // The device is gone: its MCP client (and any cancel notices it queued) with it.
         self.mcp = None;
         std::mem::take(&mut self.calls).into_keys().collect()
@@ -464,6 +564,48 @@ mod tests {
             tools.device_input(now, json!({})),
             Err(InputError::DeviceMcpNotStarted)
         );
+    }
+
+    #[test]
+    fn server_tools_clash_naming_and_routing() {
+        let now = Instant::now();
+        let mut tools = Tools::new();
+        assert!(tools.set_client_tools(vec![lamp()]).is_empty());
+        let server = |source: &str| ServerToolDefinition {
+            source: source.into(),
+            name: "home.lamp".into(),
+            description: format!("lamp at {source}"),
+            parameters: lamp().parameters,
+        };
+        assert!(
+            tools
+                .set_server_tools(vec![server("b"), server("a")])
+                .is_empty()
+        );
+        let names: Vec<String> = tools.llm_tools().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, ["home_lamp", "home_lamp_2", "home_lamp_3"]);
+        let p = tools.prepare("home_lamp_3", json!({"on": true}));
+        let d = tools.dispatch(now, "c1", p, TurnId(1));
+        assert_eq!(
+            d,
+            Dispatch::Server {
+                source: "b".into(),
+                name: "home.lamp".into(),
+                arguments: json!({"on": true}),
+            }
+        );
+        tools.server_call_sent("c1", RequestId(9));
+        assert_eq!(tools.server_call_of(RequestId(9)), Some("c1"));
+        assert_eq!(tools.server_request("c1"), Some(RequestId(9)));
+        assert!(!tools.awaits_client("c1"));
+        assert!(tools.finish("c1"));
+        assert_eq!(tools.server_call_of(RequestId(9)), None);
+        // Source `a` leaves: `b` keeps a distinct name, the client's stays plain.
+        tools.set_server_tools(vec![server("b")]);
+        let names: Vec<String> = tools.llm_tools().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, ["home_lamp", "home_lamp_2"]);
+        tools.set_server_tools(Vec::new());
+        assert_eq!(tools.llm_tools().len(), 1);
     }
 
     #[test]

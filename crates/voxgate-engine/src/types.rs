@@ -27,6 +27,23 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
+/// A tool the server runs for the model (one offered by an external MCP server connected to the
+/// server), listed next to the client's and the device's tools. A call to it goes out as
+/// [`ProviderRequest::CallTool`] with this `source` and `name`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerToolDefinition {
+    /// Which runner offers it (an MCP connection's key). Sources order naming: when two tools
+    /// map to one model-facing name, the client's and device's tools keep it, then the source
+    /// that sorts first; the others get `_2`, `_3`...
+    pub source: String,
+    /// The tool's own name at its source.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its arguments object.
+    pub parameters: Value,
+}
+
 /// Everything the engine reacts to. Feed with [`crate::Engine::handle_input`].
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -61,6 +78,10 @@ pub enum Input {
     StopCapture,
     /// Replaces the client's tool definitions (`UpdateToolDefinitionsRequest`).
     SetTools(Vec<ToolDefinition>),
+    /// Replaces every server-side tool ([`ServerToolDefinition`]); an empty list removes them.
+    /// Sent whenever the server's set of tools changes; the next generation offers the new set
+    /// and calls in flight finish as they were sent.
+    ServerTools(Vec<ServerToolDefinition>),
     /// The client's answer to a [`ClientEvent::ToolCallRequest`] (`ToolCallResponse`).
     ToolResult {
         /// The id from the request.

@@ -59,6 +59,7 @@
 //! | `VOXGATE_API_KEYS` | `realtime.api_keys`, comma-separated (empty: none) |
 //! | `VOXGATE_ELEVENLABS_BASE_URL` | `realtime.elevenlabs_base_url` (empty: unset) |
 //! | `VOXGATE_MAX_CONTEXT_CHARS` | `realtime.max_context_chars` (0: unlimited) |
+//! | `VOXGATE_REALTIME_MCP_TOOLS` | `realtime.mcp_tools` (`true` / `false`) |
 //! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
 //! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
 //! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
@@ -154,11 +155,16 @@ pub struct RealtimeConfig {
     /// `ContextTruncated`. 0: unlimited. Default
     /// [`voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS`] (32 000).
     pub max_context_chars: usize,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 impl Default for RealtimeConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             api_keys: Vec::new(),
             elevenlabs_base_url: None,
             max_context_chars: voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS,
@@ -484,6 +490,7 @@ impl Config {
             "VOXGATE_MAX_CONTEXT_CHARS",
             &mut self.realtime.max_context_chars,
         )?;
+        vars.flag("VOXGATE_REALTIME_MCP_TOOLS", &mut self.realtime.mcp_tools)?;
         self.xiaozhi.apply_env(&var)?;
         self.retell.apply_env(&var)?;
         self.gemini.apply_env(&var)?;
@@ -697,6 +704,27 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn mcp_tools_are_on_by_default_and_switch_per_door() {
+        let c = Config::default();
+        assert!(c.xiaozhi.mcp_tools && c.realtime.mcp_tools);
+        assert!(c.gemini.mcp_tools && c.retell.mcp_tools);
+        let mut c = Config::from_toml("[retell]\nmcp_tools = false\n").unwrap();
+        assert!(!c.retell.mcp_tools && c.gemini.mcp_tools);
+        c.apply_env(|k| {
+            matches!(
+                k,
+                "VOXGATE_XIAOZHI_MCP_TOOLS"
+                    | "VOXGATE_REALTIME_MCP_TOOLS"
+                    | "VOXGATE_GEMINI_MCP_TOOLS"
+            )
+            .then(|| "false".into())
+        })
+        .unwrap();
+        assert!(!c.xiaozhi.mcp_tools && !c.realtime.mcp_tools && !c.gemini.mcp_tools);
+        assert_eq!(Config::from_toml(&c.to_toml()).unwrap(), c);
     }
 
     #[test]

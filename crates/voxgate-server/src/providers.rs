@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -18,6 +18,7 @@ use voxgate_providers::{
 };
 
 use crate::config::Config;
+use crate::mcp_endpoint::hub::{McpHub, Scope};
 use crate::metrics::{Metrics, ProviderKind};
 
 /// The back ends every session of a server shares.
@@ -93,6 +94,18 @@ impl Providers {
     }
 }
 
+/// The MCP endpoint's tools for one session: the hub that runs the engine's
+/// [`ProviderRequest::CallTool`]s, and how long one call may take.
+#[derive(Debug, Clone)]
+pub(crate) struct McpTools {
+    /// The hub of external MCP servers connected to `/mcp`.
+    pub(crate) hub: Arc<McpHub>,
+    /// Which connections' tools the session sees.
+    pub(crate) scope: Scope,
+    /// Longest a call may take (`[mcp] call_timeout_secs`); the model gets an error after it.
+    pub(crate) timeout: Duration,
+}
+
 /// Runs the engine's provider requests as tasks and cancels them on request. Every event goes
 /// back through one bounded channel; dropping the runner aborts all work in flight, so a
 /// disconnect frees everything.
@@ -102,6 +115,8 @@ pub(crate) struct Runner {
     metrics: Arc<Metrics>,
     tx: mpsc::Sender<ProviderEvent>,
     tasks: HashMap<RequestId, AbortHandle>,
+    /// Runs `CallTool` requests; without it they fail at once.
+    mcp: Option<McpTools>,
 }
 
 impl Drop for Runner {
@@ -139,6 +154,7 @@ impl Runner {
                 metrics,
                 tx,
                 tasks: HashMap::new(),
+                mcp: None,
             },
             rx,
         )
@@ -148,6 +164,11 @@ impl Runner {
     /// its own ElevenLabs voice); requests already running keep the old one.
     pub(crate) fn set_tts(&mut self, tts: Arc<dyn Tts>) {
         self.providers.tts = tts;
+    }
+
+    /// Runs this session's `CallTool` requests against the MCP endpoint's hub.
+    pub(crate) fn set_mcp(&mut self, mcp: Option<McpTools>) {
+        self.mcp = mcp;
     }
 
     /// Requests in flight.
@@ -163,6 +184,7 @@ impl Runner {
             ProviderEvent::Done { .. }
                 | ProviderEvent::Failed { .. }
                 | ProviderEvent::Transcript { .. }
+                | ProviderEvent::ToolOutput { .. }
         ) {
             self.tasks.remove(&event.id());
         }
@@ -277,6 +299,14 @@ impl Runner {
                 });
                 (id, task)
             }
+            ProviderRequest::CallTool {
+                id,
+                call_id,
+                source,
+                name,
+                arguments,
+                ..
+            } => (id, self.spawn_tool(id, call_id, source, name, arguments)),
             other => {
                 tracing::warn!(
                     ?other,
@@ -286,6 +316,37 @@ impl Runner {
             }
         };
         self.tasks.insert(id, task.abort_handle());
+    }
+
+    /// One `CallTool` against the hub, bounded by the call timeout: every way it ends (a
+    /// result, an error, a timeout, a connection gone, no hub) is one `ToolOutput`.
+    fn spawn_tool(
+        &self,
+        id: RequestId,
+        call_id: String,
+        source: String,
+        name: String,
+        arguments: serde_json::Value,
+    ) -> tokio::task::JoinHandle<()> {
+        let tx = self.tx.clone();
+        let mcp = self.mcp.clone();
+        tokio::spawn(async move {
+            let (text, ok) = match mcp {
+                Some(m) => {
+                    let outcome = m
+                        .hub
+                        .call_source_tool(&m.scope, &source, &name, arguments, m.timeout)
+                        .await;
+                    if let Err(e) = &outcome {
+                        tracing::info!(%call_id, tool = %name, error = %e, "MCP tool call failed");
+                    }
+                    let ok = matches!(&outcome, Ok(r) if !r.is_error);
+                    (McpHub::result_text(&outcome), ok)
+                }
+                None => ("Error: MCP tools are not available here".to_owned(), false),
+            };
+            let _ = tx.send(ProviderEvent::ToolOutput { id, text, ok }).await;
+        })
     }
 
     fn spawn_llm(&self, id: RequestId, request: LlmRequest) -> tokio::task::JoinHandle<()> {
@@ -389,7 +450,7 @@ mod tests {
         });
         let mut text = String::new();
         loop {
-            let ev = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
                 .await
                 .unwrap()
                 .unwrap();
@@ -409,6 +470,36 @@ mod tests {
             sample_rate: 16_000,
         });
         runner.start(ProviderRequest::Cancel { id: RequestId(8) });
+        assert_eq!(runner.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_tool_call_without_the_hub_is_an_error_result() {
+        let (mut runner, mut rx) = Runner::new(Providers::embedded(), Arc::new(Metrics::new()));
+        runner.start(ProviderRequest::CallTool {
+            id: RequestId(3),
+            turn: voxgate_engine::TurnId(1),
+            call_id: "c".into(),
+            source: "0000000000000001".into(),
+            name: "echo".into(),
+            arguments: serde_json::json!({}),
+        });
+        let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(
+                &ev,
+                ProviderEvent::ToolOutput {
+                    id: RequestId(3),
+                    ok: false,
+                    ..
+                }
+            ),
+            "{ev:?}"
+        );
+        runner.finished(&ev);
         assert_eq!(runner.in_flight(), 0);
     }
 }

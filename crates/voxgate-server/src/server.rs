@@ -87,7 +87,19 @@ impl App {
             max_frame_bytes: self.config.max_frame_bytes,
             shutdown: self.shutdown.clone(),
             sessions: Arc::clone(&self.sessions),
+            mcp: None,
         }
+    }
+
+    /// The MCP endpoint's tools for a session of a door whose `mcp_tools` is `on`: every
+    /// connection's tools (doors have no per-token scope; the endpoint's `[mcp] tokens` decide
+    /// who may connect), each call bounded by `[mcp] call_timeout_secs`.
+    pub(crate) fn mcp_tools(&self, on: bool) -> Option<crate::providers::McpTools> {
+        on.then(|| crate::providers::McpTools {
+            hub: Arc::clone(&self.shared.mcp),
+            scope: crate::mcp_endpoint::hub::Scope::All,
+            timeout: self.config.mcp.call_timeout(),
+        })
     }
 }
 

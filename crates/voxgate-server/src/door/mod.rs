@@ -37,7 +37,7 @@ use voxgate_engine::{ProviderEvent, ProviderRequest};
 use voxgate_providers::Tts;
 
 use crate::metrics::{Direction, Door, Metrics};
-use crate::providers::{Providers, Runner};
+use crate::providers::{McpTools, Providers, Runner};
 
 /// WebSocket close codes the doors use (RFC 6455 section 7.4.1).
 pub(crate) mod close_code {
@@ -241,6 +241,19 @@ pub(crate) trait Translator: Send + 'static {
     /// The session ends, for any reason: cancel provider work. Frames are not sent any more.
     fn on_close(&mut self, _now: Instant, _out: &mut Out) {}
 
+    /// The MCP endpoint's tools, at the start of the session and again whenever they change
+    /// (servers connecting or leaving): the door hands them to its conversation
+    /// (`Input::ServerTools`, kept for an engine made later) so its next generation offers
+    /// them; their calls come back as `ProviderRequest::CallTool`, which the runner executes.
+    /// Only called when the door's `mcp_tools` is on.
+    fn on_server_tools(
+        &mut self,
+        _now: Instant,
+        _tools: Vec<voxgate_engine::ServerToolDefinition>,
+        _out: &mut Out,
+    ) {
+    }
+
     /// The translator's own event source, if it has one now.
     fn events(&mut self) -> Option<&mut mpsc::Receiver<Self::Event>> {
         None
@@ -341,6 +354,8 @@ pub(crate) struct DriverContext {
     pub(crate) max_frame_bytes: usize,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) sessions: Arc<Sessions>,
+    /// The MCP endpoint's tools, when the door offers them (its `mcp_tools`).
+    pub(crate) mcp: Option<McpTools>,
 }
 
 /// What the reader passes to the session loop.
@@ -376,6 +391,8 @@ enum Wake<M, E> {
     Event(Option<E>),
     Room(mpsc::OwnedPermit<ToWriter>),
     Timer,
+    /// The MCP endpoint's tools changed.
+    Tools,
     Shutdown,
     WriterGone,
 }
@@ -383,6 +400,13 @@ enum Wake<M, E> {
 async fn recv_opt<T>(rx: Option<&mut mpsc::Receiver<T>>) -> Option<T> {
     match rx {
         Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn changed_opt(rx: Option<&mut watch::Receiver<u64>>) -> bool {
+    match rx {
+        Some(rx) => rx.changed().await.is_ok(),
         None => std::future::pending().await,
     }
 }
@@ -424,8 +448,13 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
     ));
     let writer = tokio::spawn(write(sink, out_rx, cx.limits.write_timeout));
 
-    let (runner, provider_rx) = Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics));
+    let (mut runner, provider_rx) = Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics));
+    runner.set_mcp(cx.mcp.clone());
     let mut session = Loop {
+        tools: cx
+            .mcp
+            .as_ref()
+            .map(|m| (Arc::clone(&m.hub), m.hub.subscribe(), m.scope.clone())),
         t: translator,
         runner,
         out: out_tx,
@@ -575,6 +604,12 @@ struct Loop<T: Translator> {
     next_ping: Option<Instant>,
     /// Shutting down: the deadline by which the session closes with 1001.
     draining: Option<Instant>,
+    /// The MCP hub whose tools the door offers, its change notices and the scope.
+    tools: Option<(
+        Arc<crate::mcp_endpoint::hub::McpHub>,
+        watch::Receiver<u64>,
+        crate::mcp_endpoint::hub::Scope,
+    )>,
 }
 
 impl<T: Translator> Loop<T> {
@@ -589,6 +624,11 @@ impl<T: Translator> Loop<T> {
         }
         let mut out = Out::new();
         self.t.on_start(Instant::now(), &mut out);
+        if let Some((hub, changes, scope)) = &mut self.tools {
+            changes.mark_unchanged();
+            let tools = hub.server_tools(scope);
+            self.t.on_server_tools(Instant::now(), tools, &mut out);
+        }
         if let Some(end) = self.apply(out) {
             return end;
         }
@@ -599,6 +639,8 @@ impl<T: Translator> Loop<T> {
                 let out = self.out.clone();
                 let events = self.t.events();
                 let reading = self.draining.is_none();
+                let changes = self.tools.as_mut().map(|(_, c, _)| c);
+                let changes_open = changes.is_some();
                 tokio::select! {
                     m = in_rx.recv(), if reading => Wake::Client(m),
                     Some(p) = provider_rx.recv() => Wake::Provider(p),
@@ -608,6 +650,8 @@ impl<T: Translator> Loop<T> {
                         Err(_) => Wake::WriterGone,
                     },
                     () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => Wake::Timer,
+                    // The session holds the hub, so its change sender outlives this loop.
+                    alive = changed_opt(changes), if changes_open => if alive { Wake::Tools } else { Wake::Timer },
                     _ = shutdown.changed(), if reading => Wake::Shutdown,
                     () = out.closed() => Wake::WriterGone,
                 }
@@ -639,6 +683,13 @@ impl<T: Translator> Loop<T> {
                 Wake::Timer => {
                     if let Some(end) = self.timers(now, &mut out) {
                         return end;
+                    }
+                }
+                Wake::Tools => {
+                    if let Some((hub, changes, scope)) = &mut self.tools {
+                        changes.mark_unchanged();
+                        let tools = hub.server_tools(scope);
+                        self.t.on_server_tools(now, tools, &mut out);
                     }
                 }
                 Wake::Shutdown => {

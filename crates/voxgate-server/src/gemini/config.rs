@@ -14,6 +14,7 @@
 //! | `assistant_speaking` | `VOXGATE_GEMINI_ASSISTANT_SPEAKING` | `true` | send `ASSISTANT_SPEAKING` |
 //! | `max_frame_bytes` | `VOXGATE_GEMINI_MAX_FRAME_BYTES` | `8388608` | largest client frame |
 //! | `connect_timeout_ms` | `VOXGATE_GEMINI_CONNECT_TIMEOUT_MS` | the server's initialization timeout | close a connection without a session after this long |
+//! | `mcp_tools` | `VOXGATE_GEMINI_MCP_TOOLS` | `true` | engine mode: offer the MCP endpoint's tools, run by the server |
 //!
 //! Access ([`super::access`]): with `tokens` set, a connection must present one as
 //! `Authorization: Bearer <token>`, `?token=<token>` or the URL's last path segment, or it is
@@ -112,11 +113,16 @@ pub struct GeminiConfig {
     /// server's initialization timeout.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connect_timeout_ms: Option<u64>,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 impl Default for GeminiConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             enabled: true,
             own_listener: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 3001)),
@@ -144,6 +150,7 @@ impl GeminiConfig {
     ) -> Result<(), ConfigError> {
         let vars = EnvVars::new(var);
         vars.flag("VOXGATE_GEMINI_ENABLED", &mut self.enabled)?;
+        vars.flag("VOXGATE_GEMINI_MCP_TOOLS", &mut self.mcp_tools)?;
         if let Some(v) = var("VOXGATE_GEMINI_LISTEN") {
             if v.trim().eq_ignore_ascii_case("off") || v.trim().is_empty() {
                 self.own_listener = false;

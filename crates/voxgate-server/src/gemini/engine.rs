@@ -72,6 +72,7 @@ impl Ids {
             | ProviderRequest::Generate { id, .. }
             | ProviderRequest::Query { id, .. }
             | ProviderRequest::Synthesize { id, .. }
+            | ProviderRequest::CallTool { id, .. }
             | ProviderRequest::Cancel { id } => id,
             other => {
                 tracing::warn!(request = ?other, "gemini door: provider request not mapped");
@@ -96,6 +97,7 @@ impl Ids {
             | ProviderEvent::TextDelta { id, .. }
             | ProviderEvent::ToolCall { id, .. }
             | ProviderEvent::Audio { id, .. }
+            | ProviderEvent::ToolOutput { id, .. }
             | ProviderEvent::Done { id }
             | ProviderEvent::Failed { id, .. } => id,
             _ => return None,
@@ -304,6 +306,16 @@ impl EngineSession {
     /// before the caller sends `SETUP_COMPLETE`, on connect and on `UPDATE_CONFIG` alike.
     pub(super) fn start(&mut self, now: Instant, config: &LiveConfig, out: &mut Out) {
         self.input(now, Input::SetTools(tools(config)), out);
+    }
+
+    /// Offers the MCP endpoint's tools (run by the server, never declared to the client).
+    pub(super) fn server_tools(
+        &mut self,
+        now: Instant,
+        tools: Vec<voxgate_engine::ServerToolDefinition>,
+        out: &mut Out,
+    ) {
+        self.input(now, Input::ServerTools(tools), out);
     }
 
     /// When [`timeout`](Self::timeout) is next due.

@@ -142,6 +142,8 @@ async fn serve(socket: WebSocket, app: Arc<App>) {
     let mut cx = app.driver(Door::Gemini);
     cx.max_frame_bytes = config.max_frame_bytes;
     cx.limits.init_timeout = config.connect_timeout(cx.limits.init_timeout);
+    // Pass-through sessions have no engine; their translator ignores the tools.
+    cx.mcp = app.mcp_tools(config.mcp_tools);
     let door = translator::GeminiDoor::new(
         config,
         Arc::clone(&app.metrics),

@@ -46,6 +46,8 @@ pub(super) struct GeminiDoor {
     init_timeout: Option<Duration>,
     /// `[limits] max_history_messages` for the engine sessions (0: unlimited).
     max_history_messages: usize,
+    /// The MCP endpoint's tools, for every engine session this connection opens.
+    server_tools: Vec<voxgate_engine::ServerToolDefinition>,
 }
 
 fn too_big(len: usize, max: usize) -> ServerMessage {
@@ -79,6 +81,7 @@ impl GeminiDoor {
             initialized: false,
             init_timeout,
             max_history_messages: crate::config::limits::DEFAULT_MAX_HISTORY_MESSAGES,
+            server_tools: Vec::new(),
         }
     }
 
@@ -223,6 +226,7 @@ impl GeminiDoor {
                         // SETUP_COMPLETE, as on UPDATE_CONFIG: an app reading up to
                         // SETUP_COMPLETE has seen every complaint about its config.
                         session.start(now, &config, out);
+                        session.server_tools(now, self.server_tools.clone(), out);
                         emit(out, &ServerMessage::setup_ok());
                         self.backend = Some(Backend::Engine(Box::new(session)));
                         self.initialized = true;
@@ -320,6 +324,18 @@ impl Translator for GeminiDoor {
 
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         self.end_session(now, out);
+    }
+
+    fn on_server_tools(
+        &mut self,
+        now: Instant,
+        tools: Vec<voxgate_engine::ServerToolDefinition>,
+        out: &mut Out,
+    ) {
+        if let Some(Backend::Engine(e)) = &mut self.backend {
+            e.server_tools(now, tools.clone(), out);
+        }
+        self.server_tools = tools;
     }
 
     fn events(&mut self) -> Option<&mut tokio::sync::mpsc::Receiver<UpEvent>> {

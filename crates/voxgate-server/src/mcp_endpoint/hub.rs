@@ -19,6 +19,12 @@
 //! The definitions carry the hub's LLM names, which the engine keeps as they are, so the
 //! `name` of the engine's `ToolCallRequest` is the name to pass back to [`McpHub::call_tool`].
 //! [`McpHub::subscribe`] tells when the set of tools changed (to call `SetTools` again).
+//!
+//! The engine doors (Xiaozhi, realtime, Gemini engine mode, Retell) use the server-side path
+//! instead: [`McpHub::server_tools`] gives the tools with their connection's key and own name
+//! (`Input::ServerTools`), the conversation names them next to its client's tools, and a call
+//! comes back as `ProviderRequest::CallTool { source, name, .. }`, which the provider runner
+//! runs with [`McpHub::call_source_tool`].
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -168,7 +174,12 @@ impl Drop for Registration<'_> {
 fn source(id: u64) -> ToolSource {
     // Zero-padded so the registry's ordering (and with it the naming precedence on clashes) is
     // connection order: the older connection keeps the plain name.
-    ToolSource::Mcp(format!("{id:016x}"))
+    ToolSource::Mcp(connection_key(id))
+}
+
+/// The key of connection `id` in [`ToolSource::Mcp`].
+fn connection_key(id: u64) -> String {
+    format!("{id:016x}")
 }
 
 fn connection_of(source: &ToolSource) -> Option<u64> {
@@ -249,7 +260,6 @@ impl McpHub {
     }
 
     /// Bumped whenever tools appear or disappear.
-    #[allow(dead_code, reason = "for doors that refresh their tools mid-session")]
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
@@ -284,6 +294,44 @@ impl McpHub {
                 parameters: t.input_schema,
             })
             .collect()
+    }
+
+    /// The tools in `scope` as server-side tools of an engine (`Input::ServerTools`): each
+    /// with its connection's key as the source and its own name, so the conversation gives
+    /// model-facing names itself (next to its client's tools) and calls come back to
+    /// [`McpHub::call_source_tool`].
+    pub(crate) fn server_tools(&self, scope: &Scope) -> Vec<voxgate_engine::ServerToolDefinition> {
+        self.tools(scope)
+            .into_iter()
+            .map(|t| voxgate_engine::ServerToolDefinition {
+                source: connection_key(t.connection),
+                name: t.tool_name,
+                description: t.description,
+                parameters: t.input_schema,
+            })
+            .collect()
+    }
+
+    /// Calls the tool `name` (its own name) of the connection with key `source` (from
+    /// [`McpHub::server_tools`]), like [`McpHub::call_tool`]. A connection that left since is
+    /// [`HubError::Gone`].
+    pub(crate) async fn call_source_tool(
+        &self,
+        scope: &Scope,
+        source: &str,
+        name: &str,
+        arguments: Value,
+        timeout: Duration,
+    ) -> Result<CallToolResult, HubError> {
+        let llm_name = {
+            let inner = self.lock();
+            let source = ToolSource::Mcp(source.to_owned());
+            match inner.registry.get(&source, name) {
+                Some(t) => t.llm_name().to_owned(),
+                None => return Err(HubError::Gone),
+            }
+        };
+        self.call_tool(scope, &llm_name, arguments, timeout).await
     }
 
     /// Whether `name` is a hub tool in `scope`.
@@ -460,6 +508,49 @@ mod tests {
         assert_eq!(hub.connections().len(), 1);
         drop(b);
         assert!(hub.tools(&Scope::All).is_empty());
+    }
+
+    #[tokio::test]
+    async fn server_tools_carry_the_connection_key_and_calls_route_back_to_it() {
+        let hub = McpHub::new();
+        let (tx1, _rx1) = mpsc::channel(4);
+        let (tx2, mut rx2) = mpsc::channel(4);
+        let a = hub.register("", tx1);
+        let b = hub.register("", tx2);
+        hub.set_tools(a.id(), vec![tool("echo")]);
+        hub.set_tools(b.id(), vec![tool("echo")]);
+        let defs = hub.server_tools(&Scope::All);
+        assert_eq!(defs.len(), 2);
+        assert!(defs.iter().all(|d| d.name == "echo"));
+        assert_ne!(defs[0].source, defs[1].source);
+        let second = defs[1].source.clone();
+        let call = hub.call_source_tool(
+            &Scope::All,
+            &second,
+            "echo",
+            json!({"x": 2}),
+            Duration::from_secs(1),
+        );
+        let serve = async {
+            let Some(Command::Call { reply, .. }) = rx2.recv().await else {
+                panic!("no call on the second connection")
+            };
+            reply.send(Ok(CallToolResult::text("two"))).unwrap();
+        };
+        let (outcome, ()) = tokio::join!(call, serve);
+        assert_eq!(McpHub::result_text(&outcome), "two");
+        drop(b);
+        let err = hub
+            .call_source_tool(
+                &Scope::All,
+                &second,
+                "echo",
+                json!({"x": 2}),
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err, HubError::Gone);
     }
 
     #[tokio::test]

@@ -13,7 +13,9 @@
 //! Every connection's tools go into the [`hub::McpHub`] (several connections per token are
 //! merged; a closed connection takes its tools with it). Doors offer the hub's tools to their
 //! engine and route the calls back: see [`hub`] for the recipe. The Bridge HTTP API's
-//! `/api/message` turns use it.
+//! `/api/message` turns use it, and so do the engine doors (Xiaozhi, realtime, Gemini engine
+//! mode, Retell), each with its `mcp_tools` switch: the door driver hands the tools to the
+//! session and its provider runner runs their calls.
 //!
 //! The token travels as `Authorization: Bearer <token>` or, for bridges that only take a URL
 //! (`mcp2xiaozhi` and the Xiaozhi console's endpoint URLs), in `?token=`; the header wins when

@@ -59,7 +59,9 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>) {
         max_history_messages: app.config.limits.max_history_messages,
     };
     let door = RealtimeDoor::new(Arc::clone(&app.metrics), settings);
-    crate::door::run(socket, door, app.driver(Door::Realtime)).await;
+    let mut cx = app.driver(Door::Realtime);
+    cx.mcp = app.mcp_tools(app.config.realtime.mcp_tools);
+    crate::door::run(socket, door, cx).await;
 }
 
 /// Whether the request carries one of the configured bearer keys (always, when none are

@@ -61,6 +61,9 @@ pub(crate) struct RealtimeDoor {
     metrics: Arc<Metrics>,
     settings: RealtimeSettings,
     session: Option<Session>,
+    /// The MCP endpoint's tools (run by the server, never sent to the client), for the
+    /// engine made at `InitializeSessionRequest`.
+    server_tools: Vec<voxgate_engine::ServerToolDefinition>,
 }
 
 /// An initialized session.
@@ -189,6 +192,21 @@ impl Translator for RealtimeDoor {
         })
     }
 
+    fn on_server_tools(
+        &mut self,
+        now: Instant,
+        tools: Vec<voxgate_engine::ServerToolDefinition>,
+        out: &mut Out,
+    ) {
+        if let Some(s) = &mut self.session {
+            let _ = s
+                .engine
+                .handle_input(now, Input::ServerTools(tools.clone()));
+        }
+        self.server_tools = tools;
+        self.drain(now, out);
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         if let Some(s) = &mut self.session {
             let _ = s.engine.handle_input(now, Input::Close);
@@ -209,6 +227,7 @@ impl RealtimeDoor {
             metrics,
             settings,
             session: None,
+            server_tools: Vec::new(),
         }
     }
 
@@ -261,10 +280,13 @@ impl RealtimeDoor {
                     match session_tts(&config, self.settings.elevenlabs_base_url.as_deref())
                         .and_then(|tts| Ok((tts, Session::new(config, &self.settings, now)?)))
                     {
-                        Ok((tts, s)) => {
+                        Ok((tts, mut s)) => {
                             if let Some(tts) = tts {
                                 out.set_tts(tts);
                             }
+                            let _ = s
+                                .engine
+                                .handle_input(now, Input::ServerTools(self.server_tools.clone()));
                             self.session = Some(s);
                             out.send(frame(&ClientBoundMessage::session_ready()));
                         }

@@ -94,6 +94,10 @@ pub struct RetellConfig {
     pub secret: String,
     /// Agent settings sent as `update_agent` once per call; nothing is sent when all are unset.
     pub agent: RetellAgentSettings,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 /// `[retell.agent]`: the `update_agent` body.
@@ -153,6 +157,7 @@ pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 16 << 20;
 impl Default for RetellConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             enabled: true,
             begin_message: String::new(),
             begin_after_call_details: false,
@@ -185,6 +190,7 @@ impl RetellConfig {
     ) -> Result<(), ConfigError> {
         let vars = EnvVars::new(var);
         vars.flag("VOXGATE_RETELL_ENABLED", &mut self.enabled)?;
+        vars.flag("VOXGATE_RETELL_MCP_TOOLS", &mut self.mcp_tools)?;
         vars.string("VOXGATE_RETELL_BEGIN_MESSAGE", &mut self.begin_message);
         let after_details = &mut self.begin_after_call_details;
         vars.flag("VOXGATE_RETELL_BEGIN_AFTER_CALL_DETAILS", after_details)?;

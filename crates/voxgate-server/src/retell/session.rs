@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 use axum::extract::ws::WebSocket;
 use tokio::sync::mpsc;
 use voxgate_engine::emotion::{self, FragmentStripper};
-use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall, ToolSpec};
+use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall};
 use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnId};
 use voxgate_retell::{
     AgentInterrupt, BeginMessage, Call, ConfigBody, Generate, Metadata, RequestKind,
@@ -21,7 +21,7 @@ use voxgate_retell::{
 };
 
 use super::registry::Lease;
-use super::tools::{self, ContextBound, ToolOutcome};
+use super::tools::{self, ContextBound, Offered, Route, ToolOutcome};
 use super::{Control, RetellConfig};
 use crate::door::{self, ClientFrame, Inbound, Out, ServerFrame, Translator, close_code};
 use crate::metrics::{Door, Metrics};
@@ -93,6 +93,7 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, lease: Lease) {
     );
     let session = RetellSession::new(cfg.clone(), Arc::clone(&app.metrics), lease);
     let mut cx = app.driver(Door::Retell);
+    cx.mcp = app.mcp_tools(cfg.mcp_tools);
     // Retell sends the whole transcript in every event: the door's own frame limit.
     cx.max_frame_bytes = cfg.max_frame_bytes;
     door::run(socket, session, cx).await;
@@ -139,6 +140,20 @@ struct Active {
     /// Retell speaks `content` and has no emotion channel: the model's emoji (the demo agent
     /// starts every reply with one) are removed across the whole response, not read aloud.
     stripper: FragmentStripper,
+    /// MCP endpoint calls of this round still running: their request and the model's call id.
+    server_calls: Vec<(RequestId, String)>,
+    /// The round's generation is done; it continues once `server_calls` are answered.
+    round_over: bool,
+}
+
+impl Active {
+    /// Cancels every request of the response: the LLM round and its MCP calls.
+    fn cancel(&self, out: &mut Out) {
+        out.provider(ProviderRequest::Cancel { id: self.request });
+        for (id, _) in &self.server_calls {
+            out.provider(ProviderRequest::Cancel { id: *id });
+        }
+    }
 }
 
 /// What a finished response asks Retell to do once it is spoken.
@@ -151,7 +166,8 @@ enum Action {
 /// as the socket lives.
 pub(crate) struct RetellSession {
     cfg: RetellConfig,
-    tools: Vec<ToolSpec>,
+    /// The built-ins and the MCP endpoint's tools, with the names the model sees.
+    tools: Offered,
     bound: ContextBound,
     metrics: Arc<Metrics>,
     call_id: String,
@@ -171,7 +187,7 @@ pub(crate) struct RetellSession {
 impl RetellSession {
     pub(crate) fn new(cfg: RetellConfig, metrics: Arc<Metrics>, mut state: Lease) -> Self {
         Self {
-            tools: tools::specs(&cfg),
+            tools: Offered::new(&cfg, Vec::new()),
             bound: ContextBound::from_config(&cfg),
             cfg,
             metrics,
@@ -243,7 +259,7 @@ impl RetellSession {
 
     fn start(&mut self, now: Instant, g: &Generate, out: &mut Out) {
         if let Some(old) = self.active.take() {
-            out.provider(ProviderRequest::Cancel { id: old.request });
+            old.cancel(out);
         }
         if g.kind == RequestKind::Begin {
             return;
@@ -267,6 +283,8 @@ impl RetellSession {
             tools_used: Vec::new(),
             space_before_next: false,
             stripper: FragmentStripper::new(),
+            server_calls: Vec::new(),
+            round_over: false,
         };
         self.generate(&mut active, out);
         self.active = Some(active);
@@ -281,7 +299,7 @@ impl RetellSession {
             id: active.request,
             turn: TurnId(u32::try_from(active.response_id).unwrap_or(u32::MAX)),
             messages: active.messages.clone(),
-            tools: self.tools.clone(),
+            tools: self.tools.specs().to_vec(),
             temperature: None,
         });
     }
@@ -293,7 +311,7 @@ impl RetellSession {
             .is_some_and(|a| a.response_id == response_id)
             && let Some(a) = self.active.take()
         {
-            out.provider(ProviderRequest::Cancel { id: a.request });
+            a.cancel(out);
         }
     }
 
@@ -301,6 +319,14 @@ impl RetellSession {
         let Some(mut active) = self.active.take() else {
             return;
         };
+        if let Some(i) = active
+            .server_calls
+            .iter()
+            .position(|(id, _)| *id == event.id())
+        {
+            self.server_result(now, active, i, event, out);
+            return;
+        }
         if event.id() != active.request {
             // A late event of a cancelled round.
             self.active = Some(active);
@@ -334,7 +360,12 @@ impl RetellSession {
                 arguments,
                 ..
             } => {
-                self.tool_call(now, &mut active, call_id, name, arguments);
+                self.tool_call(now, &mut active, call_id, name, arguments, out);
+                self.active = Some(active);
+            }
+            ProviderEvent::Done { .. } if !active.server_calls.is_empty() => {
+                // The round goes on once the MCP calls are answered.
+                active.round_over = true;
                 self.active = Some(active);
             }
             ProviderEvent::Done { .. } => self.round_done(now, active, out),
@@ -348,6 +379,9 @@ impl RetellSession {
                 } else {
                     format!(" {apology}")
                 };
+                for (id, _) in &active.server_calls {
+                    out.provider(ProviderRequest::Cancel { id: *id });
+                }
                 self.finish_response(now, active.response_id, content, None, &active.tools_used);
             }
             _ => self.active = Some(active),
@@ -361,6 +395,7 @@ impl RetellSession {
         call_id: String,
         name: String,
         arguments: serde_json::Value,
+        out: &mut Out,
     ) {
         if active.round_calls.len() + usize::from(active.action.is_some())
             >= MAX_TOOL_CALLS_PER_ROUND
@@ -381,7 +416,42 @@ impl RetellSession {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default();
-        let outcome = tools::run(&self.cfg, self.state.call.as_ref(), &name, &args, unix);
+        let outcome = match self.tools.route(&name, &args) {
+            Route::BuiltIn => tools::run(&self.cfg, self.state.call.as_ref(), &name, &args, unix),
+            Route::Refused(content) => ToolOutcome::Result(content),
+            Route::Server {
+                source,
+                name: tool,
+                arguments,
+            } => {
+                // Reported now; the result follows when the MCP server answers.
+                self.send(
+                    now,
+                    ServerEvent::ToolCallInvocation(ToolCallInvocation {
+                        tool_call_id: call_id.clone(),
+                        name: name.clone(),
+                        arguments: args_text,
+                    }),
+                );
+                self.next_request += 1;
+                let id = RequestId(self.next_request);
+                out.provider(ProviderRequest::CallTool {
+                    id,
+                    turn: TurnId(u32::try_from(active.response_id).unwrap_or(u32::MAX)),
+                    call_id: call_id.clone(),
+                    source,
+                    name: tool,
+                    arguments,
+                });
+                active.round_calls.push(ContextToolCall {
+                    id: call_id.clone(),
+                    name,
+                    arguments: args,
+                });
+                active.server_calls.push((id, call_id));
+                return;
+            }
+        };
         match outcome {
             ToolOutcome::Result(content) => {
                 self.send(
@@ -413,6 +483,43 @@ impl RetellSession {
                     active.action = Some(action);
                 }
             }
+        }
+    }
+
+    /// The answer to the MCP call `active.server_calls[i]`: reported to Retell and put in the
+    /// next round's context; the last one of a finished round continues the response.
+    fn server_result(
+        &mut self,
+        now: Instant,
+        mut active: Active,
+        i: usize,
+        event: ProviderEvent,
+        out: &mut Out,
+    ) {
+        let content = match event {
+            ProviderEvent::ToolOutput { text, .. } => text,
+            ProviderEvent::Failed { message, .. } => format!("Error: {message}"),
+            _ => {
+                self.active = Some(active);
+                return;
+            }
+        };
+        let (_, call_id) = active.server_calls.remove(i);
+        self.send(
+            now,
+            ServerEvent::ToolCallResult(ToolCallResult {
+                tool_call_id: call_id.clone(),
+                content: content.clone(),
+            }),
+        );
+        let mut result = ContextMessage::new(ChatRole::Tool, content);
+        result.tool_call_id = Some(call_id);
+        active.round_results.push(result);
+        if active.round_over && active.server_calls.is_empty() {
+            active.round_over = false;
+            self.round_done(now, active, out);
+        } else {
+            self.active = Some(active);
         }
     }
 
@@ -616,9 +723,19 @@ impl Translator for RetellSession {
         self.active.is_none()
     }
 
+    fn on_server_tools(
+        &mut self,
+        _now: Instant,
+        tools: Vec<voxgate_engine::ServerToolDefinition>,
+        _out: &mut Out,
+    ) {
+        // Offered from the next round on (calls already sent finish as they were sent).
+        self.tools = Offered::new(&self.cfg, tools);
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         if let Some(a) = self.active.take() {
-            out.provider(ProviderRequest::Cancel { id: a.request });
+            a.cancel(out);
         }
         self.feed(now, TrackerInput::Disconnected);
         // Only stops of the response just cancelled remain; the socket is gone.

@@ -6,8 +6,13 @@
 //! `get_current_time` run here; their invocation and result are reported to Retell
 //! (`tool_call_invocation` / `tool_call_result`) and the model continues the same response.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
+use voxgate_engine::ServerToolDefinition;
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall, ToolSpec};
+use voxgate_mcp::model::Tool;
+use voxgate_mcp::registry::{ToolRegistry, ToolSource};
 use voxgate_retell::{Call, Generate, Role, TranscriptItem};
 
 use super::RetellConfig;
@@ -66,6 +71,94 @@ pub(crate) fn specs(cfg: &RetellConfig) -> Vec<ToolSpec> {
         parameters: json!({"type": "object", "properties": {}}),
     });
     tools
+}
+
+/// The tools offered to the model: the built-ins and the MCP endpoint's tools (when
+/// `mcp_tools` is on), named through one [`ToolRegistry`] so an MCP tool whose name clashes
+/// with a built-in (or with another MCP server's tool) gets a distinct, deterministic name
+/// (`_2`, `_3`...; the built-ins keep theirs), and its call is routed back to its connection.
+#[derive(Debug)]
+pub(crate) struct Offered {
+    registry: ToolRegistry,
+    specs: Vec<ToolSpec>,
+}
+
+/// Where a model's tool call goes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Route {
+    /// A built-in (or an unknown name, which [`run`] answers with an error).
+    BuiltIn,
+    /// An MCP endpoint tool: run by the provider runner as `ProviderRequest::CallTool`.
+    Server {
+        /// The connection's key.
+        source: String,
+        /// The tool's own name there.
+        name: String,
+        /// Arguments checked against its schema.
+        arguments: Value,
+    },
+    /// An MCP endpoint tool called with arguments its schema refuses: this is the result.
+    Refused(String),
+}
+
+impl Offered {
+    /// The built-ins of `cfg` and `server`'s tools.
+    pub(crate) fn new(cfg: &RetellConfig, server: Vec<ServerToolDefinition>) -> Self {
+        let mut registry = ToolRegistry::new();
+        let builtins = specs(cfg)
+            .into_iter()
+            .map(|t| Tool::new(t.name, t.description, t.parameters))
+            .collect();
+        let _ = registry.set_source_tools(ToolSource::Server, builtins);
+        let mut by_source: BTreeMap<String, Vec<Tool>> = BTreeMap::new();
+        for t in server {
+            by_source.entry(t.source).or_default().push(Tool::new(
+                t.name,
+                t.description,
+                t.parameters,
+            ));
+        }
+        for (key, tools) in by_source {
+            for r in registry.set_source_tools(ToolSource::Mcp(key), tools) {
+                tracing::warn!(%r, "Retell: MCP tools left out");
+            }
+        }
+        let specs = registry
+            .llm_tools()
+            .map(|t| ToolSpec {
+                name: t.llm_name().to_owned(),
+                description: t.tool().description.clone(),
+                parameters: t.tool().input_schema.clone(),
+            })
+            .collect();
+        Self { registry, specs }
+    }
+
+    /// What the model is offered.
+    pub(crate) fn specs(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+
+    /// Where the model's call of `llm_name` goes.
+    pub(crate) fn route(&self, llm_name: &str, args: &Value) -> Route {
+        match self.registry.by_llm_name(llm_name).map(|t| t.source()) {
+            Some(ToolSource::Mcp(_)) => match self.registry.prepare_call(llm_name, args.clone()) {
+                Ok(p) => match p.source {
+                    ToolSource::Mcp(source) => Route::Server {
+                        source,
+                        name: p.name,
+                        arguments: p.arguments,
+                    },
+                    _ => Route::BuiltIn,
+                },
+                Err(e) => Route::Refused(
+                    serde_json::to_string(&e.payload().to_value())
+                        .unwrap_or_else(|_| e.to_string()),
+                ),
+            },
+            _ => Route::BuiltIn,
+        }
+    }
 }
 
 /// What a tool call does.
@@ -349,6 +442,45 @@ fn woven(items: &[TranscriptItem], out: &mut Vec<ContextMessage>) {
 mod tests {
     use super::*;
     use voxgate_retell::{RequestKind, Utterance};
+
+    #[test]
+    fn mcp_tools_clashing_with_built_ins_get_distinct_names_and_route_to_their_source() {
+        let cfg = RetellConfig::default();
+        let server = |source: &str, name: &str| ServerToolDefinition {
+            source: source.into(),
+            name: name.into(),
+            description: String::new(),
+            parameters: json!({"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}),
+        };
+        let offered = Offered::new(
+            &cfg,
+            vec![server("b", "weather.get"), server("a", GET_CURRENT_TIME)],
+        );
+        let names: Vec<&str> = offered.specs().iter().map(|t| t.name.as_str()).collect();
+        let builtins = specs(&cfg);
+        assert_eq!(
+            &names[..builtins.len()],
+            builtins.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            &names[builtins.len()..],
+            ["get_current_time_2", "weather_get"]
+        );
+        assert_eq!(offered.route(GET_CURRENT_TIME, &json!({})), Route::BuiltIn);
+        assert_eq!(offered.route("no_such_tool", &json!({})), Route::BuiltIn);
+        assert_eq!(
+            offered.route("get_current_time_2", &json!({"x": 1})),
+            Route::Server {
+                source: "a".into(),
+                name: GET_CURRENT_TIME.into(),
+                arguments: json!({"x": 1}),
+            }
+        );
+        assert!(matches!(
+            offered.route("weather_get", &json!({"x": "one"})),
+            Route::Refused(_)
+        ));
+    }
 
     const WIDE: ContextBound = ContextBound {
         max_entries: 1000,

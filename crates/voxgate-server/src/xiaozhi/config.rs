@@ -211,11 +211,16 @@ pub struct XiaozhiConfig {
     pub timezone_offset_minutes: i32,
     /// The model's instructions for device sessions.
     pub system_prompt: String,
+    /// Offer the tools of the external MCP servers connected to `/mcp` to this door's
+    /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
+    /// only the operator's `/mcp` endpoint supplies them.
+    pub mcp_tools: bool,
 }
 
 impl Default for XiaozhiConfig {
     fn default() -> Self {
         Self {
+            mcp_tools: true,
             listen: None,
             ota_listen: None,
             websocket_url: String::new(),
@@ -312,6 +317,7 @@ impl XiaozhiConfig {
         vars.trimmed("VOXGATE_XIAOZHI_DEFAULT_EMOTION", &mut self.default_emotion);
         vars.list("VOXGATE_XIAOZHI_WAKE_WORDS", &mut self.wake_words);
         vars.flag_blank_false("VOXGATE_XIAOZHI_GREET_ON_WAKE", &mut self.greet_on_wake)?;
+        vars.flag("VOXGATE_XIAOZHI_MCP_TOOLS", &mut self.mcp_tools)?;
         vars.trimmed("VOXGATE_XIAOZHI_VISION_URL", &mut self.vision_url);
         let offset = &mut self.timezone_offset_minutes;
         vars.parsed("VOXGATE_XIAOZHI_TIMEZONE_OFFSET_MINUTES", offset)?;

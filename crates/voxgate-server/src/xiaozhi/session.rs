@@ -65,6 +65,7 @@ pub(crate) struct ConnInfo {
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
     let mut cx = app.driver(Door::Xiaozhi);
     cx.limits = limits(&app.config.xiaozhi, &cx.limits);
+    cx.mcp = app.mcp_tools(app.config.xiaozhi.mcp_tools);
     door::run(socket, XiaozhiDoor::new(app, info), cx).await;
 }
 
@@ -106,6 +107,8 @@ pub(crate) struct XiaozhiDoor {
     info: ConnInfo,
     /// Present after the hello.
     session: Option<Session>,
+    /// The MCP endpoint's tools, for the engine made at the hello.
+    server_tools: Vec<voxgate_engine::ServerToolDefinition>,
 }
 
 /// A session after the hello.
@@ -206,6 +209,21 @@ impl Translator for XiaozhiDoor {
         })
     }
 
+    fn on_server_tools(
+        &mut self,
+        now: Instant,
+        tools: Vec<voxgate_engine::ServerToolDefinition>,
+        out: &mut Out,
+    ) {
+        if let Some(s) = &mut self.session {
+            let _ = s
+                .engine
+                .handle_input(now, Input::ServerTools(tools.clone()));
+        }
+        self.server_tools = tools;
+        self.settle(now, out);
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         let Some(s) = &mut self.session else { return };
         let _ = s.engine.handle_input(now, Input::Close);
@@ -224,6 +242,7 @@ impl XiaozhiDoor {
             app,
             info,
             session: None,
+            server_tools: Vec::new(),
         }
     }
 
@@ -338,6 +357,9 @@ impl XiaozhiDoor {
             "xiaozhi hello"
         );
         send(out, session.server_hello());
+        let _ = session
+            .engine
+            .handle_input(now, Input::ServerTools(self.server_tools.clone()));
         if h.features.mcp == Some(true) {
             let _ = session.engine.handle_input(now, Input::DeviceMcpStart);
         }
