@@ -112,6 +112,9 @@ pub struct GeminiConfig {
     /// server's initialization timeout.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connect_timeout_ms: Option<u64>,
+    /// `[gemini.engine]`: engine settings for this door, over `[engine]`.
+    #[serde(skip_serializing_if = "crate::config::EngineSettings::is_empty")]
+    pub engine: crate::config::EngineSettings,
 }
 
 impl Default for GeminiConfig {
@@ -129,6 +132,7 @@ impl Default for GeminiConfig {
             assistant_speaking: true,
             max_frame_bytes: voxgate_gemini::bridge::RECOMMENDED_MAX_FRAME_BYTES,
             connect_timeout_ms: None,
+            engine: crate::config::EngineSettings::default(),
         }
     }
 }

@@ -211,6 +211,9 @@ pub struct XiaozhiConfig {
     pub timezone_offset_minutes: i32,
     /// The model's instructions for device sessions.
     pub system_prompt: String,
+    /// `[xiaozhi.engine]`: engine settings for this door, over `[engine]` (`greeting` is said on a wake word).
+    #[serde(skip_serializing_if = "crate::config::EngineSettings::is_empty")]
+    pub engine: crate::config::EngineSettings,
 }
 
 impl Default for XiaozhiConfig {
@@ -246,6 +249,7 @@ impl Default for XiaozhiConfig {
             vision_url: String::new(),
             timezone_offset_minutes: 0,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
+            engine: crate::config::EngineSettings::default(),
         }
     }
 }
