@@ -381,3 +381,102 @@ async fn a_bad_engine_section_is_refused_with_its_key() {
         "{err}"
     );
 }
+
+// ---- gemini -------------------------------------------------------------------------------
+
+/// The next Gemini bridge message.
+async fn gemini_recv(ws: &mut Ws) -> Value {
+    match next_message(ws, WAIT).await.expect("the socket stays open") {
+        Message::Text(t) => serde_json::from_str(t.as_str()).unwrap(),
+        other => panic!("unexpected frame {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn gemini_greeting_follows_setup_complete() {
+    let server = Running::start(config(
+        "[engine]\ngreeting = \"Server hello.\"\n[gemini.engine]\ngreeting = \"Hello from Gemini's door.\"\n",
+    ))
+    .await;
+    let mut ws = connect(server.addr, "/gemini").await;
+    let live = json!({
+        "model": "models/gemini-2.0-flash-live-001",
+        "generationConfig": {"responseModalities": ["text"]}
+    });
+    send_json(
+        &mut ws,
+        &json!({"type": "CONNECT_GEMINI", "payload": {"initialConfig": live}}),
+    )
+    .await;
+    let mut kinds = Vec::new();
+    let mut text = String::new();
+    loop {
+        let m = gemini_recv(&mut ws).await;
+        let kind = m["type"].as_str().unwrap_or_default().to_owned();
+        if kind == "CONTENT_MESSAGE" {
+            for p in m["payload"]["serverContent"]["modelTurn"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                text.push_str(p["text"].as_str().unwrap_or_default());
+            }
+        }
+        let done = kind == "TURN_COMPLETE";
+        kinds.push(kind);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(
+        kinds[..2],
+        ["GEMINI_CONNECTED", "SETUP_COMPLETE"],
+        "{kinds:?}"
+    );
+    assert_eq!(text, "Hello from Gemini's door.");
+    server.stop().await;
+}
+
+// ---- retell -------------------------------------------------------------------------------
+
+/// The begin message (`response_id` 0) a Retell call gets; `""` lets the caller speak first.
+async fn retell_begin(addr: SocketAddr) -> String {
+    let mut ws = connect(addr, "/llm-websocket/call_engine").await;
+    let mut content = String::new();
+    loop {
+        let m = match next_message(&mut ws, WAIT)
+            .await
+            .expect("the socket stays open")
+        {
+            Message::Text(t) => serde_json::from_str::<Value>(t.as_str()).unwrap(),
+            _ => continue,
+        };
+        if m["response_type"] == "response" && m["response_id"] == 0 {
+            content.push_str(m["content"].as_str().unwrap_or_default());
+            if m["content_complete"] == true {
+                return content;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn retell_greeting_is_the_begin_message() {
+    let server = Running::start(config("[engine]\ngreeting = \"Thanks for calling.\"\n")).await;
+    assert_eq!(retell_begin(server.addr).await, "Thanks for calling.");
+    server.stop().await;
+    // The door's own begin message wins over the server's greeting, its section over both.
+    let server = Running::start(config(
+        "[engine]\ngreeting = \"Server.\"\n[retell]\nbegin_message = \"Retell.\"\n",
+    ))
+    .await;
+    assert_eq!(retell_begin(server.addr).await, "Retell.");
+    server.stop().await;
+    let server = Running::start(config(
+        "[engine]\ngreeting = \"Server.\"\n[retell]\nbegin_message = \"Retell.\"\n\
+         [retell.engine]\ngreeting = \"\"\n",
+    ))
+    .await;
+    assert_eq!(retell_begin(server.addr).await, "");
+    server.stop().await;
+}
