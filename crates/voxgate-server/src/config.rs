@@ -44,6 +44,12 @@
 //!
 //! [admin]                        # /admin/* (docs/security.md)
 //! tokens = ["..."]               # bearer tokens; empty: local requests only
+//!
+//! [engine]                       # engine timing for every door (docs/engine.md)
+//! endpoint_delay_ms = 500        # silence after speech before a finished turn ends
+//!
+//! [xiaozhi.engine]               # per door, over [engine]; also realtime, gemini, ...
+//! greeting = "Hi there!"
 //! ```
 //!
 //! # Environment overrides
@@ -68,6 +74,7 @@
 //! | `VOXGATE_MAX_SCHEDULING_DELAY_MS` | `limits.max_scheduling_delay_ms` (0: overload guard off) |
 //! | `VOXGATE_HEADER_TIMEOUT_SECS`, `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
 //! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
+//! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //!
 //! Setting a section's `*_BASE_URL` creates the section with default model names (`gpt-4o-mini`,
@@ -82,6 +89,7 @@ use serde::{Deserialize, Serialize};
 use self::env::{EnvVars, Secret};
 
 pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
+pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
@@ -90,6 +98,7 @@ pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
 pub mod admin;
+pub mod engine;
 pub(crate) mod env;
 pub mod limits;
 
@@ -137,6 +146,9 @@ pub struct Config {
     /// An ACP agent process as the brain; when present it replaces [`Config::llm`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acp: Option<AcpBrainConfig>,
+    /// Engine timing and budgets for every door; each door's `engine` section goes over it.
+    #[serde(skip_serializing_if = "EngineSettings::is_empty")]
+    pub engine: EngineSettings,
 }
 
 /// Settings of the realtime door.
@@ -159,6 +171,9 @@ pub struct RealtimeConfig {
     /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
     /// only the operator's `/mcp` endpoint supplies them.
     pub mcp_tools: bool,
+    /// `[realtime.engine]`: engine settings for this door, over `[engine]`.
+    #[serde(skip_serializing_if = "EngineSettings::is_empty")]
+    pub engine: EngineSettings,
 }
 
 impl Default for RealtimeConfig {
@@ -168,6 +183,7 @@ impl Default for RealtimeConfig {
             api_keys: Vec::new(),
             elevenlabs_base_url: None,
             max_context_chars: voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS,
+            engine: EngineSettings::default(),
         }
     }
 }
@@ -358,6 +374,7 @@ impl Default for Config {
             asr: None,
             tts: None,
             acp: None,
+            engine: EngineSettings::default(),
         }
     }
 }
@@ -497,6 +514,7 @@ impl Config {
         self.bridge.apply_env(&var)?;
         self.mcp.apply_env(&var)?;
         self.limits.apply_env(&var)?;
+        self.engine.apply_env(&var)?;
         AcpBrainConfig::apply_env(&mut self.acp, vars);
         if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
             let llm = self.llm.get_or_insert_with(|| LlmConfig {
@@ -546,6 +564,7 @@ impl Config {
         self.bridge.check()?;
         self.mcp.check()?;
         self.admin.check()?;
+        self.check_engine()?;
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max_frame_bytes = {} is below the minimum of 1024",
@@ -553,6 +572,17 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// Checks `[engine]` and every door's `engine` section.
+    fn check_engine(&self) -> Result<(), ConfigError> {
+        use self::engine::Scope;
+        self.engine.check("engine", Scope::All)?;
+        self.xiaozhi.engine.check("xiaozhi.engine", Scope::All)?;
+        self.realtime.engine.check("realtime.engine", Scope::All)?;
+        self.gemini.engine.check("gemini.engine", Scope::All)?;
+        self.retell.engine.check("retell.engine", Scope::Retell)?;
+        self.bridge.engine.check("bridge.engine", Scope::Bridge)
     }
 
     /// This configuration with every listener (the main one and each door's own) on a free

@@ -25,6 +25,8 @@ pub(crate) struct Persona {
     pub(crate) emoji: Option<EmojiPolicy>,
     /// Messages the conversation's history keeps in memory (`[limits]`; 0: unlimited).
     pub(crate) max_history_messages: usize,
+    /// `[bridge.engine]` (over `[engine]` once the server resolved it).
+    pub(crate) engine: crate::config::EngineSettings,
 }
 
 /// One conversation.
@@ -84,7 +86,7 @@ pub(crate) struct Reply {
 
 impl Conversation {
     pub(crate) fn new(persona: Persona, now: Instant) -> Result<Self, String> {
-        let config = EngineConfig {
+        let mut config = EngineConfig {
             output_audio: None,
             system_prompt: persona.system_prompt,
             // The engine reads the leading emoji as the face; for other channels any emoji
@@ -99,6 +101,7 @@ impl Conversation {
             max_history_messages: persona.max_history_messages,
             ..EngineConfig::default()
         };
+        persona.engine.apply(&mut config);
         let engine = Engine::new(config, now).map_err(|e| e.to_string())?;
         Ok(Self {
             engine,

@@ -84,6 +84,9 @@ pub struct BridgeConfig {
     pub max_conversations: usize,
     /// Seconds after which an unused conversation is forgotten.
     pub conversation_idle_secs: u64,
+    /// `[bridge.engine]`: engine settings for this door, over `[engine]`: only `max_context_chars`.
+    #[serde(skip_serializing_if = "crate::config::EngineSettings::is_empty")]
+    pub engine: crate::config::EngineSettings,
 }
 
 impl Default for BridgeConfig {
@@ -102,6 +105,7 @@ impl Default for BridgeConfig {
             turn_timeout_secs: 60,
             max_conversations: 1024,
             conversation_idle_secs: 3600,
+            engine: crate::config::EngineSettings::default(),
         }
     }
 }
@@ -164,6 +168,7 @@ impl BridgeConfig {
                 system_prompt: self.system_prompt.clone(),
                 emoji: None,
                 max_history_messages,
+                engine: self.engine.clone(),
             };
         }
         let policy = EmojiPolicy::new(self.emoji_allowlist.iter().cloned(), &*self.default_emoji);
@@ -179,6 +184,7 @@ impl BridgeConfig {
             system_prompt: system_prompt.trim_start().to_owned(),
             emoji: Some(policy),
             max_history_messages,
+            engine: self.engine.clone(),
         }
     }
 }
@@ -402,7 +408,9 @@ async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
     let key = format!("{channel}:{session}");
     let cfg = &app.config.bridge;
     let conversation = app.shared.conversations.get_or_create(&key, || {
-        cfg.persona(&channel, app.config.limits.max_history_messages)
+        let mut persona = cfg.persona(&channel, app.config.limits.max_history_messages);
+        persona.engine = persona.engine.over(&app.config.engine);
+        persona
     })?;
     let ctx = TurnContext {
         providers: &app.providers,

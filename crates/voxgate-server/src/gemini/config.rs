@@ -117,6 +117,9 @@ pub struct GeminiConfig {
     /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
     /// only the operator's `/mcp` endpoint supplies them.
     pub mcp_tools: bool,
+    /// `[gemini.engine]`: engine settings for this door, over `[engine]`.
+    #[serde(skip_serializing_if = "crate::config::EngineSettings::is_empty")]
+    pub engine: crate::config::EngineSettings,
 }
 
 impl Default for GeminiConfig {
@@ -135,6 +138,7 @@ impl Default for GeminiConfig {
             assistant_speaking: true,
             max_frame_bytes: voxgate_gemini::bridge::RECOMMENDED_MAX_FRAME_BYTES,
             connect_timeout_ms: None,
+            engine: crate::config::EngineSettings::default(),
         }
     }
 }

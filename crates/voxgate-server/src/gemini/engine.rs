@@ -26,6 +26,7 @@ use voxgate_gemini::{
 };
 
 use super::emit;
+use crate::config::engine::{EngineSettings, Greeting};
 use crate::door::Out;
 use crate::metrics::{Door, Metrics};
 
@@ -263,13 +264,14 @@ impl EngineSession {
     /// its tools.
     pub(super) fn new(
         config: &LiveConfig,
+        settings: &EngineSettings,
         metrics: Arc<Metrics>,
         flags: Flags,
         ids: Ids,
         now: Instant,
     ) -> Result<Self, String> {
         let audio_out = wants_audio(config);
-        let engine_config = EngineConfig {
+        let mut engine_config = EngineConfig {
             input_rate: INPUT_SAMPLE_RATE,
             output_audio: audio_out.then_some(OutputAudio {
                 bytes_per_second: OUTPUT_SAMPLE_RATE * 2,
@@ -282,6 +284,7 @@ impl EngineSession {
             max_history_messages: flags.max_history_messages,
             ..EngineConfig::default()
         };
+        settings.apply(&mut engine_config);
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
         Ok(Self {
             engine,
@@ -316,6 +319,18 @@ impl EngineSession {
         out: &mut Out,
     ) {
         self.input(now, Input::ServerTools(tools), out);
+    }
+
+    /// Says the configured greeting (`[gemini.engine] greeting`), if any, as a model turn.
+    pub(super) fn greet(&mut self, now: Instant, settings: &EngineSettings, out: &mut Out) {
+        if let Greeting::Say(words) = settings.greeting() {
+            let greet = Input::DirectSpeech {
+                text: words.to_owned(),
+                include_in_history: true,
+                uninterruptible: false,
+            };
+            self.input(now, greet, out);
+        }
     }
 
     /// When [`timeout`](Self::timeout) is next due.
@@ -768,9 +783,15 @@ mod tests {
         fn new(config: Value) -> Self {
             let config: LiveConfig = serde_json::from_value(config).unwrap();
             let now = Instant::now();
-            let mut s =
-                EngineSession::new(&config, Arc::new(Metrics::new()), FLAGS, Ids::new(1), now)
-                    .unwrap();
+            let mut s = EngineSession::new(
+                &config,
+                &EngineSettings::default(),
+                Arc::new(Metrics::new()),
+                FLAGS,
+                Ids::new(1),
+                now,
+            )
+            .unwrap();
             let mut out = Out::new();
             s.start(now, &config, &mut out);
             assert!(out.frames().is_empty(), "{out:?}");

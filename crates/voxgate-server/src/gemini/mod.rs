@@ -138,7 +138,9 @@ fn upgrade(
 /// Serves one upgraded connection on the door driver until the client leaves, the session is
 /// closed or the server shuts down.
 async fn serve(socket: WebSocket, app: Arc<App>) {
-    let config = app.config.gemini.clone();
+    let mut config = app.config.gemini.clone();
+    // The sessions see `[gemini.engine]` over `[engine]`.
+    config.engine = config.engine.over(&app.config.engine);
     let mut cx = app.driver(Door::Gemini);
     cx.max_frame_bytes = config.max_frame_bytes;
     cx.limits.init_timeout = config.connect_timeout(cx.limits.init_timeout);

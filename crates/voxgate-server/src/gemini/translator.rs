@@ -220,7 +220,9 @@ impl GeminiDoor {
                 if connect {
                     emit(out, &ServerMessage::GeminiConnected);
                 }
-                match EngineSession::new(&config, Arc::clone(&self.metrics), flags, ids, now) {
+                let metrics = Arc::clone(&self.metrics);
+                let settings = &self.config.engine;
+                match EngineSession::new(&config, settings, metrics, flags, ids, now) {
                     Ok(mut session) => {
                         // Tool declarations refused (`GEMINI_ERROR`s) come before
                         // SETUP_COMPLETE, as on UPDATE_CONFIG: an app reading up to
@@ -228,6 +230,10 @@ impl GeminiDoor {
                         session.start(now, &config, out);
                         session.server_tools(now, self.server_tools.clone(), out);
                         emit(out, &ServerMessage::setup_ok());
+                        // A new conversation is greeted; one replaced by UPDATE_CONFIG is not.
+                        if connect {
+                            session.greet(now, settings, out);
+                        }
                         self.backend = Some(Backend::Engine(Box::new(session)));
                         self.initialized = true;
                     }

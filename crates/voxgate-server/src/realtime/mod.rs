@@ -57,11 +57,24 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>) {
         elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
         max_context_chars: app.config.realtime.max_context_chars,
         max_history_messages: app.config.limits.max_history_messages,
+        engine: engine_settings(&app.config),
     };
     let door = RealtimeDoor::new(Arc::clone(&app.metrics), settings);
     let mut cx = app.driver(Door::Realtime);
     cx.mcp = app.mcp_tools(app.config.realtime.mcp_tools);
     crate::door::run(socket, door, cx).await;
+}
+
+/// `[realtime.engine]` over `[realtime] max_context_chars` (when changed from its default: the
+/// door's older spelling of the same setting) over `[engine]`.
+pub(crate) fn engine_settings(config: &crate::config::Config) -> crate::config::EngineSettings {
+    let rt = &config.realtime;
+    let own = crate::config::EngineSettings {
+        max_context_chars: (rt.max_context_chars != voxgate_engine::DEFAULT_MAX_CONTEXT_CHARS)
+            .then_some(rt.max_context_chars),
+        ..crate::config::EngineSettings::default()
+    };
+    rt.engine.over(&own.over(&config.engine))
 }
 
 /// Whether the request carries one of the configured bearer keys (always, when none are

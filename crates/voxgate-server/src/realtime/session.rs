@@ -30,6 +30,7 @@ use voxgate_realtime::{
 };
 
 use super::progress::Progress;
+use crate::config::engine::{EngineSettings, Greeting};
 use crate::door::{ClientFrame, Inbound, Out, ServerFrame, Translator, close_code};
 use crate::metrics::{Door, Metrics};
 
@@ -44,6 +45,8 @@ pub(crate) struct RealtimeSettings {
     /// Messages a session's history keeps in memory (`[limits] max_history_messages`; 0:
     /// unlimited).
     pub(crate) max_history_messages: usize,
+    /// `[realtime.engine]` over `[engine]`; a client's own VAD settings win over it.
+    pub(crate) engine: EngineSettings,
 }
 
 /// A decoded frame, or the error to report for it.
@@ -277,9 +280,12 @@ impl RealtimeDoor {
             return match SessionConfig::from_wire(&init) {
                 Err(e) => self.fatal(out, &voxgate_realtime::Error::from(e).to_client_message()),
                 Ok(config) => {
+                    let client_vad = init.vad_configuration.as_ref();
                     match session_tts(&config, self.settings.elevenlabs_base_url.as_deref())
-                        .and_then(|tts| Ok((tts, Session::new(config, &self.settings, now)?)))
-                    {
+                        .and_then(|tts| {
+                            let s = Session::new(config, client_vad, &self.settings, now)?;
+                            Ok((tts, s))
+                        }) {
                         Ok((tts, mut s)) => {
                             if let Some(tts) = tts {
                                 out.set_tts(tts);
@@ -287,8 +293,19 @@ impl RealtimeDoor {
                             let _ = s
                                 .engine
                                 .handle_input(now, Input::ServerTools(self.server_tools.clone()));
-                            self.session = Some(s);
+                            let s = self.session.insert(s);
                             out.send(frame(&ClientBoundMessage::session_ready()));
+                            if let Greeting::Say(words) = self.settings.engine.greeting() {
+                                let greet = Input::DirectSpeech {
+                                    text: words.to_owned(),
+                                    include_in_history: true,
+                                    uninterruptible: false,
+                                };
+                                if let Err(e) = s.engine.handle_input(now, greet) {
+                                    let category = category(e.category());
+                                    self.error(out, category, e.to_string());
+                                }
+                            }
                         }
                         Err(message) => self.fatal(
                             out,
@@ -457,12 +474,15 @@ impl RealtimeDoor {
 }
 
 impl Session {
+    /// A session for `config`; `client_vad` is the VAD configuration as the client sent it,
+    /// to tell the values it chose from protocol defaults.
     fn new(
         config: SessionConfig,
+        client_vad: Option<&proto::VadConfiguration>,
         settings: &RealtimeSettings,
         now: Instant,
     ) -> Result<Self, String> {
-        let engine_config = EngineConfig {
+        let mut engine_config = EngineConfig {
             turn: voxgate_turn_config(config.supports_playback_reporting),
             vad: VadConfig {
                 confidence_threshold: config.vad.confidence_threshold(),
@@ -484,6 +504,11 @@ impl Session {
             max_history_messages: settings.max_history_messages,
             ..EngineConfig::default()
         };
+        // The server's settings go over the protocol defaults; what the client set itself
+        // goes over both.
+        let vad = engine_config.vad;
+        settings.engine.apply(&mut engine_config);
+        keep_client_vad(&mut engine_config.vad, &vad, client_vad);
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
         let resampler =
             RateConverter::new(config.output.sample_rate()).map_err(|e| e.to_string())?;
@@ -875,6 +900,32 @@ fn session_tts(
         .map_err(|e| format!("tts_configuration.eleven_labs: {e}"))
 }
 
+/// Puts back into `vad` the values of `client` (the session's VAD settings) that the client
+/// chose in its `vad_configuration` (`wire`): a non-zero threshold or duration, and the
+/// minimum volume whenever it sent a configuration (zero is a meaningful volume). Values the
+/// protocol filled in for it stay as the server configured them.
+fn keep_client_vad(
+    vad: &mut VadConfig,
+    client: &VadConfig,
+    wire: Option<&proto::VadConfiguration>,
+) {
+    let Some(w) = wire else { return };
+    let set = |d: Option<&proto::Duration>| d.is_some_and(|d| d.seconds != 0 || d.nanos != 0);
+    if w.confidence_threshold != 0.0 {
+        vad.confidence_threshold = client.confidence_threshold;
+    }
+    vad.min_volume = client.min_volume;
+    if set(w.start_duration.as_ref()) {
+        vad.start_duration = client.start_duration;
+    }
+    if set(w.stop_duration.as_ref()) {
+        vad.stop_duration = client.stop_duration;
+    }
+    if set(w.backbuffer_duration.as_ref()) {
+        vad.backbuffer_duration = client.backbuffer_duration;
+    }
+}
+
 fn voxgate_turn_config(playback_reports: bool) -> voxgate_turn::Config {
     voxgate_turn::Config {
         playback_reports,
@@ -948,6 +999,7 @@ mod tests {
                 elevenlabs_base_url: None,
                 max_context_chars: 0,
                 max_history_messages: 0,
+                engine: EngineSettings::default(),
             },
         )
     }

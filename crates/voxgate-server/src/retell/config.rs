@@ -98,6 +98,9 @@ pub struct RetellConfig {
     /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
     /// only the operator's `/mcp` endpoint supplies them.
     pub mcp_tools: bool,
+    /// `[retell.engine]`: engine settings for this door, over `[engine]`: only `greeting` (the begin message) and `max_context_chars`.
+    #[serde(skip_serializing_if = "crate::config::EngineSettings::is_empty")]
+    pub engine: crate::config::EngineSettings,
 }
 
 /// `[retell.agent]`: the `update_agent` body.
@@ -178,11 +181,39 @@ impl Default for RetellConfig {
             control_token: String::new(),
             secret: String::new(),
             agent: RetellAgentSettings::default(),
+            engine: crate::config::EngineSettings::default(),
         }
     }
 }
 
 impl RetellConfig {
+    /// This configuration as a call sees it, with the engine settings that apply to Retell:
+    /// `[retell.engine]` over this section's `begin_message` and `context_max_chars` (when
+    /// changed from their defaults: the door's own spelling of the same settings) over
+    /// `[engine]`. `greeting` becomes the begin message (`""`: the user speaks first),
+    /// `max_context_chars` the context bound (0: unlimited).
+    #[must_use]
+    pub(crate) fn with_engine(&self, server: &crate::config::EngineSettings) -> Self {
+        use crate::config::engine::Greeting;
+        let own = crate::config::EngineSettings {
+            greeting: (!self.begin_message.is_empty()).then(|| self.begin_message.clone()),
+            max_context_chars: (self.context_max_chars != DEFAULT_CONTEXT_MAX_CHARS)
+                .then_some(self.context_max_chars),
+            ..crate::config::EngineSettings::default()
+        };
+        let settings = self.engine.over(&own.over(server));
+        let mut c = self.clone();
+        match settings.greeting() {
+            Greeting::Default => {}
+            Greeting::Off => c.begin_message.clear(),
+            Greeting::Say(words) => words.clone_into(&mut c.begin_message),
+        }
+        if let Some(n) = settings.max_context_chars {
+            c.context_max_chars = if n == 0 { usize::MAX } else { n };
+        }
+        c
+    }
+
     /// Applies the door's `VOXGATE_RETELL_*` environment overrides (see docs/doors/retell.md).
     pub(crate) fn apply_env(
         &mut self,

@@ -282,7 +282,7 @@ async fn serve_upgrade(
     if call_id.is_empty() || call_id.len() > MAX_CALL_ID_BYTES {
         return json_error(StatusCode::BAD_REQUEST, "call_id must be 1 to 256 bytes");
     }
-    let cfg = &app.config.retell;
+    let cfg = &app.config.retell.with_engine(&app.config.engine);
     let window = Duration::from_secs(cfg.resume_window_secs);
     let claimed = registry
         .claim_within(&call_id, window, RECONNECT_GRACE, || CallState::new(cfg))

@@ -85,7 +85,7 @@ const MAX_TOOL_CALLS_PER_ROUND: usize = 8;
 /// Serves one upgraded Retell socket for the call in `lease`; the call is released (parked
 /// for a reconnect) when the session ends, with the lease.
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, lease: Lease) {
-    let cfg = &app.config.retell;
+    let cfg = &app.config.retell.with_engine(&app.config.engine);
     tracing::info!(
         call_id = %lease.call_id(),
         resumed = lease.resumed(),

@@ -215,6 +215,9 @@ pub struct XiaozhiConfig {
     /// conversations (run by the server, bounded by `[mcp] call_timeout_secs`). Default on:
     /// only the operator's `/mcp` endpoint supplies them.
     pub mcp_tools: bool,
+    /// `[xiaozhi.engine]`: engine settings for this door, over `[engine]` (`greeting` is said on a wake word).
+    #[serde(skip_serializing_if = "crate::config::EngineSettings::is_empty")]
+    pub engine: crate::config::EngineSettings,
 }
 
 impl Default for XiaozhiConfig {
@@ -251,6 +254,7 @@ impl Default for XiaozhiConfig {
             vision_url: String::new(),
             timezone_offset_minutes: 0,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
+            engine: crate::config::EngineSettings::default(),
         }
     }
 }

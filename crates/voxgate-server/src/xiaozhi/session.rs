@@ -38,6 +38,7 @@ use voxgate_xiaozhi::control::{
 };
 use voxgate_xiaozhi::frame::ProtocolVersion;
 
+use crate::config::engine::{EngineSettings, Greeting};
 use crate::door::{self, ClientFrame, Inbound, Out, ServerFrame, SessionLimits, Translator};
 use crate::metrics::{Direction, Door, Metrics};
 use crate::server::App;
@@ -250,6 +251,11 @@ impl XiaozhiDoor {
         &self.app.config.xiaozhi
     }
 
+    /// `[xiaozhi.engine]` over `[engine]`.
+    fn engine_settings(&self) -> EngineSettings {
+        self.xcfg().engine.over(&self.app.config.engine)
+    }
+
     fn metrics(&self) -> &Metrics {
         &self.app.metrics
     }
@@ -337,6 +343,7 @@ impl XiaozhiDoor {
             .unwrap_or(ProtocolVersion::V1);
         let mut session = match Session::new(
             self.xcfg(),
+            &self.engine_settings(),
             self.app.config.limits.max_history_messages,
             version,
             now,
@@ -430,7 +437,11 @@ impl XiaozhiDoor {
     /// `listen detect`: a wake word, or a text turn.
     fn detect(&mut self, now: Instant, text: &str, out: &mut Out) {
         let wake = text.is_empty() || is_wake_word(text, &self.xcfg().wake_words);
-        let greet = self.xcfg().greet_on_wake;
+        let settings = self.engine_settings();
+        // `greet_on_wake` decides whether to greet; a configured `greeting` what is said
+        // (verbatim rather than the model's own words), `greeting = ""` not to greet.
+        let greeting = settings.greeting();
+        let greet = self.xcfg().greet_on_wake && greeting != Greeting::Off;
         let Some(s) = &mut self.session else { return };
         let result = if !wake {
             s.engine.handle_input(
@@ -438,6 +449,15 @@ impl XiaozhiDoor {
                 Input::Text {
                     text: text.to_owned(),
                     mode: TriggerMode::Immediate,
+                },
+            )
+        } else if let (true, Greeting::Say(words)) = (greet, greeting) {
+            s.engine.handle_input(
+                now,
+                Input::DirectSpeech {
+                    text: words.to_owned(),
+                    include_in_history: true,
+                    uninterruptible: false,
                 },
             )
         } else if greet {
@@ -602,11 +622,12 @@ impl XiaozhiDoor {
 impl Session {
     fn new(
         config: &XiaozhiConfig,
+        settings: &EngineSettings,
         max_history_messages: usize,
         version: ProtocolVersion,
         now: Instant,
     ) -> Result<Self, String> {
-        let engine_config = EngineConfig {
+        let mut engine_config = EngineConfig {
             system_prompt: config.system_prompt.clone(),
             emotion: Some(config.emoji_policy()),
             input_rate: INPUT_RATE,
@@ -617,6 +638,7 @@ impl Session {
             max_history_messages,
             ..EngineConfig::default()
         };
+        settings.apply(&mut engine_config);
         let engine = Engine::new(engine_config, now).map_err(|e| e.to_string())?;
         let frame_duration = FrameDuration::from_millis(config.output_frame_ms)
             .ok_or_else(|| format!("frame length {} ms", config.output_frame_ms))?;
