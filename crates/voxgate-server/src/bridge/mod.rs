@@ -405,7 +405,7 @@ async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
         cfg.persona(&channel, app.config.limits.max_history_messages)
     })?;
     let ctx = TurnContext {
-        providers: &app.providers,
+        providers: app.providers.for_bridge(),
         metrics: &app.metrics,
         hub: &app.shared.mcp,
         tools: cfg
@@ -611,7 +611,7 @@ mod tests {
             shared: Shared::new(&config),
             admission: crate::admission::Admission::new(&config.limits, Arc::default()),
             config,
-            providers: Providers::embedded(),
+            providers: crate::providers::DoorProviderSet::uniform(Providers::embedded()),
             metrics: Arc::new(Metrics::new()),
             shutdown,
             sessions: Arc::default(),
