@@ -599,7 +599,7 @@ impl<S: Describe> Plan<S> {
 }
 
 impl DoorProviders {
-    /// One phrase per door with overrides (`xiaozhi: TTS tone (...)`), for the start-up log;
+    /// One phrase per door with overrides (`xiaozhi door: TTS tone (...)`), for the start-up log;
     /// sections that do not resolve were refused at load time and are skipped.
     #[must_use]
     pub fn describe(&self) -> Vec<String> {
@@ -616,7 +616,7 @@ impl DoorProviders {
                 parts.push(format!("TTS {}", p.describe()));
             }
             if !parts.is_empty() {
-                out.push(format!("{door}: {}", parts.join("; ")));
+                out.push(format!("{door} door: {}", parts.join("; ")));
             }
         }
         out
@@ -994,6 +994,26 @@ mod tests {
         // Unknown keys inside an override are errors naming the section.
         let e = err("[gemini.llm]\nbase_urll = \"http://x\"\n");
         assert!(e.contains("[gemini.llm]"), "{e}");
+    }
+
+    #[test]
+    fn start_up_descriptions_name_kinds_deadlines_fallbacks_and_doors() {
+        let c = Config::from_toml(
+            "[llm]\nbase_url = \"http://x/v1\"\napi_key = \"sk-secret\"\ntimeout_secs = 2\n\
+             [llm.fallback]\nprovider = \"demo\"\n[retell.tts]\nprovider = \"tone\"\n",
+        )
+        .unwrap();
+        let llm = c.llm_plan().unwrap().describe();
+        assert_eq!(
+            llm,
+            "openai gpt-4o-mini at http://x/v1 (deadline 2 s, idle 30 s), fallback demo (the \
+             offline demo agent) (deadline 10 s, idle 30 s)"
+        );
+        assert!(!llm.contains("sk-secret"));
+        assert_eq!(
+            c.door_providers.describe(),
+            ["retell door: TTS tone (placeholder beeps) (deadline 10 s, idle 30 s)"]
+        );
     }
 
     #[test]
