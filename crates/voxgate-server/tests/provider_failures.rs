@@ -438,3 +438,27 @@ async fn bridge_answers_the_failed_turn_with_an_error() {
         server.stop().await;
     }
 }
+
+// ---- per-door overrides ------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_door_override_replaces_the_servers_model_for_that_door_only() {
+    let refusing = fake_llm(Mode::Refuse).await;
+    let config = Config::from_toml(&format!(
+        "[llm]\nbase_url = \"{refusing}\"\ntimeout_secs = 1\n[bridge.llm]\nprovider = \"demo\"\n"
+    ))
+    .unwrap();
+    let server = Running::start(config).await;
+    // The Bridge API has its own model: the demo agent answers.
+    let r = bounded(
+        "bridge",
+        post_json(server.addr, "/api/message", &json!({"content": "hi"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("You said: hi"), "{}", r.body);
+    // The realtime door has none: the server's refusing model fails the turn.
+    let seen = bounded("realtime", realtime_turn(server.addr)).await;
+    assert!(seen.iter().any(|p| matches!(p, Down::Error(_))), "{seen:?}");
+    server.stop().await;
+}
