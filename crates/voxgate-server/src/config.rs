@@ -15,21 +15,34 @@
 //! elevenlabs_base_url = "http://127.0.0.1:9000"  # optional: where ElevenLabs TTS goes
 //! max_context_chars = 32000      # LLM context budget (about 4 chars a token); 0: unlimited
 //!
-//! [llm]                          # absent: the demo agent
+//! [llm]                          # absent: the demo agent (docs/providers.md)
+//! provider = "openai"            # openai | demo | acp; default: openai with base_url, else demo
 //! base_url = "http://localhost:11434/v1"
 //! model = "llama3.2"
 //! api_key = "..."                # optional
+//! timeout_secs = 10              # to the first token, retries included; 0: none
+//! idle_timeout_secs = 30         # between tokens once the reply began; 0: none
+//!
+//! [llm.fallback]                 # optional: used when [llm] fails before its first token
+//! provider = "demo"
 //!
 //! [asr]                          # absent: no recognizer
+//! provider = "openai"            # openai | none
 //! base_url = "https://api.openai.com/v1"
 //! model = "whisper-1"
+//! timeout_secs = 15
 //!
 //! [tts]                          # absent: espeak-ng if installed, else tones
+//! provider = "openai"            # openai | elevenlabs | command | espeak | tone | embedded
 //! base_url = "https://api.openai.com/v1"
 //! model = "tts-1"
 //! voice = "alloy"
+//! timeout_secs = 10              # to the first audio chunk
 //!
-//! [acp]                          # an ACP agent process as the brain; replaces [llm]
+//! [xiaozhi.tts]                  # per-door override (also realtime, gemini, retell, bridge)
+//! provider = "tone"
+//!
+//! [acp]                          # = [llm] provider = "acp" with [llm.acp]; replaces [llm]'s provider
 //! command = "python3"
 //! args = ["my_agent.py"]
 //! cwd = "/srv/agent"             # default: the server's directory
@@ -66,9 +79,9 @@
 //! | `VOXGATE_ELEVENLABS_BASE_URL` | `realtime.elevenlabs_base_url` (empty: unset) |
 //! | `VOXGATE_MAX_CONTEXT_CHARS` | `realtime.max_context_chars` (0: unlimited) |
 //! | `VOXGATE_REALTIME_MCP_TOOLS` | `realtime.mcp_tools` (`true` / `false`) |
-//! | `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY` | `[llm]` |
-//! | `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY` | `[asr]` |
-//! | `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY` | `[tts]` |
+//! | `VOXGATE_LLM_PROVIDER`, `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY`, `VOXGATE_LLM_TIMEOUT_SECS` | `[llm]` |
+//! | `VOXGATE_ASR_PROVIDER`, `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY`, `VOXGATE_ASR_TIMEOUT_SECS` | `[asr]` |
+//! | `VOXGATE_TTS_PROVIDER`, `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY`, `VOXGATE_TTS_TIMEOUT_SECS` | `[tts]` |
 //! | `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`, `VOXGATE_MAX_SESSIONS_PER_IP` | `limits.max_sessions*` (0: unlimited) |
 //! | `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP` | `limits.max_handshakes_per_sec_per_ip` (0: unlimited) |
 //! | `VOXGATE_MAX_SCHEDULING_DELAY_MS` | `limits.max_scheduling_delay_ms` (0: overload guard off) |
@@ -77,8 +90,9 @@
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //!
-//! Setting a section's `*_BASE_URL` creates the section with default model names (`gpt-4o-mini`,
-//! `whisper-1`, `tts-1` with voice `alloy`); the other variables of a section only change an
+//! Setting a section's `*_BASE_URL` (which infers `provider = "openai"` with the default model
+//! names `gpt-4o-mini`, `whisper-1`, `tts-1` with voice `alloy`), `*_PROVIDER` or
+//! `*_TIMEOUT_SECS` creates the section; the other variables of a section only change an
 //! existing one.
 
 use std::net::SocketAddr;
@@ -91,6 +105,10 @@ use self::env::{EnvVars, Secret};
 pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
+pub use self::providers::{
+    AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
+    TtsSpec,
+};
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
@@ -101,6 +119,7 @@ pub mod admin;
 pub mod engine;
 pub(crate) mod env;
 pub mod limits;
+pub mod providers;
 
 /// The whole server configuration. See the [module docs](self) for the file format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,21 +153,29 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Who may use `/admin/*`.
     pub admin: AdminConfig,
-    /// An OpenAI-compatible chat model; `None` uses the offline demo agent.
+    /// The language model (`provider` = `openai`, `demo`, `acp`); `None`: the offline demo
+    /// agent with the default deadlines.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub llm: Option<LlmConfig>,
-    /// An OpenAI-compatible transcription service; `None` uses no recognizer.
+    /// The speech recognizer (`openai`, `none`); `None`: no recognizer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub asr: Option<AsrConfig>,
-    /// An OpenAI-compatible speech service; `None` uses the embedded synthesizer.
+    /// The speech synthesizer (`openai`, `elevenlabs`, `command`, `espeak`, `tone`,
+    /// `embedded`); `None`: the embedded synthesizer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tts: Option<TtsConfig>,
-    /// An ACP agent process as the brain; when present it replaces [`Config::llm`].
+    /// An ACP agent process as the brain: the older spelling of `[llm] provider = "acp"`
+    /// with an `[llm.acp]` table; when present it replaces [`Config::llm`]'s provider (its
+    /// deadlines and fallback still apply).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acp: Option<AcpBrainConfig>,
     /// Engine timing and budgets for every door; each door's `engine` section goes over it.
     #[serde(skip_serializing_if = "EngineSettings::is_empty")]
     pub engine: EngineSettings,
+    /// Per-door replacements of `[llm]`/`[asr]`/`[tts]` (`[xiaozhi.tts]`...). Parsed out of
+    /// the door sections by [`Config::from_toml`], since those sections do not know the keys.
+    #[serde(skip)]
+    pub door_providers: DoorProviders,
 }
 
 /// Settings of the realtime door.
@@ -186,64 +213,6 @@ impl Default for RealtimeConfig {
             engine: EngineSettings::default(),
         }
     }
-}
-
-/// An OpenAI-compatible chat completions endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LlmConfig {
-    /// API root with version, e.g. `https://api.openai.com/v1` or `http://localhost:11434/v1`.
-    pub base_url: String,
-    /// Model name.
-    #[serde(default = "default_llm_model")]
-    pub model: String,
-    /// Bearer token, if the service needs one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key: Option<String>,
-}
-
-/// An OpenAI-compatible `/audio/transcriptions` endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AsrConfig {
-    /// API root with version.
-    pub base_url: String,
-    /// Model name.
-    #[serde(default = "default_asr_model")]
-    pub model: String,
-    /// Bearer token, if the service needs one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key: Option<String>,
-}
-
-/// An OpenAI-compatible `/audio/speech` endpoint (24 kHz PCM is requested).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TtsConfig {
-    /// API root with version.
-    pub base_url: String,
-    /// Model name.
-    #[serde(default = "default_tts_model")]
-    pub model: String,
-    /// Voice name.
-    #[serde(default = "default_tts_voice")]
-    pub voice: String,
-    /// Bearer token, if the service needs one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key: Option<String>,
-}
-
-fn default_llm_model() -> String {
-    "gpt-4o-mini".into()
-}
-fn default_asr_model() -> String {
-    "whisper-1".into()
-}
-fn default_tts_model() -> String {
-    "tts-1".into()
-}
-fn default_tts_voice() -> String {
-    "alloy".into()
 }
 
 /// An [Agent Client Protocol](https://agentclientprotocol.com) agent process as the brain
@@ -375,6 +344,7 @@ impl Default for Config {
             tts: None,
             acp: None,
             engine: EngineSettings::default(),
+            door_providers: DoorProviders::default(),
         }
     }
 }
@@ -413,9 +383,55 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Parse`] for bad TOML, unknown keys or wrong types.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: Self = toml::from_str(text)?;
+        let mut table: toml::Table = toml::from_str(text)?;
+        let door_providers = DoorProviders::take(&mut table)?;
+        // Parsing the text itself keeps line numbers in errors; only when door overrides had
+        // to be taken out is the remaining table parsed instead.
+        let mut config: Self = if door_providers.0.is_empty() {
+            toml::from_str(text)?
+        } else {
+            table.try_into()?
+        };
+        config.door_providers = door_providers;
         config.check()?;
         Ok(config)
+    }
+
+    /// The server-wide LLM: `[llm]` resolved, with `[acp]` (the older spelling) as its
+    /// provider when present.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the section, as [`LlmConfig::resolve`].
+    pub fn llm_plan(&self) -> Result<Plan<LlmSpec>, ConfigError> {
+        let llm = self.llm.clone().unwrap_or_default();
+        let mut plan = llm.resolve("llm")?;
+        if let Some(acp) = &self.acp {
+            plan.spec = LlmSpec::Acp(acp.clone());
+            // The agent has its own start-up and idle limits unless [llm] sets deadlines.
+            if llm.timeout_secs.is_none() {
+                plan.first = None;
+            }
+            if llm.idle_timeout_secs.is_none() {
+                plan.idle = None;
+            }
+        }
+        Ok(plan)
+    }
+
+    /// The server-wide ASR: `[asr]` resolved.
+    ///
+    /// # Errors
+    /// As [`Self::llm_plan`].
+    pub fn asr_plan(&self) -> Result<Plan<AsrSpec>, ConfigError> {
+        self.asr.clone().unwrap_or_default().resolve("asr")
+    }
+
+    /// The server-wide TTS: `[tts]` resolved.
+    ///
+    /// # Errors
+    /// As [`Self::llm_plan`].
+    pub fn tts_plan(&self) -> Result<Plan<TtsSpec>, ConfigError> {
+        self.tts.clone().unwrap_or_default().resolve("tts")
     }
 
     /// Reads a TOML file over the defaults.
@@ -516,44 +532,7 @@ impl Config {
         self.limits.apply_env(&var)?;
         self.engine.apply_env(&var)?;
         AcpBrainConfig::apply_env(&mut self.acp, vars);
-        if let Some(base_url) = var("VOXGATE_LLM_BASE_URL") {
-            let llm = self.llm.get_or_insert_with(|| LlmConfig {
-                base_url: String::new(),
-                model: default_llm_model(),
-                api_key: None,
-            });
-            llm.base_url = base_url;
-        }
-        if let Some(llm) = &mut self.llm {
-            vars.string("VOXGATE_LLM_MODEL", &mut llm.model);
-            vars.optional("VOXGATE_LLM_API_KEY", &mut llm.api_key);
-        }
-        if let Some(base_url) = var("VOXGATE_ASR_BASE_URL") {
-            let asr = self.asr.get_or_insert_with(|| AsrConfig {
-                base_url: String::new(),
-                model: default_asr_model(),
-                api_key: None,
-            });
-            asr.base_url = base_url;
-        }
-        if let Some(asr) = &mut self.asr {
-            vars.string("VOXGATE_ASR_MODEL", &mut asr.model);
-            vars.optional("VOXGATE_ASR_API_KEY", &mut asr.api_key);
-        }
-        if let Some(base_url) = var("VOXGATE_TTS_BASE_URL") {
-            let tts = self.tts.get_or_insert_with(|| TtsConfig {
-                base_url: String::new(),
-                model: default_tts_model(),
-                voice: default_tts_voice(),
-                api_key: None,
-            });
-            tts.base_url = base_url;
-        }
-        if let Some(tts) = &mut self.tts {
-            vars.string("VOXGATE_TTS_MODEL", &mut tts.model);
-            vars.string("VOXGATE_TTS_VOICE", &mut tts.voice);
-            vars.optional("VOXGATE_TTS_API_KEY", &mut tts.api_key);
-        }
+        providers::apply_env(&mut self.llm, &mut self.asr, &mut self.tts, vars)?;
         self.check()
     }
 
@@ -565,6 +544,10 @@ impl Config {
         self.mcp.check()?;
         self.admin.check()?;
         self.check_engine()?;
+        self.llm_plan()?;
+        self.asr_plan()?;
+        self.tts_plan()?;
+        self.door_providers.check()?;
         if self.max_frame_bytes < 1024 {
             return Err(ConfigError::Invalid(format!(
                 "max_frame_bytes = {} is below the minimum of 1024",
@@ -607,20 +590,16 @@ impl Config {
         shown.bridge.mask_secrets();
         shown.mcp.mask_secrets();
         shown.admin.mask_secrets();
-        if let Some(l) = &mut shown.llm {
-            l.api_key.mask();
-        }
-        if let Some(a) = &mut shown.asr {
-            a.api_key.mask();
-        }
-        if let Some(t) = &mut shown.tts {
-            t.api_key.mask();
-        }
+        providers::mask_sections(&mut shown.llm, &mut shown.asr, &mut shown.tts);
         if let Some(a) = &mut shown.acp {
             a.env.mask();
         }
         // Serializing plain structs of strings, numbers and lists cannot fail.
-        toml::to_string_pretty(&shown).unwrap_or_default()
+        let Ok(mut table) = toml::Table::try_from(&shown) else {
+            return String::new();
+        };
+        self.door_providers.insert_masked(&mut table);
+        toml::to_string_pretty(&table).unwrap_or_default()
     }
 }
 
@@ -683,7 +662,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.listen.port(), 9000);
-        assert_eq!(c.llm.as_ref().unwrap().model, "gpt-4o-mini");
+        assert!(matches!(
+            c.llm_plan().unwrap().spec,
+            LlmSpec::OpenAi { model, .. } if model == "gpt-4o-mini"
+        ));
         assert_eq!(c.realtime.api_keys, ["k"]);
         assert!(matches!(
             Config::from_toml("lisen = \"x\""),
@@ -771,7 +753,7 @@ mod tests {
         c.apply_env(env).unwrap();
         assert_eq!(c.listen.port(), 0);
         assert_eq!(c.realtime.api_keys, ["a", "b"]);
-        assert_eq!(c.tts.as_ref().unwrap().voice, "nova");
+        assert_eq!(c.tts.as_ref().unwrap().voice.as_deref(), Some("nova"));
         assert!(c.asr.is_none());
         let printed = c.to_toml();
         assert!(!printed.contains("\"a\""), "{printed}");

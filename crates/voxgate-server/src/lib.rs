@@ -38,6 +38,7 @@ mod bridge;
 pub mod config;
 mod door;
 pub mod exposure;
+mod fallback;
 mod gemini;
 mod head_timeout;
 mod incident;

@@ -178,6 +178,10 @@ struct Latency {
     micros: AtomicU64,
     count: AtomicU64,
     failures: AtomicU64,
+    /// Requests whose deadline (first output or idle) ran out.
+    timeouts: AtomicU64,
+    /// Requests handed to the fallback provider.
+    fallbacks: AtomicU64,
 }
 
 /// Process-wide counters; shared by every session through an `Arc`.
@@ -285,6 +289,33 @@ impl Metrics {
         self.latency[kind.index()]
             .failures
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a provider request whose deadline ran out (`[llm] timeout_secs`...).
+    pub fn provider_timeout(&self, kind: ProviderKind) {
+        self.latency[kind.index()]
+            .timeouts
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request handed to the fallback provider after the primary failed before
+    /// any output.
+    pub fn provider_fallback(&self, kind: ProviderKind) {
+        self.latency[kind.index()]
+            .fallbacks
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Provider deadlines that ran out so far.
+    #[must_use]
+    pub fn provider_timeouts(&self, kind: ProviderKind) -> u64 {
+        self.latency[kind.index()].timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Requests handed to a fallback provider so far.
+    #[must_use]
+    pub fn provider_fallbacks(&self, kind: ProviderKind) -> u64 {
+        self.latency[kind.index()].fallbacks.load(Ordering::Relaxed)
     }
 
     /// Sessions currently open on `door`.
@@ -406,6 +437,33 @@ impl Metrics {
                 "voxgate_provider_failures_total{{provider=\"{}\"}} {}",
                 kind.label(),
                 self.latency[kind.index()].failures.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_provider_timeouts_total Provider requests whose deadline ran out \
+             (first output or idle).\n# TYPE voxgate_provider_timeouts_total counter"
+        );
+        for kind in ProviderKind::ALL {
+            let _ = writeln!(
+                out,
+                "voxgate_provider_timeouts_total{{provider=\"{}\"}} {}",
+                kind.label(),
+                self.provider_timeouts(kind)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_provider_fallbacks_total Provider requests handed to the fallback \
+             after the primary failed before any output.\n\
+             # TYPE voxgate_provider_fallbacks_total counter"
+        );
+        for kind in ProviderKind::ALL {
+            let _ = writeln!(
+                out,
+                "voxgate_provider_fallbacks_total{{provider=\"{}\"}} {}",
+                kind.label(),
+                self.provider_fallbacks(kind)
             );
         }
         out

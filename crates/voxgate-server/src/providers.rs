@@ -11,15 +11,17 @@ use tokio::task::AbortHandle;
 use voxgate_engine::provider::{ChatRole, ContextMessage, ToolSpec};
 use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId};
 use voxgate_providers::{
-    Asr, ChatMessage, DemoAgent, Intent, Llm, LlmEvent, LlmRequest, NoAsr, OpenAiChat,
-    OpenAiChatConfig, OpenAiSpeech, OpenAiSpeechConfig, OpenAiTranscription,
-    OpenAiTranscriptionConfig, ProviderError, Role, ToolCall, ToolDefinition, Tts, TtsRequest,
-    Utterance,
+    Asr, ChatMessage, CommandTts, CommandTtsConfig, DemoAgent, ElevenLabsConfig, ElevenLabsTts,
+    Intent, Llm, LlmEvent, LlmRequest, NoAsr, OpenAiChat, OpenAiChatConfig, OpenAiSpeech,
+    OpenAiSpeechConfig, OpenAiTranscription, OpenAiTranscriptionConfig, ProviderError, Role,
+    ToneTts, ToolCall, ToolDefinition, Tts, TtsRequest, Utterance,
 };
 
-use crate::config::Config;
+use crate::config::providers::OVERRIDE_DOORS;
+use crate::config::{AsrSpec, Config, LlmSpec, Plan, TtsSpec};
+use crate::fallback::{Deadline, Fallback};
 use crate::mcp_endpoint::hub::{McpHub, Scope};
-use crate::metrics::{Metrics, ProviderKind};
+use crate::metrics::{Door, Metrics, ProviderKind};
 
 /// The back ends every session of a server shares.
 #[derive(Clone)]
@@ -50,31 +52,224 @@ impl Providers {
         }
     }
 
-    /// The providers `config` names, embedded defaults for the sections it leaves out.
+    /// The providers `config` names (`[llm]`/`[acp]`, `[asr]`, `[tts]`), embedded defaults for
+    /// the sections it leaves out. These are the bare providers: the deadlines and fallbacks
+    /// of the sections are added when the server binds ([`crate::Server::bind_with`]), so
+    /// providers given to it directly get them too.
     ///
     /// # Errors
-    /// The provider's [`ProviderError::Config`] for an unusable base URL.
+    /// [`ProviderError::Config`] for a section that does not resolve (unknown provider...) or
+    /// an unusable option (a bad base URL).
     pub fn from_config(config: &Config) -> Result<Self, ProviderError> {
-        let mut p = Self::embedded();
-        if let Some(c) = &config.llm {
-            let mut oc = OpenAiChatConfig::new(&c.base_url, &c.model);
-            oc.api_key.clone_from(&c.api_key);
-            p.llm = Arc::new(OpenAiChat::new(oc)?);
+        let cfg = |e: crate::config::ConfigError| ProviderError::Config(e.to_string());
+        Ok(Self {
+            llm: build_llm(&config.llm_plan().map_err(cfg)?.spec)?,
+            asr: build_asr(&config.asr_plan().map_err(cfg)?.spec)?,
+            tts: build_tts(&config.tts_plan().map_err(cfg)?.spec)?,
+        })
+    }
+}
+
+/// The bare language model `spec` names.
+fn build_llm(spec: &LlmSpec) -> Result<Arc<dyn Llm>, ProviderError> {
+    Ok(match spec {
+        LlmSpec::OpenAi {
+            base_url,
+            model,
+            api_key,
+        } => {
+            let mut oc = OpenAiChatConfig::new(base_url, model);
+            oc.api_key.clone_from(api_key);
+            Arc::new(OpenAiChat::new(oc)?)
         }
-        if let Some(c) = &config.acp {
-            p.llm = Arc::new(voxgate_providers::AcpAgent::new(c.to_provider())?);
+        LlmSpec::Acp(c) => Arc::new(voxgate_providers::AcpAgent::new(c.to_provider())?),
+        LlmSpec::Demo => Arc::new(DemoAgent::new()),
+    })
+}
+
+/// The bare recognizer `spec` names.
+fn build_asr(spec: &AsrSpec) -> Result<Arc<dyn Asr>, ProviderError> {
+    Ok(match spec {
+        AsrSpec::OpenAi {
+            base_url,
+            model,
+            api_key,
+        } => {
+            let mut oc = OpenAiTranscriptionConfig::new(base_url, model);
+            oc.api_key.clone_from(api_key);
+            Arc::new(OpenAiTranscription::new(oc)?)
         }
-        if let Some(c) = &config.asr {
-            let mut oc = OpenAiTranscriptionConfig::new(&c.base_url, &c.model);
-            oc.api_key.clone_from(&c.api_key);
-            p.asr = Arc::new(OpenAiTranscription::new(oc)?);
+        AsrSpec::None => Arc::new(NoAsr),
+    })
+}
+
+/// The bare synthesizer `spec` names.
+fn build_tts(spec: &TtsSpec) -> Result<Arc<dyn Tts>, ProviderError> {
+    Ok(match spec {
+        TtsSpec::OpenAi {
+            base_url,
+            model,
+            voice,
+            api_key,
+        } => {
+            let mut oc = OpenAiSpeechConfig::new(base_url, model, voice);
+            oc.api_key.clone_from(api_key);
+            Arc::new(OpenAiSpeech::new(oc)?)
         }
-        if let Some(c) = &config.tts {
-            let mut oc = OpenAiSpeechConfig::new(&c.base_url, &c.model, &c.voice);
-            oc.api_key.clone_from(&c.api_key);
-            p.tts = Arc::new(OpenAiSpeech::new(oc)?);
+        TtsSpec::ElevenLabs {
+            api_key,
+            voice_id,
+            model_id,
+            base_url,
+            sample_rate,
+        } => {
+            let mut c = ElevenLabsConfig::new(api_key, voice_id);
+            c.model_id.clone_from(model_id);
+            c.base_url.clone_from(base_url);
+            c.sample_rate = *sample_rate;
+            Arc::new(ElevenLabsTts::new(c)?)
         }
-        Ok(p)
+        TtsSpec::Command { program, args } => Arc::new(CommandTts::new(CommandTtsConfig {
+            program: program.into(),
+            args: args.clone(),
+            voice_flag: None,
+            ..CommandTtsConfig::espeak_ng()
+        })),
+        TtsSpec::Espeak => Arc::new(CommandTts::new(CommandTtsConfig::espeak_ng())),
+        TtsSpec::Tone => Arc::new(ToneTts),
+        TtsSpec::Embedded => voxgate_providers::embedded_tts(),
+    })
+}
+
+/// `primary` under `plan`'s deadlines, behind a fallback when the plan has one.
+fn guard<P: ?Sized, S>(
+    primary: Arc<P>,
+    plan: &Plan<S>,
+    build: &dyn Fn(&S) -> Result<Arc<P>, ProviderError>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<P>, ProviderError>
+where
+    Deadline<P>: Into<Arc<P>>,
+    Fallback<P>: Into<Arc<P>>,
+{
+    let primary: Arc<P> = if plan.first.is_some() || plan.idle.is_some() {
+        Deadline::new(primary, plan.first, plan.idle, Arc::clone(metrics)).into()
+    } else {
+        primary
+    };
+    let Some(fb) = &plan.fallback else {
+        return Ok(primary);
+    };
+    let fallback = guard(build(&fb.spec)?, fb, build, metrics)?;
+    Ok(Fallback::new(primary, fallback, Arc::clone(metrics)).into())
+}
+
+macro_rules! into_arc {
+    ($($t:ident),*) => {$(
+        impl From<Deadline<dyn $t>> for Arc<dyn $t> {
+            fn from(d: Deadline<dyn $t>) -> Self {
+                Arc::new(d)
+            }
+        }
+        impl From<Fallback<dyn $t>> for Arc<dyn $t> {
+            fn from(f: Fallback<dyn $t>) -> Self {
+                Arc::new(f)
+            }
+        }
+    )*};
+}
+into_arc!(Llm, Asr, Tts);
+
+/// What each door uses: the server's providers under the deadlines and fallbacks of `[llm]`,
+/// `[asr]` and `[tts]`, and per door the providers of its own sections (`[xiaozhi.tts]`...)
+/// where it has them. Built once when the server binds.
+#[derive(Debug, Clone)]
+pub(crate) struct DoorProviderSet {
+    server: Providers,
+    /// By [`OVERRIDE_DOORS`] order: realtime, xiaozhi, gemini, retell, bridge.
+    doors: [Providers; 5],
+}
+
+impl DoorProviderSet {
+    /// `base` (the server's bare providers) guarded per `config`, and each door's overrides.
+    ///
+    /// # Errors
+    /// [`ProviderError::Config`] for a section that does not resolve or build.
+    pub(crate) fn new(
+        config: &Config,
+        base: Providers,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self, ProviderError> {
+        let cfg = |e: crate::config::ConfigError| ProviderError::Config(e.to_string());
+        let server = Providers {
+            llm: guard(
+                base.llm,
+                &config.llm_plan().map_err(cfg)?,
+                &build_llm,
+                metrics,
+            )?,
+            asr: guard(
+                base.asr,
+                &config.asr_plan().map_err(cfg)?,
+                &build_asr,
+                metrics,
+            )?,
+            tts: guard(
+                base.tts,
+                &config.tts_plan().map_err(cfg)?,
+                &build_tts,
+                metrics,
+            )?,
+        };
+        let door = |name: &str| -> Result<Providers, ProviderError> {
+            let mut p = server.clone();
+            let Some(d) = config.door_providers.get(name) else {
+                return Ok(p);
+            };
+            if let Some(l) = &d.llm {
+                let plan = l.resolve(&format!("{name}.llm")).map_err(cfg)?;
+                p.llm = guard(build_llm(&plan.spec)?, &plan, &build_llm, metrics)?;
+            }
+            if let Some(a) = &d.asr {
+                let plan = a.resolve(&format!("{name}.asr")).map_err(cfg)?;
+                p.asr = guard(build_asr(&plan.spec)?, &plan, &build_asr, metrics)?;
+            }
+            if let Some(t) = &d.tts {
+                let plan = t.resolve(&format!("{name}.tts")).map_err(cfg)?;
+                p.tts = guard(build_tts(&plan.spec)?, &plan, &build_tts, metrics)?;
+            }
+            Ok(p)
+        };
+        let [r, x, g, t, b] = OVERRIDE_DOORS;
+        Ok(Self {
+            doors: [door(r)?, door(x)?, door(g)?, door(t)?, door(b)?],
+            server,
+        })
+    }
+
+    /// The same providers for every door (unit tests).
+    #[cfg(test)]
+    pub(crate) fn uniform(p: Providers) -> Self {
+        Self {
+            doors: [p.clone(), p.clone(), p.clone(), p.clone(), p.clone()],
+            server: p,
+        }
+    }
+
+    /// The providers of a WebSocket door (the server's for doors without providers).
+    pub(crate) fn for_door(&self, door: Door) -> &Providers {
+        match door {
+            Door::Realtime => &self.doors[0],
+            Door::Xiaozhi => &self.doors[1],
+            Door::Gemini => &self.doors[2],
+            Door::Retell => &self.doors[3],
+            _ => &self.server,
+        }
+    }
+
+    /// The providers of the Bridge HTTP API.
+    pub(crate) fn for_bridge(&self) -> &Providers {
+        &self.doors[4]
     }
 }
 

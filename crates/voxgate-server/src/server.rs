@@ -48,7 +48,8 @@ pub enum ServerError {
 #[derive(Debug)]
 pub(crate) struct App {
     pub(crate) config: Config,
-    pub(crate) providers: Providers,
+    /// The providers of each door (`[llm]`... with per-door overrides, deadlines, fallbacks).
+    pub(crate) providers: crate::providers::DoorProviderSet,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) shutdown: watch::Receiver<bool>,
     /// State doors share across sessions: the perception event bus, the MCP tool hub and the
@@ -69,7 +70,7 @@ impl App {
             shared: crate::bridge::Shared::new(&config),
             admission: crate::admission::Admission::new(&config.limits, Arc::clone(&metrics)),
             config,
-            providers: Providers::embedded(),
+            providers: crate::providers::DoorProviderSet::uniform(Providers::embedded()),
             metrics,
             shutdown,
             sessions: Arc::default(),
@@ -82,7 +83,7 @@ impl App {
         crate::door::DriverContext {
             door,
             metrics: Arc::clone(&self.metrics),
-            providers: self.providers.clone(),
+            providers: self.providers.for_door(door).clone(),
             limits: crate::door::SessionLimits::from_config(&self.config.limits),
             max_frame_bytes: self.config.max_frame_bytes,
             shutdown: self.shutdown.clone(),
@@ -168,10 +169,13 @@ impl Server {
         Self::bind_with(config, providers).await
     }
 
-    /// Binds `config.listen` with the given providers (tests, embedders).
+    /// Binds `config.listen` with the given providers (tests, embedders) as the server's;
+    /// the deadlines and fallbacks of `[llm]`, `[asr]` and `[tts]` and the per-door sections
+    /// (`[xiaozhi.tts]`...) still apply.
     ///
     /// # Errors
-    /// [`ServerError::Bind`].
+    /// [`ServerError::Bind`], or [`ServerError::Provider`] for a door section or fallback
+    /// that cannot be built.
     pub async fn bind_with(config: Config, providers: Providers) -> Result<Self, ServerError> {
         let (listener, addr) = bind_addr("main", config.listen).await?;
         let mut extra = Vec::new();
@@ -186,6 +190,7 @@ impl Server {
         }
         let (stop, shutdown) = watch::channel(false);
         let metrics = Arc::new(Metrics::new());
+        let providers = crate::providers::DoorProviderSet::new(&config, providers, &metrics)?;
         let admission = crate::admission::Admission::new(&config.limits, Arc::clone(&metrics));
         Ok(Self {
             listener,
@@ -251,25 +256,21 @@ impl Server {
             "bridge API: http://{main}/api/message, MCP endpoint ws://{main}/mcp, admin \
              http://{main}/admin/, health and metrics http://{main}/health, /metrics"
         ));
-        let llm = match (&c.acp, &c.llm) {
-            (Some(acp), _) => format!("ACP agent `{}`", acp.command),
-            (None, Some(l)) => format!("OpenAI-compatible {} at {}", l.model, l.base_url),
-            (None, None) => "the offline demo agent".to_owned(),
-        };
-        let asr = c.asr.as_ref().map_or_else(
-            || "none (spoken turns are answered without a transcript)".to_owned(),
-            |a| format!("OpenAI-compatible {} at {}", a.model, a.base_url),
-        );
-        let tts = c.tts.as_ref().map_or_else(
-            || voxgate_providers::embedded_tts_name().to_owned(),
-            |t| {
-                format!(
-                    "OpenAI-compatible {} ({}) at {}",
-                    t.model, t.voice, t.base_url
-                )
-            },
-        );
+        // The configuration was checked when loaded; a plan that does not resolve here only
+        // comes from a hand-built Config, and says so.
+        let llm = c
+            .llm_plan()
+            .map_or_else(|e| e.to_string(), |p| p.describe());
+        let asr = c
+            .asr_plan()
+            .map_or_else(|e| e.to_string(), |p| p.describe());
+        let tts = c
+            .tts_plan()
+            .map_or_else(|e| e.to_string(), |p| p.describe());
         lines.push(format!("providers: LLM {llm}; ASR {asr}; TTS {tts}"));
+        for door in c.door_providers.describe() {
+            lines.push(format!("providers of the {door}"));
+        }
         lines
     }
 

@@ -189,9 +189,9 @@ async fn fake_asr(text: &'static str) -> (String, Arc<AtomicUsize>) {
 fn with_asr(base_url: String) -> Config {
     Config {
         asr: Some(AsrConfig {
-            base_url,
-            model: "whisper-1".into(),
-            api_key: None,
+            base_url: Some(base_url),
+            model: Some("whisper-1".into()),
+            ..AsrConfig::default()
         }),
         ..Config::default()
     }

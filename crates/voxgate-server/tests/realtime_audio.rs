@@ -68,9 +68,10 @@ fn speaking(input: AudioFormat, output: AudioFormat, tts: TtsSettings) -> Sessio
 fn with_asr(asr: &str) -> Config {
     Config {
         asr: Some(AsrConfig {
-            base_url: format!("{asr}/v1"),
-            model: "whisper-1".into(),
+            base_url: Some(format!("{asr}/v1")),
+            model: Some("whisper-1".into()),
             api_key: Some("sk-test".into()),
+            ..AsrConfig::default()
         }),
         ..Config::default()
     }
@@ -1242,9 +1243,9 @@ async fn reconfigured_prompt_and_instructions_reach_the_model() {
     let (llm, requests) = fake_llm().await;
     let server_config = Config {
         llm: Some(voxgate_server::config::LlmConfig {
-            base_url: format!("{llm}/v1"),
-            model: "gpt-test".into(),
-            api_key: None,
+            base_url: Some(format!("{llm}/v1")),
+            model: Some("gpt-test".into()),
+            ..voxgate_server::config::LlmConfig::default()
         }),
         ..Config::default()
     };

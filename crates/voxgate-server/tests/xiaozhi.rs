@@ -535,9 +535,9 @@ async fn audio_turn_from_a_wav_with_a_recognizer() {
     let (base_url, uploads) = fake_asr("turn on the light").await;
     let mut config = Config::default();
     config.asr = Some(voxgate_server::config::AsrConfig {
-        base_url,
-        model: "whisper-1".into(),
-        api_key: None,
+        base_url: Some(base_url),
+        model: Some("whisper-1".into()),
+        ..voxgate_server::config::AsrConfig::default()
     });
     let mut p = Providers::from_config(&config).unwrap();
     p.tts = Arc::new(ToneTts);

@@ -413,7 +413,7 @@ async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
         persona
     })?;
     let ctx = TurnContext {
-        providers: &app.providers,
+        providers: app.providers.for_bridge(),
         metrics: &app.metrics,
         hub: &app.shared.mcp,
         tools: cfg
@@ -619,7 +619,7 @@ mod tests {
             shared: Shared::new(&config),
             admission: crate::admission::Admission::new(&config.limits, Arc::default()),
             config,
-            providers: Providers::embedded(),
+            providers: crate::providers::DoorProviderSet::uniform(Providers::embedded()),
             metrics: Arc::new(Metrics::new()),
             shutdown,
             sessions: Arc::default(),
