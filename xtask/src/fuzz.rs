@@ -13,8 +13,9 @@
 //! and resumes from them next time.
 //!
 //! Targets are built optimised with debug assertions and AddressSanitizer (`cargo fuzz build
-//! -O -a`). The `opus_libopus` target needs the fuzz crate's `libopus` feature and cmake.
-//! docs/fuzzing.md has the figures.
+//! -O -a`), with this xtask as rustc wrapper so the Opus codec crate is built without
+//! comparison tracing ([`UNTRACED_CRATES`]). The `opus_libopus` target needs the fuzz crate's
+//! `libopus` feature and cmake. docs/fuzzing.md has the figures.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -358,7 +359,67 @@ fn fuzz_cmd() -> Command {
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_INCREMENTAL", "0")
         .current_dir(util::root());
+    // This xtask wraps rustc to leave comparison tracing out of the codecs (see
+    // `UNTRACED_CRATES`), chaining to a wrapper the caller set (sccache...).
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(inner) = std::env::var_os("RUSTC_WRAPPER").filter(|w| !w.is_empty()) {
+            cmd.env(INNER_WRAPPER_ENV, inner);
+        }
+        cmd.env("RUSTC_WRAPPER", exe).env(WRAPPER_ENV, "1");
+    }
     cmd
+}
+
+/// Set in the environment of the fuzz build: this xtask, started by cargo as `RUSTC_WRAPPER`,
+/// runs rustc instead of parsing a command line ([`rustc_wrapper`]).
+const WRAPPER_ENV: &str = "VOXGATE_XTASK_RUSTC_WRAPPER";
+
+/// A `RUSTC_WRAPPER` the caller had set, which [`rustc_wrapper`] runs rustc through.
+const INNER_WRAPPER_ENV: &str = "VOXGATE_XTASK_INNER_RUSTC_WRAPPER";
+
+/// Crates built without libFuzzer's comparison hooks (`-sanitizer-coverage-trace-compares`),
+/// keeping their edge coverage and AddressSanitizer. Measured (docs/fuzzing.md): in opus-rs
+/// the hooks on its DSP loops took over 40% of `audio_decode`'s time, and what they trace
+/// there is sample arithmetic, not input structure; the packet structure voxgate parses
+/// itself (`validate_packet`) keeps them.
+const UNTRACED_CRATES: &[&str] = &["opus_rs"];
+
+/// When this xtask runs as cargo's `RUSTC_WRAPPER` for the fuzz build: runs rustc (argument 1)
+/// with the remaining arguments, turning comparison tracing off for [`UNTRACED_CRATES`], and
+/// returns its exit code. `None` when this is a normal xtask run.
+pub(crate) fn rustc_wrapper() -> Option<i32> {
+    std::env::var_os(WRAPPER_ENV)?;
+    let mut args = std::env::args_os().skip(1);
+    let rustc = args.next()?;
+    let mut args: Vec<std::ffi::OsString> = args.collect();
+    let crate_name = args
+        .iter()
+        .position(|a| a == "--crate-name")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.to_str());
+    let traced = args.iter().any(|a| {
+        a.to_string_lossy()
+            .contains("sanitizer-coverage-trace-compares")
+    });
+    if traced && crate_name.is_some_and(|n| UNTRACED_CRATES.contains(&n)) {
+        // LLVM takes the last value given, so this overrides cargo-fuzz's flag.
+        args.push("-Cllvm-args=-sanitizer-coverage-trace-compares=false".into());
+    }
+    let mut cmd = match std::env::var_os(INNER_WRAPPER_ENV) {
+        Some(inner) => {
+            let mut c = Command::new(inner);
+            c.arg(rustc);
+            c
+        }
+        None => Command::new(rustc),
+    };
+    match cmd.args(&args).status() {
+        Ok(status) => Some(status.code().unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask (rustc wrapper): could not run rustc: {e}");
+            Some(1)
+        }
+    }
 }
 
 fn has_files(dir: &Path) -> bool {

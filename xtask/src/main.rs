@@ -48,6 +48,9 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    if let Some(code) = fuzz::rustc_wrapper() {
+        std::process::exit(code);
+    }
     match Cli::parse().command {
         Command::Ci(args) => ci::run(&args),
         Command::Fuzz(args) => fuzz::run(&args),

@@ -125,7 +125,7 @@ fn start_up_names_doors_providers_and_unread_variables() {
         "VOXGATE_LLM_API_KEY is set but not used: it needs VOXGATE_LLM_BASE_URL",
         "realtime door: ws://127.0.0.1:",
         "xiaozhi door: ws://127.0.0.1:",
-        "providers: LLM the offline demo agent; ASR none",
+        "providers: LLM demo (the offline demo agent) (deadline 10 s, idle 30 s); ASR none",
     ] {
         assert!(seen.contains(want), "missing {want:?} in:\n{seen}");
     }

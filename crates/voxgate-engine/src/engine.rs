@@ -823,10 +823,20 @@ impl Engine {
                     category: ErrorCategory::Inference,
                     message,
                 });
-                // With an emotion channel, a reply that failed before saying anything shows a
-                // puzzled face rather than the default (usually happy) one.
-                if self.config.emotion.is_some() && self.reply.nothing_said() {
-                    self.reply_text(now, FAILURE_FACE);
+                // With an emotion channel, a failed reply shows a puzzled face: before its first
+                // word instead of the default (usually happy) one, after words that were said
+                // (a stream cut mid-reply) as a change of face, so a device never stays happy
+                // over a reply that broke off.
+                if self.config.emotion.is_some() {
+                    if self.reply.nothing_said() {
+                        self.reply_text(now, FAILURE_FACE);
+                    } else {
+                        self.client(ClientEvent::Emotion {
+                            turn,
+                            emoji: FAILURE_FACE.to_owned(),
+                            emotion: crate::emotion::Emotion::Confused,
+                        });
+                    }
                 }
                 self.end_reply_text(now);
             }

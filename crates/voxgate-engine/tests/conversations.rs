@@ -752,6 +752,36 @@ fn a_generation_that_fails_at_once_still_ends_the_turn() {
     assert_ne!(next, id);
 }
 
+/// A reply cut off mid-stream, after words were said, changes the face to the puzzled one, so
+/// a device does not stay happy over a reply that broke off.
+#[test]
+fn a_reply_cut_mid_stream_turns_the_face_puzzled() {
+    let mut d = Driver::new(EngineConfig {
+        emotion: Some(EmojiPolicy::faces()),
+        output_audio: None,
+        ..EngineConfig::default()
+    });
+    let (id, _) = generate(&d.input(text("hi")));
+    d.provider(ProviderEvent::TextDelta {
+        id,
+        delta: "🙂 Here is the first sentence. And then".into(),
+    });
+    d.provider(ProviderEvent::Failed {
+        id,
+        message: "stream cut".into(),
+    });
+    d.advance(1000 * MS);
+    let events = d.client_events();
+    let faces: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::Emotion { emotion, .. } => Some(*emotion),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(faces, [Emotion::Happy, Emotion::Confused], "{events:?}");
+}
+
 /// On a door with an emotion channel, a reply that failed before its first word shows a
 /// puzzled face, not the default one, and says nothing.
 #[test]
