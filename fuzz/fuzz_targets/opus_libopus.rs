@@ -1,13 +1,14 @@
 //! The libopus backend (voxgate-audio's `libopus` feature; this target needs the fuzz crate's
 //! `libopus` feature and cmake). The first byte picks the rate and the encoder settings.
 //!
-//! Decoding: the rest as `[len u8][packet]` records and as one packet, at the selected rate
-//! (the decoder is mono; stereo packets are downmixed). Never a panic; what decodes is at most
-//! 120 ms, a whole number of 2.5 ms steps, and `f32` output keeps the documented range.
+//! Decoding: the rest as one packet (selector bit 5) or as two `[len u8][packet]` records, at
+//! the selected rate (the decoder is mono; stereo packets are downmixed). Never a panic; what
+//! decodes is at most 120 ms, a whole number of 2.5 ms steps, and `f32` output keeps the
+//! documented range.
 //!
-//! Encoding: the rest as little-endian PCM, one frame as `i16`, the next as `f32` (NaN and
-//! infinities included). Every packet fits `MAX_PACKET_BYTES` and decodes to one frame (the
-//! first with both backends).
+//! Encoding: the rest as little-endian PCM, one frame as `i16` or (selector bit 6) as `f32`
+//! (NaN and infinities included). The packet fits `MAX_PACKET_BYTES` and decodes to one frame
+//! with both backends.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -47,34 +48,38 @@ fuzz_target!(|data: &[u8]| {
     let rate = RATES[usize::from(selector % 5)];
 
     let mut dec = OpusDecoder::new(rate, OpusBackend::Libopus).expect("libopus is compiled in");
-    let mut cursor = rest;
-    // Four packets carry decoder state from packet to packet; more only slow the target down.
-    for k in 0..4 {
-        let Some((&len, tail)) = cursor.split_first() else {
-            break;
-        };
-        let len = usize::from(len).min(tail.len());
-        let (packet, next) = tail.split_at(len);
-        cursor = next;
-        if packet.is_empty() {
-            let samples = dec.last_frame_samples();
-            if let Ok(pcm) = dec.conceal(samples) {
-                assert!(pcm.len() <= samples);
-            }
-        } else if k % 2 == 0 {
-            if let Ok(pcm) = dec.decode(packet) {
-                check_decoded(rate, pcm.len());
-            }
-        } else if let Ok(pcm) = dec.decode_f32(packet) {
+    if selector & 0x20 != 0 {
+        // The whole rest as one packet: records stop at 255 bytes, Opus packets go to 1275.
+        if let Ok(pcm) = dec.decode(rest) {
             check_decoded(rate, pcm.len());
-            assert!(
-                pcm.iter().all(|s| (-1.0..=1.0).contains(s)),
-                "f32 output outside -1.0..=1.0"
-            );
         }
-    }
-    if let Ok(pcm) = dec.decode(rest) {
-        check_decoded(rate, pcm.len());
+    } else {
+        // Two packets carry decoder state from one to the next; more only slow the target.
+        let mut cursor = rest;
+        for k in 0..2 {
+            let Some((&len, tail)) = cursor.split_first() else {
+                break;
+            };
+            let len = usize::from(len).min(tail.len());
+            let (packet, next) = tail.split_at(len);
+            cursor = next;
+            if packet.is_empty() {
+                let samples = dec.last_frame_samples();
+                if let Ok(pcm) = dec.conceal(samples) {
+                    assert!(pcm.len() <= samples);
+                }
+            } else if k % 2 == 0 {
+                if let Ok(pcm) = dec.decode(packet) {
+                    check_decoded(rate, pcm.len());
+                }
+            } else if let Ok(pcm) = dec.decode_f32(packet) {
+                check_decoded(rate, pcm.len());
+                assert!(
+                    pcm.iter().all(|s| (-1.0..=1.0).contains(s)),
+                    "f32 output outside -1.0..=1.0"
+                );
+            }
+        }
     }
 
     let settings = rest.first().copied().unwrap_or(0);
@@ -89,33 +94,32 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut enc = OpusEncoder::new(config).expect("a valid configuration");
     let frame = enc.frame_samples();
-    // One frame as `i16`, then the next as `f32` (one encoder, so state carries over); each
-    // packet decodes with libopus, the first with opus-rs too (its decoder is the costly part).
-    let ints: Option<Vec<i16>> = rest.get(..2 * frame).map(|b| {
-        b.chunks_exact(2)
-            .map(|s| i16::from_le_bytes([s[0], s[1]]))
-            .collect()
-    });
-    let floats: Option<Vec<f32>> = rest.get(2 * frame..6 * frame).map(|b| {
-        b.chunks_exact(4)
-            .map(|s| f32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-            .collect()
-    });
-    if let Some(ints) = ints {
-        let packet = enc.encode(&ints).expect("a whole frame encodes").to_vec();
+    // One frame, as `i16` or as `f32` (NaN and infinities included) by the selector's bit 6:
+    // encoding is the costly part of an input (libopus itself, which is not instrumented), so
+    // one frame an input. The packet decodes to one frame with libopus (the decoder above: a
+    // valid packet decodes whole whatever state came before) and with opus-rs.
+    let packet = if selector & 0x40 == 0 {
+        rest.get(..2 * frame).map(|b| {
+            let pcm: Vec<i16> = b
+                .chunks_exact(2)
+                .map(|s| i16::from_le_bytes([s[0], s[1]]))
+                .collect();
+            enc.encode(&pcm).expect("a whole frame encodes").to_vec()
+        })
+    } else {
+        rest.get(..4 * frame).map(|b| {
+            let pcm: Vec<f32> = b
+                .chunks_exact(4)
+                .map(|s| f32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+                .collect();
+            enc.encode_f32(&pcm).expect("a whole frame encodes").to_vec()
+        })
+    };
+    if let Some(packet) = packet {
         assert!(!packet.is_empty() && packet.len() <= MAX_PACKET_BYTES);
-        let mut check = OpusDecoder::new(rate, OpusBackend::Libopus).expect("libopus decoder");
-        assert_eq!(check.decode(&packet).map(<[i16]>::len), Ok(frame));
+        assert_eq!(dec.decode(&packet).map(<[i16]>::len), Ok(frame));
         let mut pure = OpusDecoder::new(rate, OpusBackend::Pure).expect("opus-rs decoder");
         assert_eq!(pure.decode(&packet).map(<[i16]>::len), Ok(frame));
-        if let Some(floats) = floats {
-            let packet = enc
-                .encode_f32(&floats)
-                .expect("a whole frame encodes")
-                .to_vec();
-            assert!(!packet.is_empty() && packet.len() <= MAX_PACKET_BYTES);
-            assert_eq!(check.decode(&packet).map(<[i16]>::len), Ok(frame));
-        }
     }
     // Settings from the input: out-of-range ones are refused, never applied.
     let bitrate = rest
