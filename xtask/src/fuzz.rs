@@ -391,20 +391,7 @@ pub(crate) fn rustc_wrapper() -> Option<i32> {
     std::env::var_os(WRAPPER_ENV)?;
     let mut args = std::env::args_os().skip(1);
     let rustc = args.next()?;
-    let mut args: Vec<std::ffi::OsString> = args.collect();
-    let crate_name = args
-        .iter()
-        .position(|a| a == "--crate-name")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|n| n.to_str());
-    let traced = args.iter().any(|a| {
-        a.to_string_lossy()
-            .contains("sanitizer-coverage-trace-compares")
-    });
-    if traced && crate_name.is_some_and(|n| UNTRACED_CRATES.contains(&n)) {
-        // LLVM takes the last value given, so this overrides cargo-fuzz's flag.
-        args.push("-Cllvm-args=-sanitizer-coverage-trace-compares=false".into());
-    }
+    let args = untraced(args.collect());
     let mut cmd = match std::env::var_os(INNER_WRAPPER_ENV) {
         Some(inner) => {
             let mut c = Command::new(inner);
@@ -420,6 +407,25 @@ pub(crate) fn rustc_wrapper() -> Option<i32> {
             Some(1)
         }
     }
+}
+
+/// rustc's arguments with comparison tracing turned off when they build one of
+/// [`UNTRACED_CRATES`] with it on; otherwise unchanged.
+fn untraced(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let crate_name = args
+        .iter()
+        .position(|a| a == "--crate-name")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.to_str());
+    let traced = args.iter().any(|a| {
+        a.to_string_lossy()
+            .contains("sanitizer-coverage-trace-compares")
+    });
+    if traced && crate_name.is_some_and(|n| UNTRACED_CRATES.contains(&n)) {
+        // LLVM takes the last value given, so this overrides cargo-fuzz's flag.
+        args.push("-Cllvm-args=-sanitizer-coverage-trace-compares=false".into());
+    }
+    args
 }
 
 fn has_files(dir: &Path) -> bool {
@@ -719,6 +725,25 @@ fn perception_event(len: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(list: &[&str]) -> Vec<std::ffi::OsString> {
+        list.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn only_the_codec_loses_comparison_tracing_and_only_in_a_traced_build() {
+        let traced = "-Cllvm-args=-sanitizer-coverage-trace-compares";
+        let off = "-Cllvm-args=-sanitizer-coverage-trace-compares=false";
+        let codec = args(&["--crate-name", "opus_rs", "src/lib.rs", traced]);
+        assert_eq!(untraced(codec).last(), Some(&off.into()));
+        let ours = args(&["--crate-name", "voxgate_audio", "src/lib.rs", traced]);
+        assert_eq!(untraced(ours.clone()), ours);
+        // A plain build (no fuzzing flags) and rustc's probes pass through untouched.
+        let plain = args(&["--crate-name", "opus_rs", "src/lib.rs"]);
+        assert_eq!(untraced(plain.clone()), plain);
+        let probe = args(&["-vV"]);
+        assert_eq!(untraced(probe.clone()), probe);
+    }
 
     #[test]
     fn large_seeds_are_large_and_fit_the_input_limit() {
