@@ -6,10 +6,11 @@
 //! Once output has begun a failure is the turn's, as before: replaying the request on another
 //! provider would repeat what the client already heard.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use voxgate_providers::{
     Asr, Llm, LlmEvent, LlmRequest, LlmStream, ProviderError, TimeoutPhase, Transcript, Tts,
@@ -66,14 +67,20 @@ fn next_limit(
     }
 }
 
-impl Llm for Deadline<dyn Llm> {
-    fn generate(&self, request: LlmRequest) -> LlmStream {
+impl<P: ?Sized> Deadline<P> {
+    /// `inner` bounded by this deadline: items pass through until `first` passes without
+    /// output or `idle` passes between two items after it; then `timeout` makes the last item
+    /// and the provider's stream is dropped, which cancels its work (closes the connection,
+    /// stops its retries). `is_output` tells output (which starts the idle limit) from the rest.
+    fn bound<T: Send + 'static>(
+        &self,
+        inner: Pin<Box<dyn Stream<Item = T> + Send + 'static>>,
+        kind: ProviderKind,
+        is_output: fn(&T) -> bool,
+        timeout: fn(ProviderError) -> T,
+    ) -> Pin<Box<dyn Stream<Item = T> + Send + 'static>> {
         let first_limit = self.first;
-        let state = (
-            Some(self.inner.generate(request)),
-            false,
-            self.first.map(|d| Instant::now() + d),
-        );
+        let state = (Some(inner), false, self.first.map(|d| Instant::now() + d));
         let idle = self.idle;
         let metrics = Arc::clone(&self.metrics);
         Box::pin(futures::stream::unfold(
@@ -84,20 +91,17 @@ impl Llm for Deadline<dyn Llm> {
                     let mut inner = inner?;
                     let (until, phase, idle_after) = next_limit(started, first, idle);
                     match within(until, inner.next()).await {
-                        Some(Some(event)) => {
-                            let started = started
-                                || matches!(event, LlmEvent::TextDelta(_) | LlmEvent::ToolCall(_));
-                            Some((event, (Some(inner), started, first)))
+                        Some(Some(item)) => {
+                            let started = started || is_output(&item);
+                            Some((item, (Some(inner), started, first)))
                         }
                         Some(None) => None,
                         None => {
-                            metrics.provider_timeout(ProviderKind::Llm);
+                            metrics.provider_timeout(kind);
                             let after = idle_after.or(first_limit).unwrap_or_default();
-                            // Dropping the provider's stream cancels its work (closes the
-                            // connection, stops its retries).
                             drop(inner);
                             Some((
-                                LlmEvent::Error(ProviderError::Timeout { phase, after }),
+                                timeout(ProviderError::Timeout { phase, after }),
                                 (None, started, first),
                             ))
                         }
@@ -105,6 +109,17 @@ impl Llm for Deadline<dyn Llm> {
                 }
             },
         ))
+    }
+}
+
+impl Llm for Deadline<dyn Llm> {
+    fn generate(&self, request: LlmRequest) -> LlmStream {
+        self.bound(
+            self.inner.generate(request),
+            ProviderKind::Llm,
+            |e| matches!(e, LlmEvent::TextDelta(_) | LlmEvent::ToolCall(_)),
+            LlmEvent::Error,
+        )
     }
 
     fn for_conversation(&self) -> Option<Arc<dyn Llm>> {
@@ -135,40 +150,12 @@ impl Asr for Deadline<dyn Asr> {
 
 impl Tts for Deadline<dyn Tts> {
     fn synthesize(&self, request: TtsRequest) -> TtsStream {
-        let first_limit = self.first;
-        let state = (
-            Some(self.inner.synthesize(request)),
-            false,
-            self.first.map(|d| Instant::now() + d),
-        );
-        let idle = self.idle;
-        let metrics = Arc::clone(&self.metrics);
-        Box::pin(futures::stream::unfold(
-            state,
-            move |(inner, started, first)| {
-                let metrics = Arc::clone(&metrics);
-                async move {
-                    let mut inner = inner?;
-                    let (until, phase, idle_after) = next_limit(started, first, idle);
-                    match within(until, inner.next()).await {
-                        Some(Some(item)) => {
-                            let started = started || item.is_ok();
-                            Some((item, (Some(inner), started, first)))
-                        }
-                        Some(None) => None,
-                        None => {
-                            metrics.provider_timeout(ProviderKind::Tts);
-                            let after = idle_after.or(first_limit).unwrap_or_default();
-                            drop(inner);
-                            Some((
-                                Err(ProviderError::Timeout { phase, after }),
-                                (None, started, first),
-                            ))
-                        }
-                    }
-                }
-            },
-        ))
+        self.bound(
+            self.inner.synthesize(request),
+            ProviderKind::Tts,
+            Result::is_ok,
+            Err,
+        )
     }
 }
 
