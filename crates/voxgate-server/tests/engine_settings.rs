@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::SinkExt;
 use serde_json::{Value, json};
-use support::{Running, WAIT, Ws, connect, next_message, send_json, try_connect};
+use support::{Running, WAIT, Ws, connect, next_message, send_json, xiaozhi_device};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
 use voxgate_audio::format::{PcmEncoder, PcmFormat, SampleFormat};
@@ -295,17 +295,7 @@ fn tone_providers() -> Providers {
 /// A Xiaozhi device (protocol version 1) that said hello and then its wake word; returns the
 /// JSON messages up to `tts stop`.
 async fn wake(addr: SocketAddr) -> Vec<Value> {
-    let mut ws = try_connect(
-        &format!("ws://{addr}/xiaozhi/v1/"),
-        &[
-            ("Protocol-Version", "1"),
-            ("Device-Id", "aa:bb:cc:dd:ee:ff"),
-            ("Client-Id", "3b5c1f2e-0000-4000-8000-000000000001"),
-        ],
-        WAIT,
-    )
-    .await
-    .unwrap();
+    let mut ws = xiaozhi_device(addr).await;
     send_json(
         &mut ws,
         &json!({

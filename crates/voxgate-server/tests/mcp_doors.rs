@@ -14,7 +14,7 @@ use futures::SinkExt;
 use serde_json::{Value, json};
 use support::{
     Running, WAIT, Ws, connect, mcp_server, next_message, recv_json, send_json, serve_calls, tool,
-    try_connect, wait_tools,
+    wait_tools, xiaozhi_device,
 };
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
@@ -63,17 +63,7 @@ async fn no_call_arrived(ws: &mut Ws) {
 
 /// A Xiaozhi device after its hello (v1 framing, no device MCP).
 async fn device(addr: SocketAddr) -> Ws {
-    let mut ws = try_connect(
-        &format!("ws://{addr}/xiaozhi/v1/"),
-        &[
-            ("Protocol-Version", "1"),
-            ("Device-Id", "aa:bb:cc:dd:ee:ff"),
-            ("Client-Id", "3b5c1f2e-0000-4000-8000-000000000001"),
-        ],
-        WAIT,
-    )
-    .await
-    .unwrap();
+    let mut ws = xiaozhi_device(addr).await;
     send_json(
         &mut ws,
         &json!({"type":"hello","version":1,"features":{"mcp":false},"transport":"websocket",

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::SinkExt;
 use serde_json::{Value, json};
-use support::{Running, Ws, next_message, post_json, send_json, try_connect};
+use support::{Running, Ws, next_message, post_json, send_json, try_connect, xiaozhi_device};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
@@ -322,17 +322,7 @@ async fn gemini_completes_the_failed_turn() {
 // ---- Xiaozhi -----------------------------------------------------------------------------
 
 async fn xiaozhi_turn(addr: SocketAddr) -> Vec<Value> {
-    let mut ws = try_connect(
-        &format!("ws://{addr}/xiaozhi/v1/"),
-        &[
-            ("Protocol-Version", "1"),
-            ("Device-Id", "aa:bb:cc:dd:ee:ff"),
-            ("Client-Id", "3b5c1f2e-0000-4000-8000-000000000001"),
-        ],
-        WAIT,
-    )
-    .await
-    .unwrap();
+    let mut ws = xiaozhi_device(addr).await;
     send_json(
         &mut ws,
         &json!({

@@ -148,6 +148,21 @@ pub async fn connect(addr: SocketAddr, path: &str) -> Ws {
         .unwrap()
 }
 
+/// A Xiaozhi device's WebSocket (protocol version 1, the test device's ids), before its hello.
+pub async fn xiaozhi_device(addr: SocketAddr) -> Ws {
+    try_connect(
+        &format!("ws://{addr}/xiaozhi/v1/"),
+        &[
+            ("Protocol-Version", "1"),
+            ("Device-Id", "aa:bb:cc:dd:ee:ff"),
+            ("Client-Id", "3b5c1f2e-0000-4000-8000-000000000001"),
+        ],
+        WAIT,
+    )
+    .await
+    .unwrap()
+}
+
 /// The next data message (text or binary) within `wait`, skipping control frames; `None`
 /// when the server closed or the connection failed.
 pub async fn next_message<S>(rx: &mut S, wait: Duration) -> Option<Message>
