@@ -105,6 +105,7 @@ use self::env::{EnvVars, Secret};
 pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
+pub use self::webrtc::WebRtcConfig;
 pub use self::providers::{
     AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
     TtsSpec,
@@ -120,6 +121,7 @@ pub mod engine;
 pub(crate) mod env;
 pub mod limits;
 pub mod providers;
+pub mod webrtc;
 
 /// The whole server configuration. See the [module docs](self) for the file format.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,6 +151,8 @@ pub struct Config {
     pub bridge: BridgeConfig,
     /// The MCP endpoint for external tool servers.
     pub mcp: McpEndpointConfig,
+    /// WebRTC media (the Gemini bridge's `WEBRTC_OFFER`, the VIP door's `/webrtc/offer`).
+    pub webrtc: WebRtcConfig,
     /// Admission limits and session timeouts, for every door (`docs/limits.md`).
     pub limits: LimitsConfig,
     /// Who may use `/admin/*`.
@@ -337,6 +341,7 @@ impl Default for Config {
             gemini: GeminiConfig::default(),
             bridge: BridgeConfig::default(),
             mcp: McpEndpointConfig::default(),
+            webrtc: WebRtcConfig::default(),
             limits: LimitsConfig::default(),
             admin: AdminConfig::default(),
             llm: None,
@@ -529,6 +534,7 @@ impl Config {
         self.gemini.apply_env(&var)?;
         self.bridge.apply_env(&var)?;
         self.mcp.apply_env(&var)?;
+        self.webrtc.apply_env(&var)?;
         self.limits.apply_env(&var)?;
         self.engine.apply_env(&var)?;
         AcpBrainConfig::apply_env(&mut self.acp, vars);
@@ -542,6 +548,7 @@ impl Config {
         self.gemini.check()?;
         self.bridge.check()?;
         self.mcp.check()?;
+        self.webrtc.check()?;
         self.admin.check()?;
         self.check_engine()?;
         self.llm_plan()?;
@@ -575,6 +582,7 @@ impl Config {
         self.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         self.xiaozhi.ephemeral_ports();
         self.gemini.ephemeral_ports();
+        self.webrtc.ephemeral_ports();
         self
     }
 

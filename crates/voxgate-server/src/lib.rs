@@ -49,6 +49,7 @@ mod realtime;
 mod retell;
 mod secret;
 mod server;
+mod webrtc;
 mod xiaozhi;
 
 pub use config::AcpBrainConfig;

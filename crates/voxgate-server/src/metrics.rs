@@ -198,6 +198,10 @@ pub struct Metrics {
     /// The overload guard's current figure, in microseconds.
     scheduling_delay_micros: AtomicU64,
     latency: [Latency; 3],
+    /// WebRTC reply frames sent more than a frame late.
+    webrtc_late_frames: AtomicU64,
+    /// WebRTC datagrams dropped because their connection was behind.
+    webrtc_dropped_datagrams: AtomicU64,
 }
 
 /// Keeps a session counted as active until dropped.
@@ -218,6 +222,16 @@ impl Metrics {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Counts WebRTC reply frames that went out more than a frame late.
+    pub fn webrtc_late_frames(&self, frames: u64) {
+        self.webrtc_late_frames.fetch_add(frames, Ordering::Relaxed);
+    }
+
+    /// Counts a WebRTC datagram dropped because its connection's queue was full.
+    pub fn webrtc_dropped_datagram(&self) {
+        self.webrtc_dropped_datagrams.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a new session; it stays active until the guard is dropped.
@@ -466,6 +480,19 @@ impl Metrics {
                 self.provider_fallbacks(kind)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_webrtc_late_frames_total WebRTC reply audio frames sent more than \
+             20 ms after their time.\n\
+             # TYPE voxgate_webrtc_late_frames_total counter\n\
+             voxgate_webrtc_late_frames_total {}\n\
+             # HELP voxgate_webrtc_dropped_datagrams_total WebRTC datagrams dropped because \
+             their session was behind.\n\
+             # TYPE voxgate_webrtc_dropped_datagrams_total counter\n\
+             voxgate_webrtc_dropped_datagrams_total {}",
+            self.webrtc_late_frames.load(Ordering::Relaxed),
+            self.webrtc_dropped_datagrams.load(Ordering::Relaxed)
+        );
         out
     }
 }

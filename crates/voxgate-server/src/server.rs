@@ -59,6 +59,8 @@ pub(crate) struct App {
     pub(crate) sessions: Arc<crate::door::Sessions>,
     /// Admission control every door's upgrade handler asks before the handshake.
     pub(crate) admission: crate::admission::Admission,
+    /// The WebRTC media endpoint (`[webrtc]`), when enabled.
+    pub(crate) webrtc: Option<Arc<crate::webrtc::Endpoint>>,
 }
 
 impl App {
@@ -74,6 +76,7 @@ impl App {
             metrics,
             shutdown,
             sessions: Arc::default(),
+            webrtc: None,
         }
     }
 
@@ -89,6 +92,7 @@ impl App {
             shutdown: self.shutdown.clone(),
             sessions: Arc::clone(&self.sessions),
             mcp: None,
+            webrtc: self.webrtc.clone(),
         }
     }
 
@@ -155,6 +159,10 @@ fn listen_setting(listener: &str) -> &'static str {
         }
         "xiaozhi" => "[xiaozhi] listen / VOXGATE_XIAOZHI_LISTEN (empty: off)",
         "xiaozhi-ota" => "[xiaozhi] ota_listen / VOXGATE_XIAOZHI_OTA_LISTEN (empty: off)",
+        "webrtc" => {
+            "[webrtc] udp_listen / VOXGATE_WEBRTC_UDP_LISTEN ([webrtc] enabled = false turns \
+             WebRTC off)"
+        }
         _ => "listen / VOXGATE_LISTEN / --listen",
     }
 }
@@ -192,6 +200,19 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let providers = crate::providers::DoorProviderSet::new(&config, providers, &metrics)?;
         let admission = crate::admission::Admission::new(&config.limits, Arc::clone(&metrics));
+        let webrtc = if config.webrtc.enabled {
+            let endpoint = crate::webrtc::Endpoint::bind(&config.webrtc, Arc::clone(&metrics))
+                .await
+                .map_err(|source| ServerError::Bind {
+                    listener: "webrtc",
+                    addr: config.webrtc.udp_listen,
+                    setting: listen_setting("webrtc"),
+                    source,
+                })?;
+            Some(endpoint)
+        } else {
+            None
+        };
         Ok(Self {
             listener,
             addr,
@@ -204,6 +225,7 @@ impl Server {
                 shutdown,
                 sessions: Arc::default(),
                 admission,
+                webrtc,
             }),
             stop,
         })
@@ -220,6 +242,12 @@ impl Server {
     #[must_use]
     pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
         self.extra.iter().find(|l| l.name == name).map(|l| l.addr)
+    }
+
+    /// The WebRTC endpoint's bound UDP address, when WebRTC is enabled.
+    #[must_use]
+    pub fn webrtc_addr(&self) -> Option<SocketAddr> {
+        self.app.webrtc.as_ref().map(|e| e.local_addr())
     }
 
     /// What a start-up log shows: one line per door with where it listens, then one naming

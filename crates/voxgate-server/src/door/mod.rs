@@ -38,6 +38,7 @@ use voxgate_providers::Tts;
 
 use crate::metrics::{Direction, Door, Metrics};
 use crate::providers::{McpTools, Providers, Runner};
+use crate::webrtc::{Endpoint, MediaEvent, PeerCommand, PeerHandle, PeerOptions};
 
 /// WebSocket close codes the doors use (RFC 6455 section 7.4.1).
 pub(crate) mod close_code {
@@ -104,12 +105,39 @@ pub(crate) struct CloseRequest {
     pub(crate) reason: Cow<'static, str>,
 }
 
+/// What a translator asks of the session's WebRTC connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum MediaCommand {
+    /// Answer an SDP offer; the connection replaces the session's earlier one. The answer (or
+    /// the refusal) comes back as [`MediaEvent::Answer`] / [`MediaEvent::Refused`].
+    Accept {
+        /// The client's SDP offer.
+        offer: String,
+        /// What the door needs of the connection.
+        options: PeerOptions,
+    },
+    /// A remote ICE candidate (`candidate:...`).
+    Candidate(String),
+    /// Reply audio (mono `i16` at `rate`), sent at real time on the track.
+    Play {
+        /// The samples.
+        samples: Vec<i16>,
+        /// Their rate.
+        rate: u32,
+    },
+    /// Drop the reply audio not yet sent (barge-in).
+    Clear,
+    /// Hang up the connection.
+    Hangup,
+}
+
 /// What one translator step asks of the driver, in order.
 #[derive(Default)]
 pub(crate) struct Out {
     frames: Vec<(ServerFrame, bool)>,
     requests: Vec<ProviderRequest>,
     tts: Option<Arc<dyn Tts>>,
+    media: Vec<MediaCommand>,
     close: Option<CloseRequest>,
 }
 
@@ -119,6 +147,7 @@ impl std::fmt::Debug for Out {
             .field("frames", &self.frames)
             .field("requests", &self.requests.len())
             .field("tts", &self.tts.is_some())
+            .field("media", &self.media.len())
             .field("close", &self.close)
             .finish()
     }
@@ -147,6 +176,28 @@ impl Out {
     /// Work for the providers (or the cancellation of some).
     pub(crate) fn provider(&mut self, request: ProviderRequest) {
         self.requests.push(request);
+    }
+
+    /// Nothing was asked.
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+            && self.requests.is_empty()
+            && self.tts.is_none()
+            && self.media.is_empty()
+            && self.close.is_none()
+    }
+
+    /// Work for the session's WebRTC connection.
+    pub(crate) fn media(&mut self, command: MediaCommand) {
+        if self.close.is_none() {
+            self.media.push(command);
+        }
+    }
+
+    /// The media commands queued so far (tests).
+    #[cfg(test)]
+    pub(crate) fn take_media(&mut self) -> Vec<MediaCommand> {
+        std::mem::take(&mut self.media)
     }
 
     /// Replaces this session's synthesizer (a client that brings its own voice).
@@ -254,6 +305,11 @@ pub(crate) trait Translator: Send + 'static {
     ) {
     }
 
+    /// An event of the session's WebRTC connection (or the answer to a
+    /// [`MediaCommand::Accept`]). Data channel text does not come here: it is decoded like a
+    /// client frame and reaches [`on_client`](Self::on_client).
+    fn on_media(&mut self, _now: Instant, _event: MediaEvent, _out: &mut Out) {}
+
     /// The translator's own event source, if it has one now.
     fn events(&mut self) -> Option<&mut mpsc::Receiver<Self::Event>> {
         None
@@ -356,6 +412,8 @@ pub(crate) struct DriverContext {
     pub(crate) sessions: Arc<Sessions>,
     /// The MCP endpoint's tools, when the door offers them (its `mcp_tools`).
     pub(crate) mcp: Option<McpTools>,
+    /// The WebRTC endpoint, for doors that carry audio over WebRTC.
+    pub(crate) webrtc: Option<Arc<Endpoint>>,
 }
 
 /// What the reader passes to the session loop.
@@ -390,6 +448,7 @@ enum Wake<M, E> {
     Provider(ProviderEvent),
     Event(Option<E>),
     Room(mpsc::OwnedPermit<ToWriter>),
+    Media(Option<MediaEvent>),
     Timer,
     /// The MCP endpoint's tools changed.
     Tools,
@@ -400,6 +459,13 @@ enum Wake<M, E> {
 async fn recv_opt<T>(rx: Option<&mut mpsc::Receiver<T>>) -> Option<T> {
     match rx {
         Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_peer(peer: Option<&mut PeerHandle>) -> Option<MediaEvent> {
+    match peer {
+        Some(p) => p.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -447,10 +513,75 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
         door,
     ));
     let writer = tokio::spawn(write(sink, out_rx, cx.limits.write_timeout));
+    let end = drive(translator, &cx, in_rx, out_tx, None, start, last_seen).await;
+    // The writer ends by itself: its queue is closed and every write is bounded.
+    let _ = writer.await;
+    // After our close frame the reader reads on until the peer answers it: a socket dropped
+    // with unread input is reset, and the peer may lose the close frame (and frames before it).
+    let mut reader = reader;
+    if matches!(end, End::Requested | End::Shutdown) {
+        let _ = tokio::time::timeout(CLOSE_WAIT, &mut reader).await;
+    }
+    reader.abort();
+}
 
+/// Runs one session whose transport is a WebRTC connection's data channel (the VIP door):
+/// data channel text is decoded like WebSocket text frames and text frames go out on the
+/// channel; the connection's audio and state reach the translator as media events. The
+/// session ends when the connection does (the translator closes on
+/// [`MediaEvent::Closed`]) or as any other session.
+pub(crate) async fn run_peer<T: Translator>(peer: PeerHandle, translator: T, cx: DriverContext) {
+    let _ticket = cx.sessions.enter();
+    let _active = cx.metrics.session(cx.door);
+    let start = Instant::now();
+    // No socket to read: the sender stays here so the session never sees its input end.
+    let (_in_tx, in_rx) = mpsc::channel::<FromReader<T::In>>(1);
+    let (out_tx, out_rx) = mpsc::channel::<ToWriter>(OUT_QUEUE);
+    let writer = tokio::spawn(write_peer(peer.commands(), out_rx, cx.limits.write_timeout));
+    let last_seen = Arc::new(AtomicU64::new(0));
+    drive(translator, &cx, in_rx, out_tx, Some(peer), start, last_seen).await;
+    let _ = writer.await;
+}
+
+/// Sends text frames on a connection's data channel; a close hangs up.
+async fn write_peer(
+    commands: mpsc::Sender<PeerCommand>,
+    mut rx: mpsc::Receiver<ToWriter>,
+    timeout: Option<Duration>,
+) {
+    let bounded = timeout.unwrap_or(Duration::from_secs(3600));
+    while let Some(item) = rx.recv().await {
+        let command = match item {
+            ToWriter::Frame(Message::Text(t)) => PeerCommand::Data(t.to_string()),
+            ToWriter::Frame(_) => continue,
+            ToWriter::Close(_) => PeerCommand::Close,
+        };
+        let close = matches!(command, PeerCommand::Close);
+        match tokio::time::timeout(bounded, commands.send(command)).await {
+            Ok(Ok(())) if !close => {}
+            _ => return,
+        }
+    }
+    let _ = commands.send(PeerCommand::Close).await;
+}
+
+/// The session loop of one session, whatever its transport; returns why it ended.
+async fn drive<T: Translator>(
+    translator: T,
+    cx: &DriverContext,
+    in_rx: mpsc::Receiver<FromReader<T::In>>,
+    out_tx: mpsc::Sender<ToWriter>,
+    peer: Option<PeerHandle>,
+    start: Instant,
+    last_seen: Arc<AtomicU64>,
+) -> End {
+    let door = cx.door;
     let (mut runner, provider_rx) = Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics));
     runner.set_mcp(cx.mcp.clone());
     let mut session = Loop {
+        peer,
+        endpoint: cx.webrtc.clone(),
+        max_frame_bytes: cx.max_frame_bytes,
         tools: cx
             .mcp
             .as_ref()
@@ -471,16 +602,7 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
     let end = session.run(in_rx, provider_rx, cx.shutdown.clone()).await;
     tracing::debug!(door = door.label(), ?end, "session ended");
     session.finish(end).await;
-    drop(session);
-    // The writer ends by itself: its queue is closed and every write is bounded.
-    let _ = writer.await;
-    // After our close frame the reader reads on until the peer answers it: a socket dropped
-    // with unread input is reset, and the peer may lose the close frame (and frames before it).
-    let mut reader = reader;
-    if matches!(end, End::Requested | End::Shutdown) {
-        let _ = tokio::time::timeout(CLOSE_WAIT, &mut reader).await;
-    }
-    reader.abort();
+    end
 }
 
 /// Reads and discards what the peer still sends until it answers our close frame; the
@@ -590,6 +712,10 @@ fn truncate_reason(reason: &str) -> String {
 
 struct Loop<T: Translator> {
     t: T,
+    /// The session's WebRTC connection, once it has one.
+    peer: Option<PeerHandle>,
+    endpoint: Option<Arc<Endpoint>>,
+    max_frame_bytes: usize,
     runner: Runner,
     out: mpsc::Sender<ToWriter>,
     /// Control frames waiting for room in the writer's queue.
@@ -641,10 +767,12 @@ impl<T: Translator> Loop<T> {
                 let reading = self.draining.is_none();
                 let changes = self.tools.as_mut().map(|(_, c, _)| c);
                 let changes_open = changes.is_some();
+                let peer = self.peer.as_mut();
                 tokio::select! {
                     m = in_rx.recv(), if reading => Wake::Client(m),
                     Some(p) = provider_rx.recv() => Wake::Provider(p),
                     e = recv_opt(events) => Wake::Event(e),
+                    m = recv_peer(peer) => Wake::Media(m),
                     p = out.clone().reserve_owned(), if room => match p {
                         Ok(p) => Wake::Room(p),
                         Err(_) => Wake::WriterGone,
@@ -674,6 +802,7 @@ impl<T: Translator> Loop<T> {
                     self.t.on_provider(now, event, &mut out);
                 }
                 Wake::Event(e) => self.t.on_event(now, e, &mut out),
+                Wake::Media(m) => self.media_event(now, m, &mut out),
                 Wake::Room(permit) => {
                     if let Some(item) = self.overflow.pop_front() {
                         permit.send(item);
@@ -772,8 +901,13 @@ impl<T: Translator> Loop<T> {
             frames,
             requests,
             tts,
+            media,
             close,
         } = out;
+        let mut answers = Out::new();
+        for command in media {
+            self.media_command(command, &mut answers);
+        }
         if let Some(tts) = tts {
             self.runner.set_tts(tts);
         }
@@ -790,7 +924,88 @@ impl<T: Translator> Loop<T> {
             self.overflow.push_back(ToWriter::Close(c));
             return Some(End::Requested);
         }
-        None
+        if answers.is_empty() {
+            None
+        } else {
+            // What the translator said to an answered (or refused) offer.
+            self.apply(answers)
+        }
+    }
+
+    /// Carries out one media command; the answer to an offer goes to the translator, and what
+    /// it says in return into `out`.
+    fn media_command(&mut self, command: MediaCommand, out: &mut Out) {
+        let now = Instant::now();
+        match command {
+            MediaCommand::Accept { offer, options } => {
+                let Some(endpoint) = self.endpoint.clone() else {
+                    let reason = "WebRTC is not enabled on this server".to_owned();
+                    self.t.on_media(now, MediaEvent::Refused(reason), out);
+                    return;
+                };
+                match endpoint.accept(&offer, options) {
+                    Ok(accepted) => {
+                        self.peer = Some(accepted.peer);
+                        let event = MediaEvent::Answer {
+                            sdp: accepted.answer,
+                            candidates: accepted.candidates,
+                        };
+                        self.t.on_media(now, event, out);
+                    }
+                    Err(e) => self.t.on_media(now, MediaEvent::Refused(e.to_string()), out),
+                }
+            }
+            MediaCommand::Candidate(c) => {
+                if let Some(p) = &self.peer {
+                    p.command(PeerCommand::RemoteCandidate(c));
+                }
+            }
+            MediaCommand::Play { samples, rate } => {
+                if let Some(p) = &self.peer {
+                    let dropped = p.play(&samples, rate);
+                    if dropped > 0 {
+                        self.metrics.dropped(self.door, Direction::Downlink, 1);
+                    }
+                }
+            }
+            MediaCommand::Clear => {
+                if let Some(p) = &self.peer {
+                    p.clear();
+                }
+            }
+            MediaCommand::Hangup => self.peer = None,
+        }
+    }
+
+    /// An event of the session's connection: data channel text is a client message, the rest
+    /// goes to the translator.
+    fn media_event(&mut self, now: Instant, event: Option<MediaEvent>, out: &mut Out) {
+        let event = match event {
+            Some(e) => e,
+            // The connection's task ended without a word (it always sends `Closed` first
+            // unless its queue was full).
+            None => {
+                self.peer = None;
+                MediaEvent::Closed("the connection ended".into())
+            }
+        };
+        match event {
+            MediaEvent::Data(text) => {
+                self.last_message = now;
+                match T::decode(ClientFrame::Text(text.into()), self.max_frame_bytes) {
+                    Inbound::Keep(m) | Inbound::Droppable(m) => self.t.on_client(now, m, out),
+                }
+            }
+            MediaEvent::Closed(reason) => {
+                self.peer = None;
+                self.t.on_media(now, MediaEvent::Closed(reason), out);
+            }
+            e @ MediaEvent::Audio(_) => {
+                self.last_message = now;
+                self.t.on_media(now, e, out);
+            }
+            e => self.t.on_media(now, e, out),
+        }
     }
 
     /// Moves held control frames to the writer while it has room.
