@@ -795,3 +795,355 @@ impl From<ErrorPayload> for ServerMessage {
         ServerMessage::Error(payload)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(text: &str) -> (String, String) {
+        match ClientMessage::decode(text) {
+            Err(DecodeError::Invalid { path, message, .. }) => (path, message),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    fn declare(actions: &Value) -> String {
+        json!({"type": "actions.declare", "actions": actions}).to_string()
+    }
+
+    #[test]
+    fn not_json_not_object_and_no_type_are_malformed() {
+        for text in [
+            "{",
+            "[]",
+            "1",
+            "\"x\"",
+            "{}",
+            r#"{"type":1}"#,
+            r#"{"type":null}"#,
+        ] {
+            let err = ClientMessage::decode(text).unwrap_err();
+            assert_eq!(err.payload().code, ErrorCode::Malformed, "{text}");
+        }
+        assert_eq!(
+            ClientMessage::decode_slice(b"{\"type\":\"\xff\"}"),
+            Err(DecodeError::NotUtf8)
+        );
+    }
+
+    #[test]
+    fn size_is_checked_before_parsing() {
+        let text = " ".repeat(MAX_MESSAGE_BYTES + 1);
+        assert_eq!(
+            ClientMessage::decode(&text),
+            Err(DecodeError::TooLarge {
+                len: MAX_MESSAGE_BYTES + 1,
+                max: MAX_MESSAGE_BYTES
+            })
+        );
+        assert!(matches!(
+            ClientMessage::decode_slice(&vec![0xff; MAX_MESSAGE_BYTES + 1]),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let deep = format!(
+            r#"{{"type":"action.result","invocation_id":"1","status":"success","data":{}{}}}"#,
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert!(matches!(
+            ClientMessage::decode(&deep),
+            Err(DecodeError::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_types_are_kept_and_cut() {
+        assert_eq!(
+            ClientMessage::decode(r#"{"type":"ping","x":1}"#),
+            Ok(ClientMessage::Unknown {
+                type_name: "ping".into()
+            })
+        );
+        let long = format!(r#"{{"type":"{}"}}"#, "é".repeat(100));
+        let Ok(ClientMessage::Unknown { type_name }) = ClientMessage::decode(&long) else {
+            panic!()
+        };
+        assert_eq!(type_name, "é".repeat(32));
+    }
+
+    #[test]
+    fn unit_messages_ignore_fields() {
+        assert_eq!(
+            ClientMessage::decode(r#"{"type":"input.detected","source":"vad"}"#),
+            Ok(ClientMessage::InputDetected)
+        );
+        assert_eq!(
+            ClientMessage::decode(r#"{"type":"session.end","reason":null}"#),
+            Ok(ClientMessage::SessionEnd)
+        );
+    }
+
+    #[test]
+    fn actions_keep_their_order_and_defaults() {
+        let text = r#"{"type":"actions.declare","actions":{
+            "zoom":{"description":"Zoom in","parameters":{"type":"object","properties":{"level":{"type":"integer"}},"required":["level"]}},
+            "back":{"description":null,"parameters":null},
+            "help":{}}}"#;
+        let Ok(ClientMessage::ActionsDeclare { actions }) = ClientMessage::decode(text) else {
+            panic!()
+        };
+        let ids: Vec<_> = actions.iter().map(|a| a.id.as_str()).collect();
+        assert_eq!(ids, ["zoom", "back", "help"]);
+        assert_eq!(actions[1].description, "");
+        assert_eq!(
+            actions[1].parameters,
+            json!({"type": "object", "properties": {}})
+        );
+        assert_eq!(actions[2], ActionDeclaration::new("help", ""));
+        // A schema without `type` is an object schema too.
+        let ok = declare(&json!({"a": {"parameters": {"properties": {}}}}));
+        assert!(ClientMessage::decode(&ok).is_ok());
+        assert_eq!(
+            ClientMessage::decode(&declare(&json!({}))),
+            Ok(ClientMessage::ActionsDeclare { actions: vec![] })
+        );
+    }
+
+    #[test]
+    fn duplicate_action_ids_are_refused() {
+        let text = r#"{"type":"actions.declare","actions":{"a":{},"b":{},"a":{}}}"#;
+        let (path, message) = refused(text);
+        assert_eq!(path, "/actions");
+        assert_eq!(message, "action id `a` is declared twice");
+    }
+
+    #[test]
+    fn action_bounds() {
+        let many: Map<String, Value> = (0..=MAX_ACTIONS)
+            .map(|i| (format!("a{i}"), json!({})))
+            .collect();
+        assert_eq!(
+            refused(&declare(&Value::Object(many))),
+            (
+                "/actions".into(),
+                "holds 65 actions, more than the maximum of 64".into()
+            )
+        );
+        let exactly: Map<String, Value> = (0..MAX_ACTIONS)
+            .map(|i| (format!("a{i}"), json!({})))
+            .collect();
+        assert!(ClientMessage::decode(&declare(&Value::Object(exactly))).is_ok());
+
+        let long_id = "x".repeat(MAX_ACTION_ID_BYTES + 1);
+        let (path, message) = refused(&declare(&json!({ long_id.clone(): {} })));
+        assert_eq!(path, format!("/actions/{long_id}"));
+        assert!(message.starts_with("id is 129 bytes"), "{message}");
+        assert_eq!(
+            refused(&declare(&json!({"": {}}))).1,
+            "id must not be empty"
+        );
+        assert_eq!(
+            refused(&declare(&json!({"a\u{0}": {}}))).1,
+            "id must not contain control characters"
+        );
+        let long_text = "d".repeat(MAX_ACTION_DESCRIPTION_BYTES + 1);
+        assert_eq!(
+            refused(&declare(&json!({"a/b": {"description": long_text}}))).0,
+            "/actions/a~1b/description"
+        );
+    }
+
+    #[test]
+    fn action_shapes_are_checked() {
+        let cases = [
+            (json!(null), "/actions", "required"),
+            (json!([]), "/actions", "must be an object, not an array"),
+            (json!({"a": 1}), "/actions/a", "must be an object"),
+            (
+                json!({"a": {"description": 3}}),
+                "/actions/a/description",
+                "must be a string, not a number",
+            ),
+            (
+                json!({"a": {"parameters": {"type": "string"}}}),
+                "/actions/a/parameters",
+                "must be an object schema (`\"type\": \"object\"`)",
+            ),
+            (
+                json!({"a": {"parameters": "object"}}),
+                "/actions/a/parameters",
+                "must be a JSON Schema object",
+            ),
+            (
+                json!({"a": {"parameters": {"properties": []}}}),
+                "/actions/a/parameters",
+                "`properties` must be an object",
+            ),
+            (
+                json!({"a": {"parameters": {"required": [1]}}}),
+                "/actions/a/parameters",
+                "`required` must be an array of strings",
+            ),
+        ];
+        for (actions, path, message) in cases {
+            assert_eq!(
+                refused(&declare(&actions)),
+                (path.to_owned(), message.to_owned()),
+                "{actions}"
+            );
+        }
+    }
+
+    #[test]
+    fn narrated_state_bound() {
+        let at = |n: usize| json!({"type": "state.narrate", "text": "n".repeat(n)}).to_string();
+        assert!(ClientMessage::decode(&at(MAX_NARRATED_STATE_BYTES)).is_ok());
+        assert_eq!(refused(&at(MAX_NARRATED_STATE_BYTES + 1)).0, "/text");
+        assert_eq!(
+            refused(r#"{"type":"state.narrate","text":null}"#),
+            ("/text".into(), "required".into())
+        );
+        // An empty view is still a narration.
+        assert!(ClientMessage::decode(r#"{"type":"state.narrate","text":""}"#).is_ok());
+    }
+
+    #[test]
+    fn input_text_must_say_something() {
+        assert_eq!(
+            refused(r#"{"type":"input.text","text":"  "}"#),
+            ("/text".into(), "must not be empty".into())
+        );
+        let long = json!({"type": "input.text", "text": "t".repeat(MAX_INPUT_TEXT_BYTES + 1)});
+        assert_eq!(refused(&long.to_string()).0, "/text");
+    }
+
+    #[test]
+    fn action_results() {
+        assert_eq!(
+            ClientMessage::decode(
+                r#"{"type":"action.result","invocation_id":"7","status":"success","data":null,"error":null}"#
+            ),
+            Ok(ClientMessage::ActionResult {
+                invocation_id: "7".into(),
+                outcome: ActionOutcome::Success { data: None }
+            })
+        );
+        let failed = ClientMessage::decode(
+            r#"{"type":"action.result","invocation_id":"7","status":"error","error":{"code":"invalid_parameters","message":"bad","details":[{"path":"/level","message":"not an integer"},{"path":null}]}}"#,
+        );
+        assert_eq!(
+            failed,
+            Ok(ClientMessage::ActionResult {
+                invocation_id: "7".into(),
+                outcome: ActionOutcome::Error(
+                    ErrorPayload::new(ErrorCode::InvalidParameters, "bad").with_details(vec![
+                        crate::Violation::new("/level", "not an integer"),
+                        crate::Violation::new("", ""),
+                    ])
+                )
+            })
+        );
+    }
+
+    #[test]
+    fn bad_action_results_name_their_invocation() {
+        let cases = [
+            (
+                r#"{"type":"action.result","invocation_id":"7","status":"done"}"#,
+                "/status",
+            ),
+            (
+                r#"{"type":"action.result","invocation_id":"7","status":"error"}"#,
+                "/error",
+            ),
+            (
+                r#"{"type":"action.result","invocation_id":"7","status":"error","error":{"message":"x"}}"#,
+                "/error/code",
+            ),
+            (
+                r#"{"type":"action.result","invocation_id":"7","status":"error","error":{"code":"x","details":{}}}"#,
+                "/error/details",
+            ),
+            (r#"{"type":"action.result","invocation_id":"7"}"#, "/status"),
+        ];
+        for (text, path) in cases {
+            let err = ClientMessage::decode(text).unwrap_err();
+            assert_eq!(err.invocation_id(), Some("7"), "{text}");
+            assert_eq!(err.payload().details[0].path, path, "{text}");
+        }
+        let no_id = ClientMessage::decode(r#"{"type":"action.result","status":"success"}"#);
+        assert_eq!(no_id.unwrap_err().invocation_id(), None);
+        let numeric = ClientMessage::decode(r#"{"type":"action.result","invocation_id":7}"#);
+        assert_eq!(
+            numeric.unwrap_err().payload().details[0].message,
+            "must be a string, not a number"
+        );
+    }
+
+    #[test]
+    fn action_result_bound_is_on_compact_json() {
+        let result = |data: Value| {
+            json!({"type": "action.result", "invocation_id": "1", "status": "success", "data": data})
+                .to_string()
+        };
+        // A string of n bytes is n + 2 bytes of JSON.
+        let fits = result(json!("d".repeat(MAX_ACTION_RESULT_BYTES - 2)));
+        assert!(ClientMessage::decode(&fits).is_ok());
+        let over = result(json!("d".repeat(MAX_ACTION_RESULT_BYTES - 1)));
+        let err = ClientMessage::decode(&over).unwrap_err();
+        assert_eq!(err.invocation_id(), Some("1"));
+        assert_eq!(err.payload().details[0].path, "/data");
+    }
+
+    #[test]
+    fn fatal_errors_are_cut_not_refused() {
+        let text =
+            json!({"type": "error.fatal", "code": "c".repeat(100), "message": "m".repeat(5000)});
+        let Ok(ClientMessage::ErrorFatal { code, message }) =
+            ClientMessage::decode(&text.to_string())
+        else {
+            panic!()
+        };
+        assert_eq!(code.as_str().len(), MAX_FATAL_CODE_BYTES);
+        assert_eq!(message.len(), MAX_FATAL_MESSAGE_BYTES);
+        assert_eq!(
+            ClientMessage::decode(r#"{"type":"error.fatal"}"#),
+            Ok(ClientMessage::ErrorFatal {
+                code: ErrorCode::Other(String::new()),
+                message: String::new()
+            })
+        );
+    }
+
+    #[test]
+    fn server_decode_reads_nulls_and_refuses_unknown_states() {
+        assert_eq!(
+            ServerMessage::decode(
+                r#"{"type":"state","state":"idle","previous":"speaking","turn":null}"#
+            ),
+            Ok(ServerMessage::State {
+                state: VipState::Idle,
+                previous: VipState::Speaking,
+                turn: None
+            })
+        );
+        let err = ServerMessage::decode(r#"{"type":"state","state":"asleep","previous":"idle"}"#)
+            .unwrap_err();
+        assert_eq!(err.payload().details[0].message, "unknown state `asleep`");
+        assert_eq!(
+            ServerMessage::decode(
+                r#"{"type":"turn.latency","turn":2,"end_of_speech_to_first_audio_ms":840,"end_of_speech_to_transcript_ms":null}"#
+            ),
+            Ok(ServerMessage::TurnLatency {
+                turn: 2,
+                end_of_speech_to_first_audio_ms: 840,
+                end_of_speech_to_transcript_ms: None
+            })
+        );
+    }
+}
