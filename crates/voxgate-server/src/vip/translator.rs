@@ -154,13 +154,13 @@ impl VipDoor {
     fn client_event(&mut self, now: Instant, event: ClientEvent, out: &mut Out) {
         match event {
             ClientEvent::VadState { to, .. } => match to {
-                voxgate_engine::VadState::Speech => {
+                voxgate_audio::vad::VadState::Speech => {
                     self.speech_end = None;
                     if self.connected {
                         Self::send(out, &ServerMessage::InputDetected);
                     }
                 }
-                voxgate_engine::VadState::SpeechEnding => self.speech_end = Some(now),
+                voxgate_audio::vad::VadState::SpeechEnding => self.speech_end = Some(now),
                 _ => {}
             },
             ClientEvent::AudioChunk {
