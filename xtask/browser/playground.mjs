@@ -80,7 +80,9 @@ try {
     .catch(async () => { throw new Error(`state did not return to idle within ${timeout / 1000} s (it is ${await page.evaluate(() => window.vip.state)})`); });
 
   step(`load ${base}/`);
-  const res = await page.goto(`${base}/`, { waitUntil: "load", timeout: 15_000 });
+  const res = await page.goto(`${base}/`, { waitUntil: "load", timeout: 15_000 }).catch((e) => {
+    throw new Error(`GET ${base}/ did not serve the playground page (${e.message.split("\n")[0]})`);
+  });
   assert(res && res.ok(), `GET / answered ${res && res.status()}`);
   assert(await page.evaluate(() => typeof window.vip === "object"), "the page at / is not the playground (no window.vip)");
 
