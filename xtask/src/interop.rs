@@ -213,7 +213,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// A child process that is killed when dropped, so no exit path leaves it running.
-struct Guard(Child);
+pub(crate) struct Guard(pub(crate) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -261,7 +261,7 @@ fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result
 }
 
 /// Builds the server binary (dev profile) and returns its path, as cargo reports it.
-fn build_server() -> anyhow::Result<PathBuf> {
+pub(crate) fn build_server() -> anyhow::Result<PathBuf> {
     let mut cmd = util::cargo();
     cmd.args([
         "build",
@@ -316,7 +316,7 @@ fn start_fake_asr(python: &Path, root: &Path, logs: &Path) -> anyhow::Result<(Gu
 }
 
 /// A port that was free a moment ago (the server binds it right after).
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
 }
@@ -369,7 +369,11 @@ fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(G
     )))
 }
 
-fn wait_healthy(server: &mut Guard, addr: SocketAddr, limit: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_healthy(
+    server: &mut Guard,
+    addr: SocketAddr,
+    limit: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = server.0.try_wait()? {
@@ -448,7 +452,7 @@ fn run_scenario(
 }
 
 /// The last `lines` lines of a log file.
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
