@@ -22,6 +22,23 @@ session is up, then silence, so the server's VAD hears the end of speech. The re
 recorded to --save-reply (48 kHz mono). A JSON summary goes to stdout (progress to stderr); the
 exit status is non-zero when the reply did not finish within --timeout seconds, signalling
 failed, or the server reported an error.
+
+The summary (one JSON object):
+  mode, ok (bool), failure (string or null)
+  reply_seconds            length of everything received on the remote track (the whole call)
+  reply_rms, reply_rms_dbfs, reply_peak   of that audio (s16 scale; dBFS null when silent)
+  reply_nonsilent_seconds  total of its 20 ms windows above about -50 dBFS
+  frames_received          decoded frames read from the remote track
+  events                   message types received, in order (VIP data channel / bridge frames)
+  transcripts              [{kind: user|reply|reply_text, text}] from transcript.user/reply.text or
+                           inputTranscription/outputTranscription/modelTurn text
+  errors                   error / error.fatal / GEMINI_ERROR / malformed messages received
+  elapsed_seconds
+  VIP also: session_id (from the answer), session_id_dc (from session.connected), states (the
+  `state` values in order), actions_invoked [{action_id, parameters}], answer_received.
+  Gemini also: answer_received, ice_candidates_sent, ice_candidates_received,
+  ice_candidates_not_added (refused by aiortc after the answer's end-of-candidates),
+  inline_audio_bytes (audio that came in CONTENT_MESSAGE inlineData instead of the track).
 """
 
 import argparse
