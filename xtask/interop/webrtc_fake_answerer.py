@@ -5,7 +5,8 @@ Serves, on 127.0.0.1:
                        data channel;
   GET  /gemini         the Gemini bridge's WebSocket with WEBRTC_OFFER / WEBRTC_ANSWER /
                        WEBRTC_ICE_CANDIDATE (nested candidates, sent as messages as well as in the
-                       answer).
+                       answer; `?trickle=1`: only as messages; `?webrtc=off`: GEMINI_ERROR as a
+                       server without WebRTC answers).
 Each session runs a tiny energy VAD on the incoming track; at the end of an utterance it plays
 the utterance back on its own track as "the reply" and sends a scripted event sequence around
 it (VIP: state transitions, transcript.user, action.invoke of set_theme when declared, reply.text,
@@ -302,17 +303,25 @@ async def gemini(request: web.Request) -> web.WebSocketResponse:
             await send("SETUP_COMPLETE", {"setupComplete": {"success": True}})
         elif not connected:
             await send("GEMINI_ERROR", {"message": "Gemini not connected. Send CONNECT_GEMINI first."})
+        elif kind in ("WEBRTC_OFFER", "WEBRTC_ICE_CANDIDATE") and request.query.get("webrtc") == "off":
+            # `?webrtc=off`: what a server without WebRTC answers.
+            await send("GEMINI_ERROR", {"message": "WebRTC is not served: stream audio with SEND_REALTIME_INPUT"})
         elif kind == "WEBRTC_OFFER" and isinstance(payload.get("sdp"), str):
             conv = Conversation(speech_start, utterance)
             request.app["sessions"].append(conv)
             answer = await conv.answer(payload["sdp"])
-            # Keep the candidates in the answer (aiortc peers need them there) but drop
-            # end-of-candidates, so the same candidates sent as messages can still be added.
+            # Keep the candidates in the answer but drop end-of-candidates, so the same
+            # candidates sent as messages can still be added; `?trickle=1` sends them only as
+            # messages (as a server that trickles would).
+            trickle = request.query.get("trickle") == "1"
             answer = "".join(
-                line for line in answer.splitlines(keepends=True) if not line.startswith("a=end-of-candidates")
+                line
+                for line in answer.splitlines(keepends=True)
+                if not line.startswith("a=end-of-candidates") and not (trickle and line.startswith("a=candidate:"))
             )
+            candidates = sdp_candidates(conv.pc.localDescription.sdp)
             await send("WEBRTC_ANSWER", {"sdp": answer, "type": "answer"})
-            for c in sdp_candidates(answer):
+            for c in candidates:
                 await send("WEBRTC_ICE_CANDIDATE", {"candidate": c})
         elif kind == "WEBRTC_ICE_CANDIDATE":
             if conv is None:

@@ -258,6 +258,40 @@ def sdp_candidates(sdp: str) -> list[dict[str, Any]]:
     return out
 
 
+def merge_candidates(sdp: str, payloads: list[Any]) -> str:
+    """`sdp` with the candidates of WEBRTC_ICE_CANDIDATE payloads added to their m-sections
+    (by sdpMLineIndex, else sdpMid, else the first)."""
+    lines = sdp.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("m=")]
+    if not starts:
+        return sdp
+    mids: dict[str, int] = {}
+    for index, start in enumerate(starts):
+        end = starts[index + 1] if index + 1 < len(starts) else len(lines)
+        for line in lines[start:end]:
+            if line.startswith("a=mid:"):
+                mids[line[len("a=mid:") :].strip()] = index
+    extra: list[list[str]] = [[] for _ in starts]
+    for payload in payloads:
+        inner = payload.get("candidate") if isinstance(payload, dict) else None
+        c = inner if isinstance(inner, dict) else payload
+        text = c.get("candidate") if isinstance(c, dict) else None
+        if not isinstance(text, str) or not text:
+            continue
+        index = c.get("sdpMLineIndex")
+        if not isinstance(index, int) or not 0 <= index < len(starts):
+            index = mids.get(str(c.get("sdpMid")), 0)
+        line = text if text.startswith("candidate:") else "candidate:" + text
+        extra[index].append("a=" + line)
+    out: list[str] = []
+    for index, start in enumerate(starts):
+        if index == 0:
+            out += lines[:start]
+        end = starts[index + 1] if index + 1 < len(starts) else len(lines)
+        out += lines[start:end] + extra[index]
+    return "\r\n".join(out) + "\r\n"
+
+
 def parse_candidate(payload: Any):
     """An aiortc candidate from a WEBRTC_ICE_CANDIDATE payload, nested (`{candidate:{...}}`, the
     Android app) or flat (`{candidate: "candidate:...", sdpMid, sdpMLineIndex}`); None for the
@@ -460,9 +494,11 @@ async def run_gemini(s: Session) -> None:
         raise PeerError("gemini mode needs --wav")
     s.pc.addTransceiver(s.mic, direction="sendrecv")
     setup = asyncio.Event()
+    offered = asyncio.Event()
     answered = asyncio.Event()
     pending: list[Any] = []
     counts = {"sent": 0, "received": 0, "ignored": 0}
+    tasks: list[asyncio.Task] = []
     s.extra["answer_received"] = False
     s.extra["inline_audio_bytes"] = 0
 
@@ -486,6 +522,27 @@ async def run_gemini(s: Session) -> None:
                 # is fine when they were in the answer too.
                 counts["ignored"] += 1
                 log(f"candidate not added: {e}")
+
+        async def apply_answer(sdp: str) -> None:
+            s.extra["answer_had_candidates"] = "a=candidate:" in sdp
+            if not s.extra["answer_had_candidates"]:
+                # aiortc starts ICE when the answer is set and fails at once without any remote
+                # candidate: wait for the first trickled ones and put them into the answer.
+                deadline = time.monotonic() + 5
+                while not pending and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.2)  # the rest of the burst
+                sdp = merge_candidates(sdp, pending)
+                s.extra["candidates_merged_into_answer"] = len(pending)
+                pending.clear()
+            try:
+                await s.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
+            except ValueError as e:
+                s.fail(f"WEBRTC_ANSWER refused by aiortc: {e}")
+                return
+            answered.set()
+            while pending:
+                await add_candidate(pending.pop(0))
 
         async def reader() -> None:
             async for message in ws:
@@ -515,12 +572,8 @@ async def run_gemini(s: Session) -> None:
                     if not isinstance(sdp, str):
                         s.fail(f"WEBRTC_ANSWER without sdp: {payload!r}"[:300])
                         continue
-                    await s.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
                     s.extra["answer_received"] = True
-                    answered.set()
-                    for p in pending:
-                        await add_candidate(p)
-                    pending.clear()
+                    tasks.append(asyncio.ensure_future(apply_answer(sdp)))
                 elif kind == "WEBRTC_ICE_CANDIDATE":
                     counts["received"] += 1
                     if answered.is_set():
@@ -545,6 +598,9 @@ async def run_gemini(s: Session) -> None:
                     s.finished.set()
                 elif kind == "GEMINI_ERROR":
                     s.errors.append(f"GEMINI_ERROR: {json.dumps(payload)[:300]}")
+                    if offered.is_set() and not s.extra["answer_received"]:
+                        # A server without WebRTC answers the offer with this: no point waiting.
+                        s.fail(f"GEMINI_ERROR instead of WEBRTC_ANSWER: {json.dumps(payload)[:300]}")
                 elif kind == "GEMINI_DISCONNECTED":
                     s.fail(f"GEMINI_DISCONNECTED: {payload}")
             if not s.finished.is_set():
@@ -564,6 +620,7 @@ async def run_gemini(s: Session) -> None:
             await wait_for(s, setup, "SETUP_COMPLETE", 10)
             await s.pc.setLocalDescription(await s.pc.createOffer())
             offer = s.pc.localDescription
+            offered.set()
             await send("WEBRTC_OFFER", {"sdp": offer.sdp, "type": "offer"})
             for c in sdp_candidates(offer.sdp):
                 await send("WEBRTC_ICE_CANDIDATE", {"candidate": c})
@@ -579,11 +636,12 @@ async def run_gemini(s: Session) -> None:
             if not ws.closed:
                 await send("DISCONNECT_GEMINI")
                 await ws.close()
-            reading.cancel()
-            try:
-                await reading
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 (closing anyway)
-                pass
+            for task in [reading, *tasks]:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 (closing anyway)
+                    pass
 
 
 async def wait_for(s: Session, event: asyncio.Event, what: str, timeout: float) -> None:
