@@ -68,7 +68,8 @@ async fn playground(State(app): State<Arc<App>>) -> Response {
             (
                 header::CONTENT_SECURITY_POLICY,
                 "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 media-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'",
+                 img-src 'self' data:; media-src 'self' blob:; connect-src 'self'; \
+                 frame-ancestors 'none'",
             ),
             (header::CACHE_CONTROL, "no-cache"),
         ],
