@@ -45,6 +45,8 @@ pub(super) struct VipDoor {
     transcript_ms: Option<u64>,
     /// The current turn's first reply audio went out.
     first_audio: bool,
+    /// `input.detected` went out for the current stretch of listening.
+    heard: bool,
     floats: Vec<f32>,
 }
 
@@ -78,6 +80,7 @@ impl VipDoor {
             turn_speech_end: None,
             transcript_ms: None,
             first_audio: false,
+            heard: false,
             floats: Vec::new(),
         })
     }
@@ -124,6 +127,9 @@ impl VipDoor {
         }
         let previous = self.reported;
         self.reported = state;
+        if state != VipState::Listening {
+            self.heard = false;
+        }
         // A turn begins when the floor passes to the system from the user or from idle.
         if matches!(previous, VipState::Idle | VipState::Listening)
             && matches!(
@@ -152,11 +158,19 @@ impl VipDoor {
     }
 
     fn client_event(&mut self, now: Instant, event: ClientEvent, out: &mut Out) {
+        // The state this step ends in goes out before what happens in it (`action` before its
+        // `action.invoke`, `speaking` before the reply's text), except at a reply's end, where
+        // `reply.done` comes first and the state after it.
+        if !matches!(event, ClientEvent::ResponseFinished { .. }) {
+            self.report_state(out);
+        }
         match event {
             ClientEvent::VadState { to, .. } => match to {
                 voxgate_audio::vad::VadState::Speech => {
                     self.speech_end = None;
-                    if self.connected {
+                    // Once per stretch of listening: a pause inside an utterance is not news.
+                    if self.connected && !self.heard {
+                        self.heard = true;
                         Self::send(out, &ServerMessage::InputDetected);
                     }
                 }
