@@ -208,7 +208,8 @@ async fn offer(
             return error(StatusCode::NOT_FOUND, "disabled", e.to_string());
         }
     };
-    let session_id = accepted.peer.id().to_owned();
+    // Not the ICE ufrag (in the SDP, and short): hanging up by id needs a real capability.
+    let session_id = crate::webrtc::random_token(22);
     let mut engine_config = voxgate_engine::EngineConfig {
         max_history_messages: app.config.limits.max_history_messages,
         ..voxgate_engine::EngineConfig::default()

@@ -369,20 +369,30 @@ async fn route(endpoint: std::sync::Weak<Endpoint>, socket: Arc<UdpSocket>) {
     }
 }
 
-/// Letters and digits from the OS's randomness (ICE credentials: ufrag 4+, password 22+
-/// characters of the ice-char set).
-fn random_token(len: usize) -> String {
+/// Letters and digits from the OS's randomness, uniformly (bytes past the largest multiple of
+/// the alphabet's size are drawn again): ICE credentials (ufrag 4+, password 22+ characters of
+/// the ice-char set) and session ids.
+pub(crate) fn random_token(len: usize) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let bytes = crate::secret::random_bytes(len).unwrap_or_else(|_| {
-        // getrandom failing means the OS has no randomness to give; str0m's own generator
-        // is the fallback rather than refusing every call.
-        IceCreds::new().pass.into_bytes()
-    });
-    bytes
-        .iter()
-        .take(len)
-        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
-        .collect()
+    const LIMIT: u8 = (256 / ALPHABET.len() * ALPHABET.len()) as u8;
+    let mut out = String::with_capacity(len);
+    while out.len() < len {
+        let Ok(bytes) = crate::secret::random_bytes(len * 2) else {
+            // The OS has no randomness to give: str0m's own credentials are the fallback,
+            // rather than refusing every call.
+            let pass = IceCreds::new().pass;
+            out.extend(pass.chars().filter(char::is_ascii_alphanumeric));
+            continue;
+        };
+        out.extend(
+            bytes
+                .iter()
+                .filter(|b| **b < LIMIT)
+                .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char),
+        );
+    }
+    out.truncate(len);
+    out
 }
 
 #[cfg(test)]
