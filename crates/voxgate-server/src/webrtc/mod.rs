@@ -251,7 +251,7 @@ impl Endpoint {
                 options,
                 connect_timeout: Duration::from_secs(self.config.connect_timeout_secs),
                 max_playout: Duration::from_millis(self.config.max_playout_ms),
-                slot,
+                _slot: slot,
             },
         );
         Ok(Accepted {

@@ -91,8 +91,6 @@ pub(crate) struct PeerStats {
     pub(crate) max_late_us: AtomicU64,
     /// Client audio frames dropped because the door was behind.
     pub(crate) dropped_in: AtomicU64,
-    /// Reply audio dropped because the playout queue was full, in samples.
-    pub(crate) dropped_out_samples: AtomicU64,
 }
 
 /// Reply audio waiting to be sent at real time: filled by the door, emptied by the pacer.
@@ -122,7 +120,6 @@ pub(crate) struct PeerHandle {
     events: mpsc::Receiver<MediaEvent>,
     commands: mpsc::Sender<PeerCommand>,
     playout: Arc<Playout>,
-    stats: Arc<PeerStats>,
     id: String,
 }
 
@@ -175,11 +172,6 @@ impl PeerHandle {
         queue.extend(&scratch[..take]);
         let dropped = scratch.len() - take;
         drop(p);
-        if dropped > 0 {
-            self.stats
-                .dropped_out_samples
-                .fetch_add(dropped as u64, Ordering::Relaxed);
-        }
         self.playout.ready.notify_one();
         dropped
     }
@@ -191,17 +183,6 @@ impl PeerHandle {
         p.samples.clear();
         p.converter.reset();
     }
-
-    /// Reply audio still queued, in milliseconds.
-    pub(crate) fn queued_ms(&self) -> u64 {
-        let n = self.playout.lock().samples.len() as u64;
-        n * 1000 / u64::from(ENCODE_RATE)
-    }
-
-    /// The connection's counters.
-    pub(crate) fn stats(&self) -> Arc<PeerStats> {
-        Arc::clone(&self.stats)
-    }
 }
 
 /// What a connection's task needs besides its `Rtc`.
@@ -212,7 +193,8 @@ pub(crate) struct PeerContext {
     pub(crate) options: PeerOptions,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_playout: Duration,
-    pub(crate) slot: Slot,
+    /// Held until the task ends: the endpoint counts this connection until then.
+    pub(crate) _slot: Slot,
 }
 
 /// Starts a connection's task.
@@ -254,7 +236,6 @@ pub(crate) fn start(rtc: Rtc, cx: PeerContext) -> PeerHandle {
         events,
         commands,
         playout,
-        stats,
         id,
     }
 }
@@ -282,7 +263,17 @@ struct Peer {
 impl Peer {
     async fn run(mut self, mut commands: mpsc::Receiver<PeerCommand>) {
         let reason = self.serve(&mut commands).await;
-        tracing::debug!(peer = %self.cx.ufrag, %reason, "webrtc: connection closed");
+        let s = &self.stats;
+        tracing::info!(
+            peer = %self.cx.ufrag,
+            %reason,
+            frames_in = s.frames_in.load(Ordering::Relaxed),
+            frames_out = s.frames_out.load(Ordering::Relaxed),
+            late_frames = s.late_frames.load(Ordering::Relaxed),
+            max_late_ms = s.max_late_us.load(Ordering::Relaxed) / 1000,
+            dropped_in = s.dropped_in.load(Ordering::Relaxed),
+            "webrtc: connection closed"
+        );
         self.rtc.disconnect();
         // Whatever str0m still wants to send (a DTLS close alert) goes out now.
         while let Ok(Output::Transmit(t)) = self.rtc.poll_output() {
