@@ -220,7 +220,7 @@ impl PassSession {
             _ => msg.to_live(),
         };
         let Some(live) = live else { return true };
-        self.send_up(live)
+        self.send_up(&live)
     }
 
     /// Whether the app's WebRTC connection is up: while it is, the upstream's reply audio is
@@ -233,7 +233,7 @@ impl PassSession {
     /// `realtimeInput.audio` like `SEND_REALTIME_INPUT` audio. False as for
     /// [`forward`](Self::forward).
     pub(super) fn media_audio(&mut self, samples: &[i16]) -> bool {
-        self.send_up(LiveClientMessage::RealtimeInput(RealtimeInput {
+        self.send_up(&LiveClientMessage::RealtimeInput(RealtimeInput {
             audio: Some(Blob::pcm(samples, INPUT_SAMPLE_RATE)),
             ..RealtimeInput::default()
         }))
@@ -241,8 +241,8 @@ impl PassSession {
 
     /// Queues a Live API message for the upstream; audio is dropped (and counted) when the
     /// upstream does not keep up. False when it has stopped reading.
-    fn send_up(&mut self, live: LiveClientMessage) -> bool {
-        let audio_only = matches!(&live, LiveClientMessage::RealtimeInput(r)
+    fn send_up(&mut self, live: &LiveClientMessage) -> bool {
+        let audio_only = matches!(live, LiveClientMessage::RealtimeInput(r)
             if r.audio.is_some() && r.text.is_none() && !r.activity_end && !r.audio_stream_end);
         let queued = UP_QUEUE.saturating_sub(self.to_up.capacity());
         if audio_only && queued >= AUDIO_QUEUE {

@@ -264,14 +264,16 @@ impl GeminiDoor {
     /// Microphone audio from the track goes to the session like `SEND_REALTIME_INPUT` audio;
     /// without a session it is dropped.
     fn media_audio(&mut self, now: Instant, samples: &[i16], out: &mut Out) {
-        match &mut self.backend {
-            Some(Backend::Engine(e)) => e.media_audio(now, samples, out),
-            Some(Backend::Pass(p)) => {
-                if !p.media_audio(samples) {
-                    self.upstream_stuck(out);
-                }
+        let stuck = match &mut self.backend {
+            Some(Backend::Engine(e)) => {
+                e.media_audio(now, samples, out);
+                false
             }
-            None => {}
+            Some(Backend::Pass(p)) => !p.media_audio(samples),
+            None => false,
+        };
+        if stuck {
+            self.upstream_stuck(out);
         }
     }
 
