@@ -135,10 +135,12 @@ mod tests {
             .iter()
             .map(|w| {
                 let door = w.split(':').next().unwrap_or_default();
-                ["realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp", "vip"]
-                    .into_iter()
-                    .find(|d| *d == door)
-                    .unwrap_or("?")
+                [
+                    "realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp", "vip",
+                ]
+                .into_iter()
+                .find(|d| *d == door)
+                .unwrap_or("?")
             })
             .collect()
     }
@@ -166,7 +168,9 @@ mod tests {
         let c = wide();
         assert_eq!(
             open(&c),
-            ["realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp", "vip"]
+            [
+                "realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp", "vip"
+            ]
         );
         for w in exposure_warnings(&c) {
             assert!(w.contains("0.0.0.0:8080"), "{w}");

@@ -96,7 +96,10 @@ impl VipDoor {
 
     fn input(&mut self, now: Instant, input: Input, out: &mut Out) {
         if let Err(e) = self.engine.handle_input(now, input) {
-            self.refuse(out, ErrorPayload::new(ErrorCode::InvalidMessage, e.to_string()));
+            self.refuse(
+                out,
+                ErrorPayload::new(ErrorCode::InvalidMessage, e.to_string()),
+            );
         }
         self.drain(now, out);
     }

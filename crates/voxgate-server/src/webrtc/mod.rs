@@ -166,7 +166,10 @@ impl Endpoint {
             config: config.clone(),
             metrics,
         });
-        tokio::spawn(route(Arc::downgrade(&endpoint), Arc::clone(&endpoint.socket)));
+        tokio::spawn(route(
+            Arc::downgrade(&endpoint),
+            Arc::clone(&endpoint.socket),
+        ));
         Ok(endpoint)
     }
 
@@ -374,7 +377,9 @@ async fn route(endpoint: std::sync::Weak<Endpoint>, socket: Arc<UdpSocket>) {
 /// the ice-char set) and session ids.
 pub(crate) fn random_token(len: usize) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    const LIMIT: u8 = (256 / ALPHABET.len() * ALPHABET.len()) as u8;
+    // 248: the largest multiple of 62 that fits a byte.
+    const LIMIT: u8 = 248;
+    const _: () = assert!(LIMIT as usize == 256 / ALPHABET.len() * ALPHABET.len());
     let mut out = String::with_capacity(len);
     while out.len() < len {
         let Ok(bytes) = crate::secret::random_bytes(len * 2) else {

@@ -130,11 +130,6 @@ impl std::fmt::Debug for PeerHandle {
 }
 
 impl PeerHandle {
-    /// The connection's id (its ICE ufrag: random, unique among open connections).
-    pub(crate) fn id(&self) -> &str {
-        &self.id
-    }
-
     /// The next event; `None` once the connection's task ended.
     pub(crate) async fn recv(&mut self) -> Option<MediaEvent> {
         self.events.recv().await
@@ -283,7 +278,10 @@ impl Peer {
         let _ = self.events.try_send(MediaEvent::Closed(reason));
         let s = &self.stats;
         if s.late_frames.load(Ordering::Relaxed) > 0 {
-            self.cx.endpoint.metrics().webrtc_late_frames(s.late_frames.load(Ordering::Relaxed));
+            self.cx
+                .endpoint
+                .metrics()
+                .webrtc_late_frames(s.late_frames.load(Ordering::Relaxed));
         }
     }
 
@@ -308,7 +306,7 @@ impl Peer {
                 biased;
                 d = self.cx.datagrams.recv() => {
                     let Some(d) = d else { return "endpoint closed".into() };
-                    self.receive(d);
+                    self.receive(&d);
                 }
                 c = commands.recv() => match c {
                     None | Some(PeerCommand::Close) => return "closed by the server".into(),
@@ -366,21 +364,21 @@ impl Peer {
                 self.audio = Some((m.mid, params));
             }
             Event::MediaData(d) => self.audio_in(&d.data),
-            Event::ChannelOpen(id, label) => {
-                if self.cx.options.data_channel && self.channel.is_none() {
-                    tracing::debug!(peer = %self.cx.ufrag, %label, "webrtc: data channel open");
-                    self.channel = Some(id);
-                    let _ = self.events.try_send(MediaEvent::DataOpen);
-                    while let Some(text) = self.pending_data.pop_front() {
-                        self.send_data(text);
-                    }
+            Event::ChannelOpen(id, label)
+                if self.cx.options.data_channel && self.channel.is_none() =>
+            {
+                tracing::debug!(peer = %self.cx.ufrag, %label, "webrtc: data channel open");
+                self.channel = Some(id);
+                let _ = self.events.try_send(MediaEvent::DataOpen);
+                while let Some(text) = self.pending_data.pop_front() {
+                    self.send_data(text);
                 }
             }
-            Event::ChannelData(d) => {
-                if Some(d.id) == self.channel && !d.binary {
-                    match String::from_utf8(d.data) {
-                        Ok(text) => self.deliver(MediaEvent::Data(text)),
-                        Err(_) => tracing::debug!(peer = %self.cx.ufrag, "webrtc: data channel text is not UTF-8"),
+            Event::ChannelData(d) if Some(d.id) == self.channel && !d.binary => {
+                match String::from_utf8(d.data) {
+                    Ok(text) => self.deliver(MediaEvent::Data(text)),
+                    Err(_) => {
+                        tracing::debug!(peer = %self.cx.ufrag, "webrtc: data channel text is not UTF-8");
                     }
                 }
             }
@@ -408,7 +406,7 @@ impl Peer {
         }
     }
 
-    fn receive(&mut self, d: Datagram) {
+    fn receive(&mut self, d: &Datagram) {
         let Ok(contents) = d.data.as_slice().try_into() else {
             return;
         };
@@ -440,7 +438,9 @@ impl Peer {
             Ok(c) => self.rtc.add_remote_candidate(c),
             // mDNS (`.local`) candidates cannot be resolved here; the peer's checks reach us
             // anyway and ICE learns its address from them (a peer-reflexive candidate).
-            Err(e) => tracing::debug!(peer = %self.cx.ufrag, error = %e, "webrtc: remote candidate ignored"),
+            Err(e) => {
+                tracing::debug!(peer = %self.cx.ufrag, error = %e, "webrtc: remote candidate ignored");
+            }
         }
     }
 
@@ -509,11 +509,16 @@ impl Peer {
             if late > LATE {
                 self.stats.late_frames.fetch_add(1, Ordering::Relaxed);
             }
-            self.stats
-                .max_late_us
-                .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
+            self.stats.max_late_us.fetch_max(
+                u64::try_from(late.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
             self.send_frame(now, &frame);
-            self.next_due = Some(if late > RESYNC { now + FRAME } else { due + FRAME });
+            self.next_due = Some(if late > RESYNC {
+                now + FRAME
+            } else {
+                due + FRAME
+            });
         }
     }
 
@@ -544,7 +549,10 @@ impl Peer {
             let gap = now.saturating_duration_since(last);
             if gap > FRAME * 2 {
                 let frames = gap.as_micros() / FRAME.as_micros();
-                self.rtp_ticks += (frames as u64).saturating_sub(1) * FRAME_TICKS;
+                let frames = u64::try_from(frames).unwrap_or(u64::MAX);
+                self.rtp_ticks = self
+                    .rtp_ticks
+                    .saturating_add(frames.saturating_sub(1).saturating_mul(FRAME_TICKS));
             }
         }
         self.last_frame_at = Some(now);

@@ -38,6 +38,10 @@ impl Harness {
         h
     }
 
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "tests read better with json! inline"
+    )]
     fn client(&mut self, msg: Value) {
         let Inbound::Keep(m) = VipDoor::decode(ClientFrame::Text(msg.to_string().into()), 1 << 16)
         else {
@@ -172,7 +176,10 @@ fn an_action_is_invoked_after_its_state_and_its_result_continues_the_turn() {
     h.provider(ProviderEvent::Done { id });
     let m = h.messages();
     let k = kinds(&m);
-    let action = k.iter().position(|k| k == "state:action").expect("action state");
+    let action = k
+        .iter()
+        .position(|k| k == "state:action")
+        .expect("action state");
     let invoke = k.iter().position(|k| k == "action.invoke").expect("invoke");
     assert!(action < invoke, "{k:?}");
     assert_eq!(m[invoke]["action_id"], "set_theme");
@@ -246,8 +253,11 @@ fn the_clients_input_detected_stops_a_reply_at_once() {
 #[test]
 fn a_closed_connection_ends_the_session_and_hangs_up() {
     let mut h = Harness::connected();
-    h.door
-        .on_media(h.now, MediaEvent::Closed("ICE disconnected".into()), &mut h.out);
+    h.door.on_media(
+        h.now,
+        MediaEvent::Closed("ICE disconnected".into()),
+        &mut h.out,
+    );
     assert!(h.out.closing().is_some());
     let mut out = Out::new();
     h.door.on_close(h.now, &mut out);
