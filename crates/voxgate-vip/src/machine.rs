@@ -11,7 +11,7 @@
 //! | idle | [`SpeechStarted`](VipInput::SpeechStarted) | listening |
 //! | listening | [`SpeechDiscarded`](VipInput::SpeechDiscarded) | idle |
 //! | listening | [`EndOfSpeech`](VipInput::EndOfSpeech) | processing |
-//! | any (not already processing that turn) | [`TextInput`](VipInput::TextInput) | processing |
+//! | any, for a new turn | [`TextInput`](VipInput::TextInput) | processing |
 //! | processing | [`ReplyStarted`](VipInput::ReplyStarted) | speaking |
 //! | processing | [`ActionInvoked`](VipInput::ActionInvoked) | action |
 //! | action | [`ActionSettled`](VipInput::ActionSettled) (the last one out) | processing |
@@ -197,9 +197,7 @@ impl VipMachine {
             (s, VipInput::SpeechStarted) if s.is_system_turn() => (Listening, None),
             (Listening, VipInput::SpeechDiscarded) => (Idle, None),
             (Listening, VipInput::EndOfSpeech { turn }) => (Processing, Some(turn)),
-            (s, VipInput::TextInput { turn }) if !(s == Processing && current(turn)) => {
-                (Processing, Some(turn))
-            }
+            (_, VipInput::TextInput { turn }) if !current(turn) => (Processing, Some(turn)),
             (Processing, VipInput::ReplyStarted { turn }) if current(turn) => {
                 (Speaking, Some(turn))
             }
@@ -222,10 +220,10 @@ impl VipMachine {
             _ => return None,
         };
         let from = self.state;
-        // A new turn, a barge-in or the end of a turn leaves nothing outstanding; within a
-        // turn (action -> processing -> speaking) the count carries on.
-        if turn != self.turn || to == Idle || to == Listening {
-            self.pending_actions = u32::from(to == Action);
+        // Invocations are outstanding only in `action`: leaving it any other way than by the
+        // last settlement (a new turn, a barge-in, the turn's end) abandons them.
+        if to != Action {
+            self.pending_actions = 0;
         }
         self.state = to;
         self.turn = turn;
@@ -312,7 +310,9 @@ mod tests {
                 "{s}"
             );
         }
-        assert_eq!(step(Processing, TextInput { turn: 7 }), None);
+        for s in [Processing, Action, Speaking] {
+            assert_eq!(step(s, TextInput { turn: 7 }), None, "{s}");
+        }
     }
 
     #[test]
@@ -351,6 +351,17 @@ mod tests {
             m.handle_input(ReplyStarted { turn: 7 }),
             change(Processing, Speaking, Some(7))
         );
+    }
+
+    #[test]
+    fn a_typed_turn_abandons_outstanding_actions() {
+        let mut m = at(Action);
+        assert_eq!(
+            m.handle_input(TextInput { turn: 8 }),
+            change(Action, Processing, Some(8))
+        );
+        assert_eq!(m.pending_actions(), 0);
+        assert_eq!(m.handle_input(ActionSettled { turn: 7 }), None);
     }
 
     #[test]
@@ -470,5 +481,41 @@ mod tests {
             assert_eq!(VipState::parse(s.as_str()), Some(s));
         }
         assert_eq!(VipState::parse("connecting"), None);
+    }
+
+    fn input() -> impl proptest::strategy::Strategy<Value = VipInput> {
+        use proptest::prelude::*;
+        (0u8..9, 0u64..4).prop_map(|(k, turn)| match k {
+            0 => SpeechStarted,
+            1 => SpeechDiscarded,
+            2 => EndOfSpeech { turn },
+            3 => TextInput { turn },
+            4 => ReplyStarted { turn },
+            5 => ActionInvoked { turn },
+            6 => ActionSettled { turn },
+            7 => PlaybackFinished { turn },
+            _ => TurnEnded { turn },
+        })
+    }
+
+    proptest::proptest! {
+        /// Any sequence: changes describe the machine, a turn exactly in the system states,
+        /// outstanding actions exactly in `action`.
+        #[test]
+        fn invariants_hold(inputs in proptest::collection::vec(input(), 0..64)) {
+            let mut m = VipMachine::new();
+            for i in inputs {
+                let before = (m.state(), m.turn());
+                match m.handle_input(i) {
+                    Some(c) => {
+                        proptest::prop_assert_eq!((c.from, c.to, c.turn), (before.0, m.state(), m.turn()));
+                        proptest::prop_assert!(c.from != c.to || c.turn != before.1);
+                    }
+                    None => proptest::prop_assert_eq!((m.state(), m.turn()), before),
+                }
+                proptest::prop_assert_eq!(m.turn().is_some(), m.state().is_system_turn());
+                proptest::prop_assert_eq!(m.pending_actions() > 0, m.state() == Action);
+            }
+        }
     }
 }
