@@ -1,27 +1,6 @@
 //! VIP's state machine (§5.2), as the server runs it and reports it with `state` messages.
 //!
-//! Sans-IO and clock-free: the door feeds it what the engine and the VAD did
-//! ([`VipInput`]) and sends a `state` message for every [`StateChange`] it returns. It has no
-//! timers, so it has only [`VipMachine::handle_input`] (no `handle_timeout`/`poll_timeout`),
-//! and since one input makes at most one transition the change is returned directly instead of
-//! queued for `poll_output`.
-//!
-//! | from | input | to |
-//! |---|---|---|
-//! | idle | [`SpeechStarted`](VipInput::SpeechStarted) | listening |
-//! | listening | [`SpeechDiscarded`](VipInput::SpeechDiscarded) | idle |
-//! | listening | [`EndOfSpeech`](VipInput::EndOfSpeech) | processing |
-//! | any, for a new turn | [`TextInput`](VipInput::TextInput) | processing |
-//! | processing | [`ReplyStarted`](VipInput::ReplyStarted) | speaking |
-//! | processing | [`ActionInvoked`](VipInput::ActionInvoked) | action |
-//! | action | [`ActionSettled`](VipInput::ActionSettled) (the last one out) | processing |
-//! | processing / action | [`TurnEnded`](VipInput::TurnEnded) | idle |
-//! | speaking | [`PlaybackFinished`](VipInput::PlaybackFinished) | idle |
-//! | speaking / processing / action | [`SpeechStarted`](VipInput::SpeechStarted) (barge-in) | listening |
-//!
-//! Every other pair, and an input naming another turn than the current one (a late event of a
-//! turn that was cut off), changes nothing and returns `None`: the events arrive from several
-//! sources and a stale one must not move the state.
+//! The transition table is on [`VipMachine`].
 
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +137,53 @@ impl StateChange {
 
 /// The server's VIP state machine for one session. Starts `idle` (the state
 /// `session.connected` implies).
+///
+/// Sans-IO and clock-free: the door feeds it what the engine and the VAD did
+/// ([`VipInput`]) and sends a `state` message for every [`StateChange`] it returns. It has no
+/// timers, so it has only [`VipMachine::handle_input`] (no `handle_timeout`/`poll_timeout`),
+/// and since one input makes at most one transition the change is returned directly instead of
+/// queued for `poll_output`.
+///
+/// | from | input | to |
+/// |---|---|---|
+/// | idle | [`SpeechStarted`](VipInput::SpeechStarted) | listening |
+/// | listening | [`SpeechDiscarded`](VipInput::SpeechDiscarded) | idle |
+/// | listening | [`EndOfSpeech`](VipInput::EndOfSpeech) | processing |
+/// | any, for a new turn | [`TextInput`](VipInput::TextInput) | processing |
+/// | processing | [`ReplyStarted`](VipInput::ReplyStarted) | speaking |
+/// | processing | [`ActionInvoked`](VipInput::ActionInvoked) | action |
+/// | action | [`ActionSettled`](VipInput::ActionSettled) (the last one out) | processing |
+/// | processing / action | [`TurnEnded`](VipInput::TurnEnded) | idle |
+/// | speaking | [`PlaybackFinished`](VipInput::PlaybackFinished) | idle |
+/// | speaking / processing / action | [`SpeechStarted`](VipInput::SpeechStarted) (barge-in) | listening |
+///
+/// Every other pair, and an input naming another turn than the current one (a late event of a
+/// turn that was cut off), changes nothing and returns `None`: the events arrive from several
+/// sources and a stale one must not move the state.
+///
+/// ```
+/// use voxgate_vip::{VipInput, VipMachine, VipState};
+///
+/// let mut machine = VipMachine::new();
+/// let mut sent = Vec::new();
+/// for input in [
+///     VipInput::SpeechStarted,
+///     VipInput::EndOfSpeech { turn: 1 },
+///     VipInput::ReplyStarted { turn: 1 },
+///     VipInput::SpeechStarted, // barge-in
+///     VipInput::PlaybackFinished { turn: 1 }, // late: turn 1 was cut off
+/// ] {
+///     if let Some(change) = machine.handle_input(input) {
+///         sent.push(change.message().encode());
+///     }
+/// }
+/// assert_eq!(machine.state(), VipState::Listening);
+/// assert_eq!(
+///     sent.last().map(String::as_str),
+///     Some(r#"{"type":"state","state":"listening","previous":"speaking","turn":null}"#)
+/// );
+/// assert_eq!(sent.len(), 4);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct VipMachine {
     state: VipState,
