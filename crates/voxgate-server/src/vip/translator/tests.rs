@@ -196,6 +196,44 @@ fn an_action_is_invoked_after_its_state_and_its_result_continues_the_turn() {
 }
 
 #[test]
+fn a_refused_result_settles_its_invocation_as_a_failure() {
+    let mut h = Harness::connected();
+    h.client(json!({"type": "actions.declare", "actions": {"open_settings": {}}}));
+    h.client(json!({"type": "input.text", "text": "settings"}));
+    let m = h.messages();
+    assert_eq!(
+        kinds(&m),
+        ["session.connected", "state:processing"],
+        "{m:?}"
+    );
+    let id = h.generate_id();
+    h.provider(ProviderEvent::ToolCall {
+        id,
+        call_id: "c1".into(),
+        name: "open_settings".into(),
+        arguments: json!({}),
+    });
+    h.provider(ProviderEvent::Done { id });
+    let m = h.messages();
+    let invoke = m.iter().find(|m| m["type"] == "action.invoke").unwrap();
+    let invocation = invoke["invocation_id"].as_str().unwrap().to_owned();
+    // `status: "error"` without its payload is refused...
+    h.client(json!({"type": "action.result", "invocation_id": invocation, "status": "error"}));
+    let m = h.messages();
+    assert_eq!(m[0]["type"], "error", "{m:?}");
+    assert_eq!(m[0]["code"], "invalid_message");
+    // ...and the turn goes on at once with the failure, not at the action timeout: the
+    // registry's fallback sentence is spoken.
+    assert!(kinds(&m).contains(&"state:processing".to_owned()), "{m:?}");
+    let spoken = h
+        .out
+        .take_requests()
+        .into_iter()
+        .any(|r| matches!(r, ProviderRequest::Synthesize { ref text, .. } if !text.is_empty()));
+    assert!(spoken);
+}
+
+#[test]
 fn invalid_action_parameters_never_reach_the_client() {
     let mut h = Harness::connected();
     h.client(json!({"type": "actions.declare", "actions": {"set_theme": {
