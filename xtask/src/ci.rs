@@ -46,6 +46,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             only: None,
             server_bin: None,
             timeout: 180,
+            webrtc_fake: false,
         })
     })?;
     step("benches compile and run once", || {

@@ -2,7 +2,7 @@
 //!
 //! Installs the pinned Python clients (`xtask/interop/requirements.txt`: `deepslate-core`
 //! 0.1.23 for the realtime door, `xiaozhi-sdk` 0.5.1 for the Xiaozhi door) into a venv under
-//! `target/interop-venv`, builds `voxgate-server` (unless `--server-bin` names one), starts the
+//! `target/interop-venv` (aiortc for the WebRTC doors in `target/webrtc-venv`), builds `voxgate-server` (unless `--server-bin` names one), starts the
 //! fake recognizer `xtask/interop/fake_asr.py` and the server on free loopback ports, waits for
 //! `GET /health`, then runs each scenario script with a time limit. The server and the fake
 //! are killed at the end, also when a step fails. Logs go to `target/interop/`; a failing
@@ -14,7 +14,7 @@ use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -35,6 +35,10 @@ pub(crate) struct Args {
     /// Seconds each scenario may take before it is killed and fails.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout: u64,
+    /// Run the webrtc scenario against `xtask/interop/webrtc_fake_answerer.py` (an aiortc
+    /// stand-in for both WebRTC doors) instead of the server: checks the peer script alone.
+    #[arg(long)]
+    pub(crate) webrtc_fake: bool,
 }
 
 /// One client/door pair.
@@ -50,12 +54,16 @@ pub(crate) enum Scenario {
     /// An agent written with the official ACP Python SDK driving the `acp` brain (the `python_`
     /// tests of voxgate-providers and voxgate-server).
     Acp,
+    /// An aiortc peer (`webrtc_peer.py`) against the VIP door (`POST /webrtc/offer`) and the
+    /// Gemini bridge's WebRTC signalling (`/gemini`).
+    Webrtc,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 4] = [
+    const ALL: [Scenario; 5] = [
         Scenario::Realtime,
         Scenario::Xiaozhi,
+        Scenario::Webrtc,
         Scenario::Mcp,
         Scenario::Acp,
     ];
@@ -66,6 +74,7 @@ impl Scenario {
             Scenario::Xiaozhi => "xiaozhi",
             Scenario::Mcp => "mcp",
             Scenario::Acp => "acp",
+            Scenario::Webrtc => "webrtc",
         }
     }
 
@@ -73,7 +82,16 @@ impl Scenario {
         match self {
             Scenario::Realtime => "realtime_scenario.py",
             Scenario::Xiaozhi => "xiaozhi_scenario.py",
+            Scenario::Webrtc => "webrtc_peer.py",
             Scenario::Mcp | Scenario::Acp => "",
+        }
+    }
+
+    /// The venv (under target/) and requirements file of a scenario run against the server.
+    fn venv(self) -> (&'static str, &'static str) {
+        match self {
+            Scenario::Webrtc => ("webrtc-venv", "requirements-webrtc.txt"),
+            _ => ("interop-venv", "requirements.txt"),
         }
     }
 
@@ -82,7 +100,7 @@ impl Scenario {
     /// variable names the venv or its python, cargo test arguments).
     fn cargo_tests(self) -> Option<CargoScenario> {
         match self {
-            Scenario::Realtime | Scenario::Xiaozhi => None,
+            Scenario::Realtime | Scenario::Xiaozhi | Scenario::Webrtc => None,
             Scenario::Mcp => Some(CargoScenario {
                 venv: "mcp-interop-venv",
                 requirements: "requirements-mcp.txt",
@@ -144,20 +162,28 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         Some(s) => vec![s],
         None => Scenario::ALL.to_vec(),
     };
-    let (cargo_scenarios, scenarios): (Vec<Scenario>, Vec<Scenario>) =
+    let (cargo_scenarios, mut scenarios): (Vec<Scenario>, Vec<Scenario>) =
         chosen.into_iter().partition(|s| s.cargo_tests().is_some());
 
     let mut failed = Vec::new();
     let mut server_log = None;
-    if !scenarios.is_empty() {
-        let python = ensure_venv(&root)?;
+    if args.webrtc_fake && scenarios.contains(&Scenario::Webrtc) {
+        scenarios.retain(|s| *s != Scenario::Webrtc);
+        let started = Instant::now();
+        let result = run_webrtc_against_fake(&root, &logs, args.timeout);
+        record(Scenario::Webrtc, started, result, &mut failed);
+    }
+    if let Some(first) = scenarios.first() {
+        let (venv, requirements) = first.venv();
+        // fake_asr.py needs only the standard library: any of the scenarios' pythons runs it.
+        let asr_python = ensure_venv_at(&root, venv, requirements)?;
         let server_bin = match &args.server_bin {
             Some(path) => path
                 .canonicalize()
                 .with_context(|| format!("--server-bin {}", path.display()))?,
             None => build_server()?,
         };
-        let (_asr, asr_url) = start_fake_asr(&python, &root, &logs)?;
+        let (_asr, asr_url) = start_listener_script(&asr_python, &root, &logs, "fake_asr.py")?;
         let log = logs.join("server.log");
         let (server, addr) = start_server(&server_bin, &asr_url, &log)?;
         eprintln!(
@@ -166,18 +192,19 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         );
         for scenario in scenarios {
             let started = Instant::now();
-            let result = run_scenario(&python, &root, &logs, scenario, addr, args.timeout);
-            match result {
-                Ok(()) => eprintln!(
-                    "== interop {}: passed ({:.1?})",
-                    scenario.name(),
-                    started.elapsed()
-                ),
-                Err(e) => {
-                    eprintln!("== interop {}: FAILED: {e:#}", scenario.name());
-                    failed.push(scenario.name());
+            let (venv, requirements) = scenario.venv();
+            let result = ensure_venv_at(&root, venv, requirements).and_then(|python| {
+                if scenario == Scenario::Webrtc {
+                    let urls = WebrtcUrls {
+                        vip: format!("http://{addr}"),
+                        gemini: format!("ws://{addr}/gemini"),
+                    };
+                    run_webrtc(&python, &root, &logs, &urls, args.timeout)
+                } else {
+                    run_scenario(&python, &root, &logs, scenario, addr, args.timeout)
                 }
-            }
+            });
+            record(scenario, started, result, &mut failed);
         }
         drop(server);
         server_log = Some(log);
@@ -187,17 +214,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let Some(c) = scenario.cargo_tests() else {
             continue;
         };
-        match run_cargo_scenario(&root, &c) {
-            Ok(()) => eprintln!(
-                "== interop {}: passed ({:.1?})",
-                scenario.name(),
-                started.elapsed()
-            ),
-            Err(e) => {
-                eprintln!("== interop {}: FAILED: {e:#}", scenario.name());
-                failed.push(scenario.name());
-            }
-        }
+        record(
+            scenario,
+            started,
+            run_cargo_scenario(&root, &c),
+            &mut failed,
+        );
     }
     if !failed.is_empty() {
         let log = server_log.map_or_else(String::new, |l| {
@@ -212,19 +234,34 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reports a scenario's outcome and remembers a failure.
+fn record(
+    scenario: Scenario,
+    started: Instant,
+    result: anyhow::Result<()>,
+    failed: &mut Vec<&'static str>,
+) {
+    match result {
+        Ok(()) => eprintln!(
+            "== interop {}: passed ({:.1?})",
+            scenario.name(),
+            started.elapsed()
+        ),
+        Err(e) => {
+            eprintln!("== interop {}: FAILED: {e:#}", scenario.name());
+            failed.push(scenario.name());
+        }
+    }
+}
+
 /// A child process that is killed when dropped, so no exit path leaves it running.
-struct Guard(Child);
+pub(crate) struct Guard(pub(crate) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Creates the clients' venv (`target/interop-venv`) with `xtask/interop/requirements.txt`.
-fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
-    ensure_venv_at(root, "interop-venv", "requirements.txt")
 }
 
 /// Creates `target/<name>` and installs the pinned `xtask/interop/<requirements>` unless it
@@ -261,7 +298,7 @@ fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result
 }
 
 /// Builds the server binary (dev profile) and returns its path, as cargo reports it.
-fn build_server() -> anyhow::Result<PathBuf> {
+pub(crate) fn build_server() -> anyhow::Result<PathBuf> {
     let mut cmd = util::cargo();
     cmd.args([
         "build",
@@ -286,17 +323,26 @@ fn build_server() -> anyhow::Result<PathBuf> {
     bail!("cargo built voxgate-server-bin but reported no voxgate-server executable")
 }
 
-/// Starts `fake_asr.py` on a free port; returns it and its API base URL.
-fn start_fake_asr(python: &Path, root: &Path, logs: &Path) -> anyhow::Result<(Guard, String)> {
-    let log = File::create(logs.join("fake_asr.log"))?;
+/// Starts a local stand-in (`fake_asr.py`, `webrtc_fake_answerer.py`) on a free port; returns
+/// it and the base URL from its first line (`listening on <url>`). Its stderr goes to
+/// `<logs>/<script stem>.log`.
+fn start_listener_script(
+    python: &Path,
+    root: &Path,
+    logs: &Path,
+    script: &str,
+) -> anyhow::Result<(Guard, String)> {
+    let stem = script.trim_end_matches(".py");
+    let log = File::create(logs.join(format!("{stem}.log")))?;
     let mut child = Command::new(python)
         .arg("-u")
-        .arg(root.join(SCRIPTS).join("fake_asr.py"))
+        .arg(root.join(SCRIPTS).join(script))
         .args(["--port", "0"])
+        .current_dir(root.join(SCRIPTS))
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
-        .context("starting fake_asr.py")?;
+        .with_context(|| format!("starting {script}"))?;
     let stdout = child.stdout.take().context("fake_asr.py stdout")?;
     let guard = Guard(child);
     let (tx, rx) = mpsc::channel();
@@ -308,15 +354,15 @@ fn start_fake_asr(python: &Path, root: &Path, logs: &Path) -> anyhow::Result<(Gu
     });
     let line = rx
         .recv_timeout(Duration::from_secs(20))
-        .context("fake_asr.py did not report its address within 20 s")?;
+        .with_context(|| format!("{script} did not report its address within 20 s"))?;
     let url = line
         .strip_prefix("listening on ")
-        .with_context(|| format!("unexpected first line from fake_asr.py: {line:?}"))?;
+        .with_context(|| format!("unexpected first line from {script}: {line:?}"))?;
     Ok((guard, url.to_owned()))
 }
 
 /// A port that was free a moment ago (the server binds it right after).
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
 }
@@ -347,6 +393,9 @@ fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(G
             // With auth on, OTA issues tokens only to allowed or activated devices: the
             // scenario's MAC (xiaozhi_scenario.py `MAC`) is allowed.
             .env("VOXGATE_XIAOZHI_ALLOWED_DEVICES", "02:00:00:1a:7e:01")
+            // The Gemini door is reached on the main listener (`/gemini`); its own fixed port
+            // (3001) could clash with another server on this machine.
+            .env("VOXGATE_GEMINI_LISTEN", "off")
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -369,7 +418,11 @@ fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(G
     )))
 }
 
-fn wait_healthy(server: &mut Guard, addr: SocketAddr, limit: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_healthy(
+    server: &mut Guard,
+    addr: SocketAddr,
+    limit: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = server.0.try_wait()? {
@@ -424,18 +477,7 @@ fn run_scenario(
         cmd.args(["--api-key", API_KEY]);
     }
     eprintln!("== interop {}: $ {}", scenario.name(), util::describe(&cmd));
-    let mut child = Guard(cmd.spawn().context("starting the scenario")?);
-    let deadline = Instant::now() + Duration::from_secs(timeout);
-    let status = loop {
-        if let Some(status) = child.0.try_wait()? {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        thread::sleep(Duration::from_millis(50));
-    };
-    drop(child);
+    let status = run_with_limit(&mut cmd, timeout)?;
     let output = fs::read_to_string(&log_path).unwrap_or_default();
     match status {
         Some(s) if s.success() => {
@@ -447,9 +489,199 @@ fn run_scenario(
     }
 }
 
+/// Runs a command to its end or kills it after `timeout` seconds (then `None`).
+fn run_with_limit(cmd: &mut Command, timeout: u64) -> anyhow::Result<Option<ExitStatus>> {
+    let mut child = Guard(cmd.spawn().context("starting the scenario")?);
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    loop {
+        if let Some(status) = child.0.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Where the WebRTC peer finds the two doors.
+struct WebrtcUrls {
+    /// Base URL of the VIP door (`POST <vip>/webrtc/offer`).
+    vip: String,
+    /// WebSocket URL of the Gemini bridge.
+    gemini: String,
+}
+
+/// The typed turn of the VIP run (after the spoken one); a client that declared `set_theme`
+/// may see it invoked.
+const VIP_TEXT: &str = "switch to dark mode";
+
+/// The webrtc scenario: `webrtc_peer.py` in both modes, each summary checked.
+fn run_webrtc(
+    python: &Path,
+    root: &Path,
+    logs: &Path,
+    urls: &WebrtcUrls,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    for (mode, url) in [("vip", &urls.vip), ("gemini", &urls.gemini)] {
+        let summary = run_peer(python, root, logs, mode, url, timeout)
+            .with_context(|| format!("webrtc_peer.py {mode}"))?;
+        check_summary(mode, &summary).with_context(|| {
+            format!(
+                "webrtc_peer.py {mode}: summary in {}",
+                logs.join(format!("webrtc-{mode}.json")).display()
+            )
+        })?;
+        eprintln!(
+            "== interop webrtc {mode}: {:.2} s of reply audio ({:.2} s not silent), {} frames",
+            summary["reply_seconds"].as_f64().unwrap_or_default(),
+            summary["reply_nonsilent_seconds"]
+                .as_f64()
+                .unwrap_or_default(),
+            summary["frames_received"]
+        );
+    }
+    Ok(())
+}
+
+/// The webrtc scenario against `webrtc_fake_answerer.py` (no server): checks the peer script.
+fn run_webrtc_against_fake(root: &Path, logs: &Path, timeout: u64) -> anyhow::Result<()> {
+    let (venv, requirements) = Scenario::Webrtc.venv();
+    let python = ensure_venv_at(root, venv, requirements)?;
+    let (_fake, url) = start_listener_script(&python, root, logs, "webrtc_fake_answerer.py")?;
+    let gemini = match url.strip_prefix("http://") {
+        Some(rest) => format!("ws://{rest}/gemini"),
+        None => bail!("webrtc_fake_answerer.py reported {url:?}, not an http:// URL"),
+    };
+    eprintln!("interop: webrtc against the aiortc fake answerer at {url}");
+    run_webrtc(
+        &python,
+        root,
+        logs,
+        &WebrtcUrls { vip: url, gemini },
+        timeout,
+    )
+}
+
+/// Runs `webrtc_peer.py <mode>` with the speech fixture and returns its JSON summary. Progress
+/// goes to `<logs>/webrtc-<mode>.log`, the summary to `webrtc-<mode>.json`, the received audio
+/// to `webrtc-<mode>-reply.wav`.
+fn run_peer(
+    python: &Path,
+    root: &Path,
+    logs: &Path,
+    mode: &str,
+    url: &str,
+    timeout: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let log_path = logs.join(format!("webrtc-{mode}.log"));
+    let json_path = logs.join(format!("webrtc-{mode}.json"));
+    let mut cmd = Command::new(python);
+    cmd.arg("-u")
+        .arg(root.join(SCRIPTS).join(Scenario::Webrtc.script()))
+        .arg(mode)
+        .arg("--url")
+        .arg(url)
+        .arg("--wav")
+        .arg(root.join(WAV))
+        .arg("--save-reply")
+        .arg(logs.join(format!("webrtc-{mode}-reply.wav")))
+        // The script's own limit comes first, so a slow run still prints its summary.
+        .arg("--timeout")
+        .arg(timeout.saturating_sub(10).max(10).to_string())
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(File::create(&json_path)?)
+        .stderr(File::create(&log_path)?);
+    if mode == "vip" {
+        cmd.args(["--text", VIP_TEXT, "--api-key", API_KEY]);
+    }
+    eprintln!("== interop webrtc: $ {}", util::describe(&cmd));
+    let status = run_with_limit(&mut cmd, timeout)?;
+    let output = fs::read_to_string(&log_path).unwrap_or_default();
+    let summary = fs::read_to_string(&json_path).unwrap_or_default();
+    match status {
+        Some(s) if s.success() => {}
+        Some(s) => bail!("exited with {s}; its log:\n{output}\nits summary:\n{summary}"),
+        None => bail!("did not finish within {timeout} s; its log:\n{output}"),
+    }
+    serde_json::from_str(&summary)
+        .with_context(|| format!("its summary is not JSON:\n{summary}\nits log:\n{output}"))
+}
+
+/// Checks a `webrtc_peer.py` summary: reply audio that is heard, and the mode's signalling.
+fn check_summary(mode: &str, summary: &serde_json::Value) -> anyhow::Result<()> {
+    if summary["ok"] != true {
+        bail!("the peer reported a failure: {}", summary["failure"]);
+    }
+    let heard = summary["reply_nonsilent_seconds"]
+        .as_f64()
+        .unwrap_or_default();
+    if heard <= 0.3 {
+        bail!("the reply audio is silent or too short: {heard} s above the silence level");
+    }
+    let events: Vec<&str> = summary["events"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e.as_str()).collect())
+        .unwrap_or_default();
+    let wanted: &[&str] = match mode {
+        "vip" => &["session.connected", "state", "reply.text", "reply.done"],
+        _ => &["WEBRTC_ANSWER"],
+    };
+    let missing: Vec<&str> = wanted
+        .iter()
+        .copied()
+        .filter(|w| !events.contains(w))
+        .collect();
+    if !missing.is_empty() {
+        bail!("events {missing:?} never arrived; events: {events:?}");
+    }
+    Ok(())
+}
+
 /// The last `lines` lines of a log file.
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_summary;
+    use serde_json::json;
+
+    fn summary(events: &[&str], heard: f64) -> serde_json::Value {
+        json!({"ok": true, "failure": null, "reply_nonsilent_seconds": heard, "events": events})
+    }
+
+    #[test]
+    fn vip_summary_needs_its_events_and_audible_reply() {
+        let events = [
+            "session.connected",
+            "state",
+            "reply.text",
+            "reply.done",
+            "state",
+        ];
+        assert!(check_summary("vip", &summary(&events, 1.2)).is_ok());
+        assert!(check_summary("vip", &summary(&events, 0.1)).is_err());
+        assert!(check_summary("vip", &summary(&events[..3], 1.2)).is_err());
+    }
+
+    #[test]
+    fn gemini_summary_needs_the_answer_and_a_successful_run() {
+        assert!(
+            check_summary(
+                "gemini",
+                &summary(&["SETUP_COMPLETE", "WEBRTC_ANSWER"], 1.0)
+            )
+            .is_ok()
+        );
+        assert!(check_summary("gemini", &summary(&["SETUP_COMPLETE"], 1.0)).is_err());
+        let mut failed = summary(&["WEBRTC_ANSWER"], 1.0);
+        failed["ok"] = json!(false);
+        assert!(check_summary("gemini", &failed).is_err());
+    }
 }

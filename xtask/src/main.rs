@@ -2,6 +2,7 @@
 //!
 //! Everything CI does is a command here, so a contributor can run exactly what CI runs.
 
+mod browser;
 mod chaos;
 mod ci;
 mod codegen;
@@ -45,6 +46,9 @@ enum Command {
     /// upgrades over capacity, slowloris and misbehaving peers against the real server; prints
     /// one table.
     Chaos(Box<chaos::Args>),
+    /// The playground page in headless Chromium (Playwright): against the real server over
+    /// WebRTC, or alone with `--selftest`; screenshots in target/browser/artifacts.
+    Browser(browser::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,5 +64,6 @@ fn main() -> anyhow::Result<()> {
         Command::Interop(args) => interop::run(&args),
         Command::Load(args) => load::run(&args),
         Command::Chaos(args) => chaos::run(&args),
+        Command::Browser(args) => browser::run(&args),
     }
 }

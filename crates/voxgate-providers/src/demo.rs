@@ -22,6 +22,12 @@ use crate::{Asr, Llm, LlmStream, Tts, TtsStream};
 /// * A user message `call <tool name> <JSON object>`: a [`LlmEvent::ToolCall`] to the tool of
 ///   that exact declared name (dots included) with those arguments; when the tool is unknown or
 ///   the arguments are not a JSON object it says so instead.
+/// * A user message naming a declared tool by keywords (the way a page's actions are asked
+///   for: "switch to dark mode", "open settings"): a call to the one tool that matches. A tool
+///   matches when every required parameter is a string `enum` one of whose values is a word of
+///   the message (`set_theme` with `theme: ["light", "dark"]` for "dark mode"), or when it has
+///   no required parameters and every word of its name is in the message (`open_settings`).
+///   Nothing is called when no tool or more than one matches.
 /// * A tool result as the last message: a reply reporting the tool's name and result.
 /// * The [`NoAsr`] marker: how many seconds of speech it heard and that no recognizer is
 ///   configured.
@@ -79,6 +85,9 @@ impl DemoAgent {
             ));
         }
         let Some(rest) = text.strip_prefix("call ") else {
+            if let Some((name, args)) = keyword_call(&request.tools, text) {
+                return self.call(&name, args);
+            }
             return text_reply(&format!("😊 You said: {text}"));
         };
         let rest = rest.trim_start();
@@ -97,26 +106,89 @@ impl DemoAgent {
         let args = args.trim();
         let args = if args.is_empty() { "{}" } else { args };
         match serde_json::from_str::<serde_json::Value>(args) {
-            Ok(v @ serde_json::Value::Object(_)) => {
-                let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-                let mut events = words(&format!("🛠️ Calling {name}."));
-                events.push(LlmEvent::ToolCall(ToolCall {
-                    id: format!("demo_call_{n}"),
-                    name: name.to_owned(),
-                    arguments: v.to_string(),
-                }));
-                events.push(LlmEvent::Done {
-                    finish_reason: FinishReason::ToolCalls,
-                    usage: None,
-                });
-                events
-            }
+            Ok(v @ serde_json::Value::Object(_)) => self.call(name, v),
             _ => text_reply(&format!(
                 "🤔 The arguments of {name} must be a JSON object, for example: \
                  call {name} {{\"key\": 1}}"
             )),
         }
     }
+}
+
+impl DemoAgent {
+    /// A tool call to `name` with `arguments`, announced in words first.
+    fn call(&self, name: &str, arguments: serde_json::Value) -> Vec<LlmEvent> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut events = words(&format!("🛠️ Calling {name}."));
+        events.push(LlmEvent::ToolCall(ToolCall {
+            id: format!("demo_call_{n}"),
+            name: name.to_owned(),
+            arguments: arguments.to_string(),
+        }));
+        events.push(LlmEvent::Done {
+            finish_reason: FinishReason::ToolCalls,
+            usage: None,
+        });
+        events
+    }
+}
+
+/// The one tool `text` asks for by keywords, with its arguments (see [`DemoAgent`]).
+fn keyword_call(
+    tools: &[crate::types::ToolDefinition],
+    text: &str,
+) -> Option<(String, serde_json::Value)> {
+    let said: Vec<String> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let has = |w: &str| said.iter().any(|s| s == &w.to_lowercase());
+    let mut found = None;
+    for tool in tools {
+        let params = &tool.parameters;
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(serde_json::Value::as_array)
+            .map(|r| r.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        let args = if required.is_empty() {
+            let name_words: Vec<&str> = tool
+                .name
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .collect();
+            if name_words.is_empty() || !name_words.iter().all(|w| has(w)) {
+                continue;
+            }
+            serde_json::Value::Object(serde_json::Map::new())
+        } else {
+            let mut args = serde_json::Map::new();
+            for p in &required {
+                let values: Vec<&str> = params
+                    .pointer(&format!("/properties/{p}/enum"))
+                    .and_then(serde_json::Value::as_array)
+                    .map(|e| e.iter().filter_map(serde_json::Value::as_str).collect())
+                    .unwrap_or_default();
+                let mut hits = values.iter().filter(|v| has(v));
+                match (hits.next(), hits.next()) {
+                    (Some(v), None) => {
+                        args.insert((*p).to_owned(), (*v).into());
+                    }
+                    _ => break,
+                }
+            }
+            if args.len() != required.len() {
+                continue;
+            }
+            serde_json::Value::Object(args)
+        };
+        if found.is_some() {
+            return None;
+        }
+        found = Some((tool.name.clone(), args));
+    }
+    found
 }
 
 impl Llm for DemoAgent {
@@ -277,5 +349,57 @@ impl Tts for ToneTts {
             })
             .collect();
         Box::pin(stream::iter(chunks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ToolDefinition;
+    use serde_json::json;
+
+    fn tool(name: &str, parameters: serde_json::Value) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: String::new(),
+            parameters,
+        }
+    }
+
+    fn page_tools() -> Vec<ToolDefinition> {
+        vec![
+            tool(
+                "set_theme",
+                json!({"type": "object", "properties": {"theme": {"type": "string",
+                    "enum": ["light", "dark"]}}, "required": ["theme"]}),
+            ),
+            tool("open_settings", json!({"type": "object", "properties": {}})),
+            tool(
+                "fill_field",
+                json!({"type": "object", "properties": {"field": {"type": "string",
+                    "enum": ["name", "email"]}, "value": {"type": "string"}},
+                    "required": ["field", "value"]}),
+            ),
+        ]
+    }
+
+    #[test]
+    fn keywords_pick_the_one_matching_tool() {
+        let tools = page_tools();
+        assert_eq!(
+            keyword_call(&tools, "Switch to dark mode, please."),
+            Some(("set_theme".into(), json!({"theme": "dark"})))
+        );
+        assert_eq!(
+            keyword_call(&tools, "open the settings"),
+            Some(("open_settings".into(), json!({})))
+        );
+        // A required parameter without an enum cannot be guessed.
+        assert_eq!(keyword_call(&tools, "fill in my name"), None);
+        // Nothing named, or two tools named: no call.
+        assert_eq!(keyword_call(&tools, "hello there"), None);
+        assert_eq!(keyword_call(&tools, "open settings in dark mode"), None);
+        // Two values of one enum: ambiguous.
+        assert_eq!(keyword_call(&tools, "light or dark"), None);
     }
 }

@@ -113,6 +113,7 @@ pub use self::providers::{
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
+pub use crate::vip::VipConfig;
 pub use crate::retell::{RetellAgentSettings, RetellConfig};
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
@@ -153,6 +154,8 @@ pub struct Config {
     pub mcp: McpEndpointConfig,
     /// WebRTC media (the Gemini bridge's `WEBRTC_OFFER`, the VIP door's `/webrtc/offer`).
     pub webrtc: WebRtcConfig,
+    /// The VIP browser door and the playground page.
+    pub vip: VipConfig,
     /// Admission limits and session timeouts, for every door (`docs/limits.md`).
     pub limits: LimitsConfig,
     /// Who may use `/admin/*`.
@@ -342,6 +345,7 @@ impl Default for Config {
             bridge: BridgeConfig::default(),
             mcp: McpEndpointConfig::default(),
             webrtc: WebRtcConfig::default(),
+            vip: VipConfig::default(),
             limits: LimitsConfig::default(),
             admin: AdminConfig::default(),
             llm: None,
@@ -535,6 +539,7 @@ impl Config {
         self.bridge.apply_env(&var)?;
         self.mcp.apply_env(&var)?;
         self.webrtc.apply_env(&var)?;
+        self.vip.apply_env(&var)?;
         self.limits.apply_env(&var)?;
         self.engine.apply_env(&var)?;
         AcpBrainConfig::apply_env(&mut self.acp, vars);
@@ -572,6 +577,7 @@ impl Config {
         self.realtime.engine.check("realtime.engine", Scope::All)?;
         self.gemini.engine.check("gemini.engine", Scope::All)?;
         self.retell.engine.check("retell.engine", Scope::Retell)?;
+        self.vip.engine.check("vip.engine", Scope::All)?;
         self.bridge.engine.check("bridge.engine", Scope::Bridge)
     }
 
@@ -597,6 +603,7 @@ impl Config {
         shown.gemini.mask_secrets();
         shown.bridge.mask_secrets();
         shown.mcp.mask_secrets();
+        shown.vip.mask_secrets();
         shown.admin.mask_secrets();
         providers::mask_sections(&mut shown.llm, &mut shown.asr, &mut shown.tts);
         if let Some(a) = &mut shown.acp {

@@ -49,6 +49,7 @@ mod realtime;
 mod retell;
 mod secret;
 mod server;
+mod vip;
 mod webrtc;
 mod xiaozhi;
 

@@ -23,6 +23,8 @@ pub enum Door {
     Retell,
     /// The MCP endpoint where external tool servers connect in.
     Mcp,
+    /// The VIP browser door (WebRTC, `POST /webrtc/offer`).
+    Vip,
 }
 
 /// Which way a dropped audio frame was travelling.
@@ -53,7 +55,7 @@ impl Direction {
 }
 
 /// How many doors there are (the length of the per-door counter arrays).
-pub(crate) const DOORS: usize = 5;
+pub(crate) const DOORS: usize = 6;
 
 impl Door {
     /// Every door, in the order they are rendered.
@@ -63,6 +65,7 @@ impl Door {
         Self::Gemini,
         Self::Retell,
         Self::Mcp,
+        Self::Vip,
     ];
 
     /// The `door` label value in `/metrics` and `/health`.
@@ -74,6 +77,7 @@ impl Door {
             Self::Gemini => "gemini",
             Self::Retell => "retell",
             Self::Mcp => "mcp",
+            Self::Vip => "vip",
         }
     }
 
@@ -84,6 +88,7 @@ impl Door {
             Self::Gemini => 2,
             Self::Retell => 3,
             Self::Mcp => 4,
+            Self::Vip => 5,
         }
     }
 }

@@ -186,8 +186,8 @@ into_arc!(Llm, Asr, Tts);
 #[derive(Debug, Clone)]
 pub(crate) struct DoorProviderSet {
     server: Providers,
-    /// By [`OVERRIDE_DOORS`] order: realtime, xiaozhi, gemini, retell, bridge.
-    doors: [Providers; 5],
+    /// By [`OVERRIDE_DOORS`] order: realtime, xiaozhi, gemini, retell, bridge, vip.
+    doors: [Providers; 6],
 }
 
 impl DoorProviderSet {
@@ -240,9 +240,9 @@ impl DoorProviderSet {
             }
             Ok(p)
         };
-        let [r, x, g, t, b] = OVERRIDE_DOORS;
+        let [r, x, g, t, b, v] = OVERRIDE_DOORS;
         Ok(Self {
-            doors: [door(r)?, door(x)?, door(g)?, door(t)?, door(b)?],
+            doors: [door(r)?, door(x)?, door(g)?, door(t)?, door(b)?, door(v)?],
             server,
         })
     }
@@ -251,7 +251,7 @@ impl DoorProviderSet {
     #[cfg(test)]
     pub(crate) fn uniform(p: Providers) -> Self {
         Self {
-            doors: [p.clone(), p.clone(), p.clone(), p.clone(), p.clone()],
+            doors: std::array::from_fn(|_| p.clone()),
             server: p,
         }
     }
@@ -263,6 +263,7 @@ impl DoorProviderSet {
             Door::Xiaozhi => &self.doors[1],
             Door::Gemini => &self.doors[2],
             Door::Retell => &self.doors[3],
+            Door::Vip => &self.doors[5],
             _ => &self.server,
         }
     }

@@ -61,6 +61,8 @@ pub(crate) struct App {
     pub(crate) admission: crate::admission::Admission,
     /// The WebRTC media endpoint (`[webrtc]`), when enabled.
     pub(crate) webrtc: Option<Arc<crate::webrtc::Endpoint>>,
+    /// Open VIP sessions, for `DELETE /webrtc/sessions/<id>`.
+    pub(crate) vip_sessions: crate::vip::Sessions,
 }
 
 impl App {
@@ -77,6 +79,7 @@ impl App {
             shutdown,
             sessions: Arc::default(),
             webrtc: None,
+            vip_sessions: crate::vip::Sessions::default(),
         }
     }
 
@@ -226,6 +229,7 @@ impl Server {
                 sessions: Arc::default(),
                 admission,
                 webrtc,
+                vip_sessions: crate::vip::Sessions::default(),
             }),
             stop,
         })
@@ -422,6 +426,7 @@ fn router(app: Arc<App>) -> Router {
         .merge(crate::bridge::routes())
         .merge(crate::mcp_endpoint::routes())
         .merge(crate::realtime::routes())
+        .merge(crate::vip::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(app)

@@ -623,6 +623,8 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             shutdown,
             sessions: Arc::default(),
+            webrtc: None,
+            vip_sessions: crate::vip::Sessions::default(),
         };
         (Arc::new(app), stop)
     }
