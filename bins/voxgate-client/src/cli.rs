@@ -214,6 +214,9 @@ pub struct WebrtcArgs {
     /// The model named in the Gemini setup.
     #[arg(long, default_value = "models/gemini-2.0-flash-live-001")]
     pub model: String,
+    /// A token for the VIP door (`[vip] tokens`), sent as `Authorization: Bearer`.
+    #[arg(long, value_name = "T")]
+    pub token: Option<String>,
 }
 
 /// `voxgate-client load webrtc`.
@@ -242,6 +245,9 @@ pub struct LoadWebrtcArgs {
     /// The server's process id, to report its CPU and memory (Linux `/proc`).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// A token for the VIP door (`[vip] tokens`), sent as `Authorization: Bearer`.
+    #[arg(long, value_name = "T")]
+    pub token: Option<String>,
 }
 
 /// `voxgate-client load xiaozhi`.
@@ -416,6 +422,7 @@ impl From<&WebrtcArgs> for WebrtcOptions {
             declare_theme: a.declare_theme,
             bind: a.bind,
             model: a.model.clone(),
+            token: a.token.clone(),
             timeout: a.common.timeout(),
         }
     }
@@ -432,6 +439,7 @@ impl From<&LoadWebrtcArgs> for WebrtcLoadOptions {
             timeout: secs(a.timeout, 60),
             bind: a.bind,
             server_pid: a.server_pid,
+            token: a.token.clone(),
         }
     }
 }

@@ -81,6 +81,8 @@ pub struct WebrtcOptions {
     pub bind: IpAddr,
     /// The model named in the Gemini setup.
     pub model: String,
+    /// VIP: a token sent as `Authorization: Bearer` with the offer (`[vip] tokens`).
+    pub token: Option<String>,
     /// Give up after this long.
     pub timeout: Duration,
 }
@@ -98,6 +100,7 @@ impl WebrtcOptions {
             declare_theme: false,
             bind: IpAddr::from([127, 0, 0, 1]),
             model: "models/gemini-2.0-flash-live-001".into(),
+            token: None,
             timeout: Duration::from_secs(30),
         }
     }
@@ -297,17 +300,26 @@ pub fn offer_sdp(local: SocketAddr, data_channel: bool) -> anyhow::Result<String
 }
 
 /// Posts `offer` to the VIP door and returns its answer.
-async fn post_offer(url: &str, offer: &str, timeout: Duration) -> anyhow::Result<HttpAnswer> {
+async fn post_offer(
+    url: &str,
+    offer: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<HttpAnswer> {
     let target = offer_url(url)?;
     let client = reqwest::Client::builder()
         .timeout(timeout)
         .build()
         .context("HTTP client")?;
     let body = json!({"sdp": offer, "type": "offer"}).to_string();
-    let response = client
+    let mut request = client
         .post(&target)
         .header("content-type", "application/json")
-        .body(body)
+        .body(body);
+    if let Some(token) = token.filter(|t| !t.is_empty()) {
+        request = request.bearer_auth(token);
+    }
+    let response = request
         .send()
         .await
         .with_context(|| format!("posting the offer to {}", ws::redact(&target)))?;
@@ -339,6 +351,7 @@ pub(crate) struct Plan {
     declare_theme: bool,
     timeout: Duration,
     bind: IpAddr,
+    token: Option<String>,
 }
 
 impl Plan {
@@ -348,6 +361,7 @@ impl Plan {
         speech_turns: usize,
         timeout: Duration,
         bind: IpAddr,
+        token: Option<String>,
     ) -> Self {
         Self {
             turns: vec![Turn::Speech; speech_turns],
@@ -356,6 +370,7 @@ impl Plan {
             declare_theme: false,
             timeout,
             bind,
+            token,
         }
     }
 }
@@ -387,6 +402,7 @@ pub async fn run(opts: &WebrtcOptions, events: &mut Events) -> anyhow::Result<We
         declare_theme: opts.declare_theme,
         timeout: opts.timeout,
         bind: opts.bind,
+        token: opts.token.clone(),
     };
     let mut out = WebrtcOutcome::default();
     let result = if opts.gemini {
@@ -442,9 +458,12 @@ pub(crate) async fn session(
                 "sent",
                 json!({"message": {"type": "offer", "bytes": offer.len()}}),
             );
-            let answer = tokio::time::timeout(remaining, post_offer(url, &offer, remaining))
-                .await
-                .map_err(|_| anyhow::anyhow!("no answer within {:?}", plan.timeout))??;
+            let answer = tokio::time::timeout(
+                remaining,
+                post_offer(url, &offer, plan.token.as_deref(), remaining),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within {:?}", plan.timeout))??;
             events.emit(
                 "answer",
                 json!({"session_id": answer.session_id, "type": answer.kind}),

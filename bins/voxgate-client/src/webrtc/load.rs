@@ -33,6 +33,8 @@ pub struct WebrtcLoadOptions {
     pub bind: IpAddr,
     /// The server's process id, to sample its CPU and memory (Linux `/proc`).
     pub server_pid: Option<u32>,
+    /// A token sent as `Authorization: Bearer` with each offer (`[vip] tokens`).
+    pub token: Option<String>,
 }
 
 /// The server's CPU and memory over the run.
@@ -162,6 +164,7 @@ pub async fn run(opts: &WebrtcLoadOptions) -> anyhow::Result<WebrtcLoadSummary> 
         opts.turns.max(1),
         opts.timeout,
         opts.bind,
+        opts.token.clone(),
     ));
     let n = opts.sessions.max(1);
     let before = opts.server_pid.and_then(sample);
