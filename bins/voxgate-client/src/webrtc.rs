@@ -734,7 +734,7 @@ impl<'p> Peer<'p> {
             Some(Turn::Text(text)) => {
                 match control {
                     Control::Vip => {
-                        self.send_data(&json!({"type": "input.text", "text": text}), events)
+                        self.send_data(&json!({"type": "input.text", "text": text}), events);
                     }
                     Control::Gemini(ws) => {
                         let msg = ClientMessage::SendMessage {
@@ -866,22 +866,20 @@ impl<'p> Peer<'p> {
                 bail!("ICE disconnected");
             }
             Event::MediaData(d) => self.media(&d, events),
-            Event::ChannelOpen(id, label) => {
-                if Some(id) == self.channel {
-                    self.channel_open = true;
-                    events.emit("channel_open", json!({"label": label}));
-                }
+            Event::ChannelOpen(id, label) if Some(id) == self.channel => {
+                self.channel_open = true;
+                events.emit("channel_open", json!({"label": label}));
             }
-            Event::ChannelData(d) => {
-                if Some(d.id) == self.channel && !d.binary {
-                    let text = String::from_utf8_lossy(&d.data).into_owned();
-                    self.vip_message(&text, events)?;
-                }
+            Event::ChannelData(d) if Some(d.id) == self.channel && !d.binary => {
+                let text = String::from_utf8_lossy(&d.data).into_owned();
+                self.vip_message(&text, events)?;
             }
-            Event::ChannelClose(id) if Some(id) == self.channel => {
-                if self.done_at.is_none() && matches!(control, Control::Vip) {
-                    bail!("the server closed the data channel");
-                }
+            Event::ChannelClose(id)
+                if Some(id) == self.channel
+                    && self.done_at.is_none()
+                    && matches!(control, Control::Vip) =>
+            {
+                bail!("the server closed the data channel");
             }
             _ => {}
         }
@@ -1095,8 +1093,10 @@ impl<'p> Peer<'p> {
         }
         let zero = *self.rtp_zero.get_or_insert(due);
         // The RTP clock follows the frames' slots, so a pause between turns shows as a gap.
-        let ticks = (due.saturating_duration_since(zero).as_micros() / FRAME.as_micros()) as u64
-            * FRAME_SAMPLES as u64;
+        let ticks =
+            u64::try_from(due.saturating_duration_since(zero).as_micros() / FRAME.as_micros())
+                .unwrap_or(u64::MAX / 2)
+                * FRAME_SAMPLES as u64;
         if let (Some(pt), Some(writer)) = (self.pt, self.rtc.writer(self.mid))
             && writer
                 .write(

@@ -99,14 +99,16 @@ pub struct WebrtcLoadSummary {
     pub server: Option<ServerUsage>,
 }
 
-/// The nearest-rank percentile `p` (0..=100) of sorted `values`.
+/// The nearest-rank percentile `p` (percent, 0..=100) of sorted `values`.
 #[must_use]
-pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+pub fn percentile(sorted: &[u64], p: usize) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+    // Rank k is the smallest with k / n >= p / 100.
+    let n = sorted.len();
+    let rank = (p.min(100) * n).div_ceil(100);
+    sorted.get(rank.clamp(1, n) - 1).copied()
 }
 
 impl WebrtcLoadSummary {
@@ -145,10 +147,10 @@ impl WebrtcLoadSummary {
         }
         latencies.sort_unstable();
         connects.sort_unstable();
-        s.first_audio_latency_ms_p50 = percentile(&latencies, 50.0);
-        s.first_audio_latency_ms_p99 = percentile(&latencies, 99.0);
+        s.first_audio_latency_ms_p50 = percentile(&latencies, 50);
+        s.first_audio_latency_ms_p99 = percentile(&latencies, 99);
         s.first_audio_latency_ms_max = latencies.last().copied();
-        s.connect_ms_p50 = percentile(&connects, 50.0);
+        s.connect_ms_p50 = percentile(&connects, 50);
         s
     }
 }
@@ -282,13 +284,13 @@ mod tests {
 
     #[test]
     fn percentiles_are_nearest_rank() {
-        assert_eq!(percentile(&[], 50.0), None);
-        assert_eq!(percentile(&[7], 99.0), Some(7));
+        assert_eq!(percentile(&[], 50), None);
+        assert_eq!(percentile(&[7], 99), Some(7));
         let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 50.0), Some(50));
-        assert_eq!(percentile(&v, 99.0), Some(99));
-        assert_eq!(percentile(&v, 100.0), Some(100));
-        assert_eq!(percentile(&[1, 2, 3], 0.0), Some(1));
+        assert_eq!(percentile(&v, 50), Some(50));
+        assert_eq!(percentile(&v, 99), Some(99));
+        assert_eq!(percentile(&v, 100), Some(100));
+        assert_eq!(percentile(&[1, 2, 3], 0), Some(1));
     }
 
     #[test]
