@@ -167,3 +167,50 @@ async fn a_refused_offer_is_an_error() {
     assert!(stats[0]["error"].is_string());
     server.stop().await;
 }
+
+/// The Gemini bridge's WebRTC signalling: `WEBRTC_OFFER` over `/gemini`, voice on the track.
+/// A server whose bridge does not serve WebRTC answers the offer with a `GEMINI_ERROR`; the
+/// test then only checks that the client reports it.
+#[tokio::test]
+async fn gemini_webrtc_spoken_turn() {
+    let server = Running::start(Config::default()).await;
+    let dir = scratch("webrtc-gemini");
+    let reply = dir.join("reply.wav");
+    let mut opts = WebrtcOptions::new(format!("ws://{}/gemini", server.addr));
+    opts.gemini = true;
+    opts.wav = Some(speech_wav(&dir, 1500));
+    opts.save_reply = Some(reply.clone());
+    opts.timeout = Duration::from_secs(30);
+    let mut events = Events::recording();
+    let result = run(&opts, &mut events).await;
+    let kinds: Vec<String> = received(&events);
+    let refused = events.named("recv").any(|e| {
+        e["message"]["payload"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("WebRTC is not supported"))
+    });
+    if refused {
+        let err = result.unwrap_err();
+        assert!(err.to_string().contains("refused the offer"), "{err:#}");
+        eprintln!("the bridge does not serve WebRTC here: only the refusal was checked");
+        server.stop().await;
+        return;
+    }
+    let out = result.unwrap();
+    for kind in ["SETUP_COMPLETE", "WEBRTC_ANSWER", "TURN_COMPLETE"] {
+        assert!(kinds.iter().any(|k| k == kind), "no {kind}: {kinds:?}");
+    }
+    let s = &out.stats;
+    assert!(s.connected && s.turns >= 1, "{s:?}");
+    assert!(s.packets_received > 10, "{s:?}");
+    assert_eq!(s.first_audio_latency_ms.len(), 1, "{s:?}");
+    let saved = voxgate_audio::wav::read_wav(&std::fs::read(&reply).unwrap()).unwrap();
+    let peak = saved
+        .to_mono_i16()
+        .iter()
+        .map(|x| x.unsigned_abs())
+        .max()
+        .unwrap_or(0);
+    assert!(peak > 1000, "the reply is not silence (peak {peak})");
+    server.stop().await;
+}
