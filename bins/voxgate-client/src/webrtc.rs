@@ -8,7 +8,7 @@
 //! encoded once into 20 ms Opus frames at 48 kHz, sent at real time, then silence so the
 //! server's VAD ends the turn; the reply track's Opus is counted (and decoded when it is
 //! saved). Per session the client measures what a listener would notice: the first-audio
-//! latency (end of the WAV's speech to the first reply RTP packet), packets lost (gaps in the
+//! latency (end of the last voiced frame sent to the first reply RTP packet), packets lost (gaps in the
 //! RTP sequence) and late (arrival spacing over 40 ms while a reply is flowing).
 
 pub mod load;
@@ -130,8 +130,8 @@ pub struct WebrtcStats {
     pub max_gap_ms: u64,
     /// Reply audio received, in seconds (from the Opus packets' durations).
     pub reply_audio_seconds: f64,
-    /// Per spoken turn: milliseconds from the end of the WAV's speech to the first reply
-    /// packet.
+    /// Per spoken turn: milliseconds from the end of the last voiced frame sent (the server's
+    /// VAD may end the turn at a pause inside the WAV) to the first reply packet.
     pub first_audio_latency_ms: Vec<u64>,
     /// Replies completed (`reply.done`, Gemini `TURN_COMPLETE`).
     pub turns: u64,
@@ -165,6 +165,10 @@ pub struct EncodedSpeech {
     pub packets: Vec<Vec<u8>>,
     /// How many of the packets hold the WAV (the rest are the silence tail).
     pub speech_frames: usize,
+    /// Per packet: whether it carries speech (RMS above a tenth of the loudest frame's). The
+    /// server's VAD may end a turn at any pause, so the end of speech is the end of the last
+    /// voiced frame sent before the reply.
+    pub voiced: Vec<bool>,
 }
 
 impl EncodedSpeech {
@@ -189,8 +193,10 @@ impl EncodedSpeech {
         let mut enc = OpusEncoder::new(config).context("Opus encoder")?;
         let mut frames = audio::frames(samples, FRAME_SAMPLES);
         let speech_frames = frames.len();
+        let mut voiced = crate::chaos::voiced_frames(samples, FRAME_SAMPLES);
         let tail = silence_tail.as_micros() / FRAME.as_micros();
         frames.extend((0..tail).map(|_| vec![0.0; FRAME_SAMPLES]));
+        voiced.resize(frames.len(), false);
         let packets = frames
             .iter()
             .map(|f| enc.encode_f32(f).map(<[u8]>::to_vec).context("Opus encode"))
@@ -198,6 +204,7 @@ impl EncodedSpeech {
         Ok(Self {
             packets,
             speech_frames,
+            voiced,
         })
     }
 }
@@ -589,8 +596,10 @@ struct Peer<'p> {
     waiting: bool,
     /// The spoken turn being streamed: its first frame's slot and the next frame.
     streaming: Option<(Instant, usize)>,
-    /// The end of the WAV's speech in the current spoken turn, until its first reply packet.
-    awaiting_first_audio: Option<Instant>,
+    /// A spoken turn waits for its first reply packet.
+    awaiting_first_audio: bool,
+    /// The end of the last voiced frame sent in the current spoken turn.
+    speech_end: Option<Instant>,
     /// The first frame's slot, the zero of our RTP clock.
     rtp_zero: Option<Instant>,
     done_at: Option<Instant>,
@@ -632,7 +641,8 @@ impl<'p> Peer<'p> {
             turn: 0,
             waiting: false,
             streaming: None,
-            awaiting_first_audio: None,
+            awaiting_first_audio: false,
+            speech_end: None,
             rtp_zero: None,
             done_at: None,
             session_id: None,
@@ -755,8 +765,8 @@ impl<'p> Peer<'p> {
                     "frame_ms": FRAME.as_millis()}),
                 );
                 self.streaming = Some((start, 0));
-                let speech_frames = self.plan.speech.as_ref().map_or(0, |s| s.speech_frames);
-                self.awaiting_first_audio = Some(slot(start, speech_frames));
+                self.awaiting_first_audio = true;
+                self.speech_end = None;
                 self.waiting = true;
             }
         }
@@ -915,12 +925,12 @@ impl<'p> Peer<'p> {
             }
         }
         self.clock.flowing = Some((at, rtp));
-        if let Some(eos) = self.awaiting_first_audio
-            && at >= eos
+        if self.awaiting_first_audio
+            && let Some(eos) = self.speech_end
         {
             let latency = ms(at.saturating_duration_since(eos));
             self.stats.first_audio_latency_ms.push(latency);
-            self.awaiting_first_audio = None;
+            self.awaiting_first_audio = false;
             events.emit(
                 "reply_audio_start",
                 json!({"first_audio_latency_ms": latency}),
@@ -1088,6 +1098,9 @@ impl<'p> Peer<'p> {
             return;
         };
         let due = slot(start, i);
+        if speech.voiced.get(i).copied().unwrap_or(false) {
+            self.speech_end = Some(slot(start, i + 1));
+        }
         if now.saturating_duration_since(due) > SEND_SLACK {
             self.stats.late_sends += 1;
         }
@@ -1206,6 +1219,8 @@ mod tests {
         let s = EncodedSpeech::from_samples(&tone, Duration::from_millis(100)).unwrap();
         assert_eq!(s.speech_frames, 25);
         assert_eq!(s.packets.len(), 30);
+        assert_eq!(s.voiced.len(), 30);
+        assert!(s.voiced[..25].iter().all(|v| *v) && !s.voiced[25..].iter().any(|v| *v));
         let mut dec = OpusDecoder::new(RATE, OpusBackend::default()).unwrap();
         let mut pcm = Vec::new();
         for p in &s.packets {

@@ -145,6 +145,7 @@ impl WebrtcLoadSummary {
             latencies.extend_from_slice(&st.first_audio_latency_ms);
             connects.extend(st.connect_ms);
         }
+        s.reply_audio_seconds = (s.reply_audio_seconds * 1000.0).round() / 1000.0;
         latencies.sort_unstable();
         connects.sort_unstable();
         s.first_audio_latency_ms_p50 = percentile(&latencies, 50);
