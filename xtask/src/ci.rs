@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::{codegen, deps, fuzz, golden, interop, util};
+use crate::{browser, codegen, deps, fuzz, golden, interop, util};
 
 /// Options for `cargo xtask ci`.
 #[derive(clap::Args)]
@@ -38,8 +38,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "warnings",
         ]))
     })?;
-    step("tests", || {
-        util::run(util::cargo().args(["test", "--workspace", "--all-features"]))
+    // The README's `cargo test --workspace` (which `.ci/run` runs first) covers the default
+    // features; only the crates with features of their own run again with them on (the
+    // bundled libopus), and the server's integration tests are not repeated.
+    step("tests with all features", || {
+        util::run(util::cargo().args(["test", "-p", "voxgate-audio", "--all-features"]))?;
+        util::run(util::cargo().args(["test", "-p", "voxgate-server", "--all-features", "--lib"]))
     })?;
     step("published clients against the server (interop)", || {
         interop::run(&interop::Args {
@@ -47,6 +51,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             server_bin: None,
             timeout: 180,
             webrtc_fake: false,
+        })
+    })?;
+    step("the playground in a real browser (Chromium)", || {
+        browser::run(&browser::Args {
+            selftest: false,
+            server_bin: None,
+            wav: None,
+            server_env: Vec::new(),
+            timeout: 180,
         })
     })?;
     step("benches compile and run once", || {

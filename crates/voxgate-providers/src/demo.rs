@@ -86,7 +86,7 @@ impl DemoAgent {
         }
         let Some(rest) = text.strip_prefix("call ") else {
             if let Some((name, args)) = keyword_call(&request.tools, text) {
-                return self.call(&name, args);
+                return self.call(&name, &args);
             }
             return text_reply(&format!("😊 You said: {text}"));
         };
@@ -106,7 +106,7 @@ impl DemoAgent {
         let args = args.trim();
         let args = if args.is_empty() { "{}" } else { args };
         match serde_json::from_str::<serde_json::Value>(args) {
-            Ok(v @ serde_json::Value::Object(_)) => self.call(name, v),
+            Ok(v @ serde_json::Value::Object(_)) => self.call(name, &v),
             _ => text_reply(&format!(
                 "🤔 The arguments of {name} must be a JSON object, for example: \
                  call {name} {{\"key\": 1}}"
@@ -117,7 +117,7 @@ impl DemoAgent {
 
 impl DemoAgent {
     /// A tool call to `name` with `arguments`, announced in words first.
-    fn call(&self, name: &str, arguments: serde_json::Value) -> Vec<LlmEvent> {
+    fn call(&self, name: &str, arguments: &serde_json::Value) -> Vec<LlmEvent> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let mut events = words(&format!("🛠️ Calling {name}."));
         events.push(LlmEvent::ToolCall(ToolCall {

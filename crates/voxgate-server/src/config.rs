@@ -105,16 +105,16 @@ use self::env::{EnvVars, Secret};
 pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
-pub use self::webrtc::WebRtcConfig;
 pub use self::providers::{
     AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
     TtsSpec,
 };
+pub use self::webrtc::WebRtcConfig;
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
 pub use crate::mcp_endpoint::McpEndpointConfig;
-pub use crate::vip::VipConfig;
 pub use crate::retell::{RetellAgentSettings, RetellConfig};
+pub use crate::vip::VipConfig;
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
 pub mod admin;

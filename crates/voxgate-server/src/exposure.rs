@@ -14,10 +14,10 @@ use std::net::SocketAddr;
 use crate::config::Config;
 
 /// One line per door reachable beyond loopback without access control, in a fixed order
-/// (realtime, Xiaozhi, Retell, Gemini, Bridge, MCP); empty when there is none.
+/// (realtime, Xiaozhi, Retell, Gemini, Bridge, MCP, VIP); empty when there is none.
 #[must_use]
 pub fn exposure_warnings(config: &Config) -> Vec<String> {
-    [realtime, xiaozhi, retell, gemini, bridge, mcp]
+    [realtime, xiaozhi, retell, gemini, bridge, mcp, vip]
         .iter()
         .filter_map(|door| door(config))
         .collect()
@@ -114,6 +114,18 @@ fn mcp(config: &Config) -> Option<String> {
     })
 }
 
+fn vip(config: &Config) -> Option<String> {
+    if !config.vip.enabled || !config.webrtc.enabled || !config.vip.tokens.is_empty() {
+        return None;
+    }
+    let addr = main_listener(config)?;
+    Some(format!(
+        "vip: /webrtc/offer on {addr} answers any browser with the configured LLM and speech \
+         (no tokens); set [vip] tokens (VOXGATE_VIP_TOKENS), or [vip] enabled = false if it is \
+         unused"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,10 +135,12 @@ mod tests {
             .iter()
             .map(|w| {
                 let door = w.split(':').next().unwrap_or_default();
-                ["realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp"]
-                    .into_iter()
-                    .find(|d| *d == door)
-                    .unwrap_or("?")
+                [
+                    "realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp", "vip",
+                ]
+                .into_iter()
+                .find(|d| *d == door)
+                .unwrap_or("?")
             })
             .collect()
     }
@@ -154,7 +168,9 @@ mod tests {
         let c = wide();
         assert_eq!(
             open(&c),
-            ["realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp"]
+            [
+                "realtime", "xiaozhi", "retell", "gemini", "bridge", "mcp", "vip"
+            ]
         );
         for w in exposure_warnings(&c) {
             assert!(w.contains("0.0.0.0:8080"), "{w}");
@@ -171,6 +187,7 @@ mod tests {
         c.gemini.tokens = vec!["g".into()];
         c.bridge.tokens = vec!["t".into()];
         c.mcp.tokens = vec!["m".into()];
+        c.vip.tokens = vec!["v".into()];
         assert!(
             exposure_warnings(&c).is_empty(),
             "{:?}",

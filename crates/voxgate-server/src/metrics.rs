@@ -236,7 +236,8 @@ impl Metrics {
 
     /// Counts a WebRTC datagram dropped because its connection's queue was full.
     pub fn webrtc_dropped_datagram(&self) {
-        self.webrtc_dropped_datagrams.fetch_add(1, Ordering::Relaxed);
+        self.webrtc_dropped_datagrams
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a new session; it stays active until the guard is dropped.

@@ -440,6 +440,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
             .iter()
             .map(|d| (d.label().to_owned(), app.metrics.active_sessions(*d).into()))
             .collect::<serde_json::Map<String, serde_json::Value>>(),
+        "webrtc_connections": app.webrtc.as_ref().map_or(0, |w| w.open()),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],

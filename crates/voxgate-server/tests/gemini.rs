@@ -778,8 +778,10 @@ async fn disconnect_keeps_the_socket_and_allows_reconnect() {
 }
 
 #[tokio::test]
-async fn webrtc_is_refused_with_a_clear_error() {
-    let server = Running::start(Config::default()).await;
+async fn webrtc_switched_off_is_refused_with_a_clear_error() {
+    let mut config = Config::default();
+    config.webrtc.enabled = false;
+    let server = Running::start(config).await;
     let mut ws = connect(format!("ws://{}/gemini", server.addr)).await;
     for m in [
         json!({"type": "WEBRTC_OFFER", "payload": {"sdp": "v=0\r\n"}}),
@@ -807,6 +809,79 @@ async fn webrtc_is_refused_with_a_clear_error() {
         )
         .await
     );
+    server.stop_within(WAIT).await;
+}
+
+/// A Chrome (libwebrtc) audio-only offer, as the Android app sends.
+const CHROME_OFFER: &str = include_str!("fixtures/chrome_audio_offer.sdp");
+
+#[tokio::test]
+async fn a_browser_offer_is_answered_with_audio_and_candidates() {
+    let server = Running::start(Config::default()).await;
+    let own = server.listener("gemini").unwrap();
+    let mut ws = session(format!("ws://{own}/"), live_config(&json!(["AUDIO"]))).await;
+    send(
+        &mut ws,
+        json!({"type": "WEBRTC_OFFER", "payload": {"sdp": CHROME_OFFER}}),
+    )
+    .await;
+    let answer = recv(&mut ws).await;
+    assert_eq!(kind(&answer), "WEBRTC_ANSWER", "{answer}");
+    let sdp = answer["payload"]["sdp"].as_str().unwrap();
+    assert!(sdp.contains("m=audio"), "{sdp}");
+    assert!(sdp.contains("a=candidate"), "{sdp}");
+    assert!(sdp.contains("a=mid:0"), "{sdp}");
+    // The same candidates trickled, in the Android app's nested form.
+    let candidate = recv(&mut ws).await;
+    assert_eq!(kind(&candidate), "WEBRTC_ICE_CANDIDATE", "{candidate}");
+    let inner = &candidate["payload"]["candidate"];
+    assert_eq!(inner["sdpMid"], "0");
+    assert_eq!(inner["sdpMLineIndex"], 0);
+    let line = inner["candidate"].as_str().unwrap();
+    assert!(line.starts_with("candidate:"), "{line}");
+    assert!(sdp.contains(&format!("a={line}")), "{sdp}");
+    // The app's own candidates are taken quietly, nested or flat; the session goes on.
+    send(
+        &mut ws,
+        json!({"type": "WEBRTC_ICE_CANDIDATE", "payload": {"candidate":
+        {"candidate": "candidate:1 1 udp 2130706431 127.0.0.1 9 typ host", "sdpMid": "0",
+         "sdpMLineIndex": 0}}}),
+    )
+    .await;
+    send(
+        &mut ws,
+        json!({"type": "WEBRTC_ICE_CANDIDATE", "payload":
+        {"candidate": "", "sdpMid": "0", "sdpMLineIndex": 0}}),
+    )
+    .await;
+    // Not SDP: refused with the reason, the socket and session stay.
+    let refused = recv_after(
+        &mut ws,
+        json!({"type": "WEBRTC_OFFER", "payload": {"sdp": "v=0\r\n"}}),
+    )
+    .await;
+    assert_eq!(kind(&refused), "GEMINI_ERROR");
+    assert!(
+        refused["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("WebRTC offer refused: "),
+        "{refused}"
+    );
+    send(
+        &mut ws,
+        json!({"type": "UPDATE_CONFIG", "payload": live_config(&json!("TEXT"))}),
+    )
+    .await;
+    let setup = recv(&mut ws).await;
+    assert_eq!(kind(&setup), "SETUP_COMPLETE", "{setup}");
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: hi");
     server.stop_within(WAIT).await;
 }
 

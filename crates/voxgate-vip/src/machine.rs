@@ -1,27 +1,6 @@
 //! VIP's state machine (§5.2), as the server runs it and reports it with `state` messages.
 //!
-//! Sans-IO and clock-free: the door feeds it what the engine and the VAD did
-//! ([`VipInput`]) and sends a `state` message for every [`StateChange`] it returns. It has no
-//! timers, so it has only [`VipMachine::handle_input`] (no `handle_timeout`/`poll_timeout`),
-//! and since one input makes at most one transition the change is returned directly instead of
-//! queued for `poll_output`.
-//!
-//! | from | input | to |
-//! |---|---|---|
-//! | idle | [`SpeechStarted`](VipInput::SpeechStarted) | listening |
-//! | listening | [`SpeechDiscarded`](VipInput::SpeechDiscarded) | idle |
-//! | listening | [`EndOfSpeech`](VipInput::EndOfSpeech) | processing |
-//! | any (not already processing that turn) | [`TextInput`](VipInput::TextInput) | processing |
-//! | processing | [`ReplyStarted`](VipInput::ReplyStarted) | speaking |
-//! | processing | [`ActionInvoked`](VipInput::ActionInvoked) | action |
-//! | action | [`ActionSettled`](VipInput::ActionSettled) (the last one out) | processing |
-//! | processing / action | [`TurnEnded`](VipInput::TurnEnded) | idle |
-//! | speaking | [`PlaybackFinished`](VipInput::PlaybackFinished) | idle |
-//! | speaking / processing / action | [`SpeechStarted`](VipInput::SpeechStarted) (barge-in) | listening |
-//!
-//! Every other pair, and an input naming another turn than the current one (a late event of a
-//! turn that was cut off), changes nothing and returns `None`: the events arrive from several
-//! sources and a stale one must not move the state.
+//! The transition table is on [`VipMachine`].
 
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +137,53 @@ impl StateChange {
 
 /// The server's VIP state machine for one session. Starts `idle` (the state
 /// `session.connected` implies).
+///
+/// Sans-IO and clock-free: the door feeds it what the engine and the VAD did
+/// ([`VipInput`]) and sends a `state` message for every [`StateChange`] it returns. It has no
+/// timers, so it has only [`VipMachine::handle_input`] (no `handle_timeout`/`poll_timeout`),
+/// and since one input makes at most one transition the change is returned directly instead of
+/// queued for `poll_output`.
+///
+/// | from | input | to |
+/// |---|---|---|
+/// | idle | [`SpeechStarted`](VipInput::SpeechStarted) | listening |
+/// | listening | [`SpeechDiscarded`](VipInput::SpeechDiscarded) | idle |
+/// | listening | [`EndOfSpeech`](VipInput::EndOfSpeech) | processing |
+/// | any, for a new turn | [`TextInput`](VipInput::TextInput) | processing |
+/// | processing | [`ReplyStarted`](VipInput::ReplyStarted) | speaking |
+/// | processing | [`ActionInvoked`](VipInput::ActionInvoked) | action |
+/// | action | [`ActionSettled`](VipInput::ActionSettled) (the last one out) | processing |
+/// | processing / action | [`TurnEnded`](VipInput::TurnEnded) | idle |
+/// | speaking | [`PlaybackFinished`](VipInput::PlaybackFinished) | idle |
+/// | speaking / processing / action | [`SpeechStarted`](VipInput::SpeechStarted) (barge-in) | listening |
+///
+/// Every other pair, and an input naming another turn than the current one (a late event of a
+/// turn that was cut off), changes nothing and returns `None`: the events arrive from several
+/// sources and a stale one must not move the state.
+///
+/// ```
+/// use voxgate_vip::{VipInput, VipMachine, VipState};
+///
+/// let mut machine = VipMachine::new();
+/// let mut sent = Vec::new();
+/// for input in [
+///     VipInput::SpeechStarted,
+///     VipInput::EndOfSpeech { turn: 1 },
+///     VipInput::ReplyStarted { turn: 1 },
+///     VipInput::SpeechStarted, // barge-in
+///     VipInput::PlaybackFinished { turn: 1 }, // late: turn 1 was cut off
+/// ] {
+///     if let Some(change) = machine.handle_input(input) {
+///         sent.push(change.message().encode());
+///     }
+/// }
+/// assert_eq!(machine.state(), VipState::Listening);
+/// assert_eq!(
+///     sent.last().map(String::as_str),
+///     Some(r#"{"type":"state","state":"listening","previous":"speaking","turn":null}"#)
+/// );
+/// assert_eq!(sent.len(), 4);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct VipMachine {
     state: VipState,
@@ -197,9 +223,7 @@ impl VipMachine {
             (s, VipInput::SpeechStarted) if s.is_system_turn() => (Listening, None),
             (Listening, VipInput::SpeechDiscarded) => (Idle, None),
             (Listening, VipInput::EndOfSpeech { turn }) => (Processing, Some(turn)),
-            (s, VipInput::TextInput { turn }) if !(s == Processing && current(turn)) => {
-                (Processing, Some(turn))
-            }
+            (_, VipInput::TextInput { turn }) if !current(turn) => (Processing, Some(turn)),
             (Processing, VipInput::ReplyStarted { turn }) if current(turn) => {
                 (Speaking, Some(turn))
             }
@@ -222,10 +246,10 @@ impl VipMachine {
             _ => return None,
         };
         let from = self.state;
-        // A new turn, a barge-in or the end of a turn leaves nothing outstanding; within a
-        // turn (action -> processing -> speaking) the count carries on.
-        if turn != self.turn || to == Idle || to == Listening {
-            self.pending_actions = u32::from(to == Action);
+        // Invocations are outstanding only in `action`: leaving it any other way than by the
+        // last settlement (a new turn, a barge-in, the turn's end) abandons them.
+        if to != Action {
+            self.pending_actions = 0;
         }
         self.state = to;
         self.turn = turn;
@@ -312,7 +336,9 @@ mod tests {
                 "{s}"
             );
         }
-        assert_eq!(step(Processing, TextInput { turn: 7 }), None);
+        for s in [Processing, Action, Speaking] {
+            assert_eq!(step(s, TextInput { turn: 7 }), None, "{s}");
+        }
     }
 
     #[test]
@@ -351,6 +377,17 @@ mod tests {
             m.handle_input(ReplyStarted { turn: 7 }),
             change(Processing, Speaking, Some(7))
         );
+    }
+
+    #[test]
+    fn a_typed_turn_abandons_outstanding_actions() {
+        let mut m = at(Action);
+        assert_eq!(
+            m.handle_input(TextInput { turn: 8 }),
+            change(Action, Processing, Some(8))
+        );
+        assert_eq!(m.pending_actions(), 0);
+        assert_eq!(m.handle_input(ActionSettled { turn: 7 }), None);
     }
 
     #[test]
@@ -470,5 +507,41 @@ mod tests {
             assert_eq!(VipState::parse(s.as_str()), Some(s));
         }
         assert_eq!(VipState::parse("connecting"), None);
+    }
+
+    fn input() -> impl proptest::strategy::Strategy<Value = VipInput> {
+        use proptest::prelude::*;
+        (0u8..9, 0u64..4).prop_map(|(k, turn)| match k {
+            0 => SpeechStarted,
+            1 => SpeechDiscarded,
+            2 => EndOfSpeech { turn },
+            3 => TextInput { turn },
+            4 => ReplyStarted { turn },
+            5 => ActionInvoked { turn },
+            6 => ActionSettled { turn },
+            7 => PlaybackFinished { turn },
+            _ => TurnEnded { turn },
+        })
+    }
+
+    proptest::proptest! {
+        /// Any sequence: changes describe the machine, a turn exactly in the system states,
+        /// outstanding actions exactly in `action`.
+        #[test]
+        fn invariants_hold(inputs in proptest::collection::vec(input(), 0..64)) {
+            let mut m = VipMachine::new();
+            for i in inputs {
+                let before = (m.state(), m.turn());
+                match m.handle_input(i) {
+                    Some(c) => {
+                        proptest::prop_assert_eq!((c.from, c.to, c.turn), (before.0, m.state(), m.turn()));
+                        proptest::prop_assert!(c.from != c.to || c.turn != before.1);
+                    }
+                    None => proptest::prop_assert_eq!((m.state(), m.turn()), before),
+                }
+                proptest::prop_assert_eq!(m.turn().is_some(), m.state().is_system_turn());
+                proptest::prop_assert_eq!(m.pending_actions() > 0, m.state() == Action);
+            }
+        }
     }
 }

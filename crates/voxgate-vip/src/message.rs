@@ -723,7 +723,6 @@ fn decode_server(f: &Fields<'_>, t: &str) -> Result<ServerMessage, Bad> {
         "session.connected" => {
             let audio = f.obj_req("audio")?;
             let limits = f.obj_req("limits")?;
-            let small = |f: &Fields<'_>, key: &str| -> Result<u64, Bad> { f.u64_req(key) };
             ServerMessage::SessionConnected(SessionConnected {
                 session_id: f.str_req("session_id", ANY)?.to_owned(),
                 protocol: f.str_req("protocol", ANY)?.to_owned(),
@@ -735,10 +734,10 @@ fn decode_server(f: &Fields<'_>, t: &str) -> Result<ServerMessage, Bad> {
                         .map_err(|_| Bad::new(audio.path("channels"), "out of range"))?,
                 },
                 limits: Limits {
-                    max_actions: small(&limits, "max_actions")?,
-                    max_narrated_state_bytes: small(&limits, "max_narrated_state_bytes")?,
-                    max_action_result_bytes: small(&limits, "max_action_result_bytes")?,
-                    max_message_bytes: small(&limits, "max_message_bytes")?,
+                    max_actions: limits.u64_req("max_actions")?,
+                    max_narrated_state_bytes: limits.u64_req("max_narrated_state_bytes")?,
+                    max_action_result_bytes: limits.u64_req("max_action_result_bytes")?,
+                    max_message_bytes: limits.u64_req("max_message_bytes")?,
                 },
             })
         }

@@ -42,9 +42,7 @@ pub const TTS_PROVIDERS: [&str; 6] = [
 ];
 
 /// The doors that accept provider overrides, as their config sections are named.
-pub const OVERRIDE_DOORS: [&str; 6] = [
-    "realtime", "xiaozhi", "gemini", "retell", "bridge", "vip",
-];
+pub const OVERRIDE_DOORS: [&str; 6] = ["realtime", "xiaozhi", "gemini", "retell", "bridge", "vip"];
 
 /// A language model section (`[llm]`, `[<door>.llm]`, `[llm.fallback]`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

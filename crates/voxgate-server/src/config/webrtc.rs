@@ -166,7 +166,6 @@ mod tests {
         assert_eq!(c.public_ip, Some("203.0.113.7".parse().unwrap()));
         assert_eq!(c.max_sessions, 20);
         let bad = WebRtcConfig::default()
-            .clone()
             .apply_env(&|k: &str| (k == "VOXGATE_WEBRTC_CANDIDATE_IPS").then(|| "nope".into()));
         assert!(bad.is_err());
     }

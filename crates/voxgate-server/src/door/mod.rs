@@ -952,7 +952,9 @@ impl<T: Translator> Loop<T> {
                         };
                         self.t.on_media(now, event, out);
                     }
-                    Err(e) => self.t.on_media(now, MediaEvent::Refused(e.to_string()), out),
+                    Err(e) => self
+                        .t
+                        .on_media(now, MediaEvent::Refused(e.to_string()), out),
                 }
             }
             MediaCommand::Candidate(c) => {

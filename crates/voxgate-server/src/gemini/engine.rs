@@ -6,8 +6,15 @@
 //! `inputTranscription`/`outputTranscription`, `interrupted` and `turnComplete` (each followed
 //! by its own `INTERRUPTED`/`TURN_COMPLETE`), and `TOOL_CALL`/`TOOL_CALL_CANCELLATION`.
 //!
-//! No I/O: the session takes the time as a value and writes frames and provider requests into
-//! the door driver's [`Out`]; provider events come back through [`EngineSession::provider_event`].
+//! While the app's WebRTC connection is up ([`EngineSession::set_media`]) the microphone comes
+//! from its track ([`EngineSession::media_audio`], the same path as `SEND_REALTIME_INPUT` audio)
+//! and the reply's audio goes out on it as [`MediaCommand::Play`] at the engine's own rate
+//! instead of `inlineData` (no `AUDIO_CHUNK` either); everything else stays on the WebSocket,
+//! and a barge-in clears the track's queued audio ([`MediaCommand::Clear`]).
+//!
+//! No I/O: the session takes the time as a value and writes frames, provider requests and media
+//! commands into the door driver's [`Out`]; provider events come back through
+//! [`EngineSession::provider_event`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +34,7 @@ use voxgate_gemini::{
 
 use super::emit;
 use crate::config::engine::{EngineSettings, Greeting};
-use crate::door::Out;
+use crate::door::{MediaCommand, Out};
 use crate::metrics::{Door, Metrics};
 
 /// Per-connection output options from the door's configuration.
@@ -133,6 +140,10 @@ pub(super) struct EngineSession {
     /// and answers in a new response, which closes the bridge turn.
     call_turns: Vec<TurnId>,
     cancelled: Vec<String>,
+    /// The app's WebRTC connection is up: reply audio goes out on its track.
+    media: bool,
+    /// Reply audio went to the track since the last [`MediaCommand::Clear`].
+    played: bool,
 }
 
 /// Spoken output unless the config asks for text only (the Live API's default is audio).
@@ -302,6 +313,8 @@ impl EngineSession {
             pending_calls: Vec::new(),
             call_turns: Vec::new(),
             cancelled: Vec::new(),
+            media: false,
+            played: false,
         })
     }
 
@@ -331,6 +344,21 @@ impl EngineSession {
             };
             self.input(now, greet, out);
         }
+    }
+
+    /// Whether the app's WebRTC connection is up: while it is, reply audio goes out on its
+    /// track as [`MediaCommand::Play`] rather than in `CONTENT_MESSAGE`s.
+    pub(super) fn set_media(&mut self, up: bool) {
+        self.media = up;
+        if !up {
+            self.played = false;
+        }
+    }
+
+    /// 20 ms of the app's microphone from its WebRTC track (mono at 16 kHz): heard exactly
+    /// like `SEND_REALTIME_INPUT` audio.
+    pub(super) fn media_audio(&mut self, now: Instant, samples: &[i16], out: &mut Out) {
+        self.pcm(now, samples, 1, INPUT_SAMPLE_RATE, false, out);
     }
 
     /// When [`timeout`](Self::timeout) is next due.
@@ -486,9 +514,28 @@ impl EngineSession {
         };
         let rate = info.sample_rate.unwrap_or(INPUT_SAMPLE_RATE);
         let channels = usize::from(info.channels.max(1));
+        let whole_file = info.wav.is_some();
+        let samples = std::mem::take(&mut self.samples);
+        let heard = self.pcm(now, &samples, channels, rate, whole_file, out);
+        self.samples = samples;
+        heard && whole_file
+    }
+
+    /// Feeds interleaved PCM (`channels` at `rate`) to the engine, mixed to mono and
+    /// resampled to 16 kHz; `last` flushes the resampler (a whole file). False when the rate
+    /// is unusable (answered with `GEMINI_ERROR`).
+    fn pcm(
+        &mut self,
+        now: Instant,
+        samples: &[i16],
+        channels: usize,
+        rate: u32,
+        last: bool,
+        out: &mut Out,
+    ) -> bool {
         self.floats.clear();
         self.floats
-            .extend(self.samples.chunks(channels).map(|frame| {
+            .extend(samples.chunks(channels.max(1)).map(|frame| {
                 let sum: f32 = frame.iter().map(|&s| i16_to_f32(s)).sum();
                 #[allow(clippy::cast_precision_loss, reason = "a handful of channels")]
                 let n = frame.len() as f32;
@@ -509,13 +556,13 @@ impl EngineSession {
                 );
                 return false;
             }
-            if info.wav.is_some() {
+            if last {
                 self.in_resampler.flush(&mut converted);
             }
             self.engine.handle_audio(now, &converted);
         }
         self.drain(out);
-        info.wav.is_some()
+        true
     }
 
     fn tool_response(&mut self, now: Instant, r: ToolResponse, out: &mut Out) {
@@ -580,6 +627,7 @@ impl EngineSession {
         if self.speaking && self.flags.assistant_speaking {
             emit(out, &ServerMessage::AssistantSpeaking { speaking: false });
         }
+        self.clear_media(out);
         emit(
             out,
             &content(ServerContent {
@@ -641,14 +689,22 @@ impl EngineSession {
                         }),
                     );
                 }
-                let audio = self.convert(&samples, sample_rate);
-                self.push_audio(&audio, out);
+                if self.media {
+                    // The media layer resamples; the engine's rate goes as it is.
+                    self.push_audio(&samples, sample_rate, out);
+                } else {
+                    let audio = self.convert(&samples, sample_rate);
+                    self.push_audio(&audio, OUTPUT_SAMPLE_RATE, out);
+                }
             }
             ClientEvent::ResponseEnd { .. } => {
                 let tail = self.flush_audio();
-                self.push_audio(&tail, out);
+                self.push_audio(&tail, OUTPUT_SAMPLE_RATE, out);
             }
-            ClientEvent::ClearPlayback => self.out_resampler.reset(),
+            ClientEvent::ClearPlayback => {
+                self.out_resampler.reset();
+                self.clear_media(out);
+            }
             ClientEvent::ResponseFinished { turn, interrupted } => {
                 self.metrics.turn(Door::Gemini);
                 let called = self.call_turns.iter().position(|t| *t == turn);
@@ -720,7 +776,9 @@ impl EngineSession {
         }
     }
 
-    fn push_audio(&mut self, samples: &[i16], out: &mut Out) {
+    /// Reply audio (mono at `rate`): on the WebRTC track while it is up, else as 24 kHz
+    /// `inlineData` (`rate` is then [`OUTPUT_SAMPLE_RATE`]) and, opted in, `AUDIO_CHUNK`.
+    fn push_audio(&mut self, samples: &[i16], rate: u32, out: &mut Out) {
         if samples.is_empty() {
             return;
         }
@@ -730,11 +788,29 @@ impl EngineSession {
                 emit(out, &ServerMessage::AssistantSpeaking { speaking: true });
             }
         }
+        if self.media {
+            // The app plays only its remote track: a copy over the WebSocket would be
+            // bandwidth it never uses.
+            self.played = true;
+            out.media(MediaCommand::Play {
+                samples: samples.to_vec(),
+                rate,
+            });
+            return;
+        }
         let blob = Blob::pcm(samples, OUTPUT_SAMPLE_RATE);
         let data = self.flags.audio_chunks.then(|| blob.data.clone());
         emit(out, &content(model_parts(vec![Part::inline(blob)])));
         if let Some(data) = data {
             emit(out, &ServerMessage::AudioChunk { data });
+        }
+    }
+
+    /// Drops the reply audio queued on the WebRTC track (barge-in), if any went there.
+    fn clear_media(&mut self, out: &mut Out) {
+        if self.media && self.played {
+            self.played = false;
+            out.media(MediaCommand::Clear);
         }
     }
 

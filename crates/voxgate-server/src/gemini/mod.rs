@@ -11,6 +11,11 @@
 //! (`gemini.connect_timeout_ms`, else the server's) gets a `GEMINI_ERROR` and a 1008 close; at
 //! shutdown the app is told `GEMINI_DISCONNECTED` before the 1001 close.
 //!
+//! Voice may also travel over WebRTC, as the original Android app sends it: `WEBRTC_OFFER` is
+//! answered through the server's WebRTC endpoint (`[webrtc]`), the app's microphone track
+//! feeds the session and the reply's audio is played on the server's track instead of sent
+//! in `CONTENT_MESSAGE`s (see [`translator`]).
+//!
 //! Access is decided before the upgrade ([`access`]): with `[gemini] tokens` set every
 //! connection presents one (`Authorization: Bearer`, `?token=`, or the URL's last path
 //! segment: `/gemini/<token>` here, `/<token>` on the own listener) or gets HTTP 401; without
@@ -152,7 +157,8 @@ async fn serve(socket: WebSocket, app: Arc<App>) {
         passthrough::connector(),
         cx.limits.init_timeout,
     )
-    .with_history_limit(app.config.limits.max_history_messages);
+    .with_history_limit(app.config.limits.max_history_messages)
+    .with_webrtc(cx.webrtc.is_some());
     crate::door::run(socket, door, cx).await;
 }
 

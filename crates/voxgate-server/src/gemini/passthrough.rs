@@ -8,6 +8,12 @@
 //! own task ([`relay`]); the session itself does none: it queues frames for that task and
 //! handles the task's [`UpEvent`]s, which the door driver delivers. The task belongs to the
 //! session: dropping the session aborts it and closes the upstream socket.
+//!
+//! With the app's WebRTC connection up ([`PassSession::set_media`]) its microphone goes up as
+//! `realtimeInput.audio` ([`PassSession::media_audio`]) and the upstream's reply audio is taken
+//! out of the relayed content and played on the track ([`MediaCommand::Play`]); the rest of
+//! the content (text, transcriptions, flags) is relayed as before, and `interrupted` clears
+//! the track's queued audio.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,14 +22,14 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
-use voxgate_gemini::live::LIVE_WS_PATH;
+use voxgate_gemini::live::{INPUT_SAMPLE_RATE, LIVE_WS_PATH, OUTPUT_SAMPLE_RATE};
 use voxgate_gemini::{
     Blob, BridgeForwarder, ClientMessage, LiveClientMessage, LiveConfig, LiveServerEvent,
-    LiveServerMessage, RealtimeInput, ServerMessage,
+    LiveServerMessage, RealtimeInput, ServerContent, ServerMessage,
 };
 
 use super::{GeminiConfig, emit, log_message};
-use crate::door::Out;
+use crate::door::{MediaCommand, Out};
 use crate::metrics::{Direction, Door, Metrics};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,6 +111,8 @@ pub(super) struct PassSession {
     announce: bool,
     setup_done: bool,
     assistant_speaking: bool,
+    /// The app's WebRTC connection is up: reply audio goes out on its track.
+    media: bool,
 }
 
 impl Drop for PassSession {
@@ -187,6 +195,7 @@ impl PassSession {
             announce,
             setup_done: false,
             assistant_speaking: door.assistant_speaking,
+            media: false,
         })
     }
 
@@ -211,7 +220,29 @@ impl PassSession {
             _ => msg.to_live(),
         };
         let Some(live) = live else { return true };
-        let audio_only = matches!(&live, LiveClientMessage::RealtimeInput(r)
+        self.send_up(&live)
+    }
+
+    /// Whether the app's WebRTC connection is up: while it is, the upstream's reply audio is
+    /// played on its track instead of relayed in `CONTENT_MESSAGE`s.
+    pub(super) fn set_media(&mut self, up: bool) {
+        self.media = up;
+    }
+
+    /// 20 ms of the app's microphone from its WebRTC track (mono at 16 kHz), sent up as
+    /// `realtimeInput.audio` like `SEND_REALTIME_INPUT` audio. False as for
+    /// [`forward`](Self::forward).
+    pub(super) fn media_audio(&mut self, samples: &[i16]) -> bool {
+        self.send_up(&LiveClientMessage::RealtimeInput(RealtimeInput {
+            audio: Some(Blob::pcm(samples, INPUT_SAMPLE_RATE)),
+            ..RealtimeInput::default()
+        }))
+    }
+
+    /// Queues a Live API message for the upstream; audio is dropped (and counted) when the
+    /// upstream does not keep up. False when it has stopped reading.
+    fn send_up(&mut self, live: &LiveClientMessage) -> bool {
+        let audio_only = matches!(live, LiveClientMessage::RealtimeInput(r)
             if r.audio.is_some() && r.text.is_none() && !r.activity_end && !r.audio_stream_end);
         let queued = UP_QUEUE.saturating_sub(self.to_up.capacity());
         if audio_only && queued >= AUDIO_QUEUE {
@@ -258,10 +289,18 @@ impl PassSession {
                 }
                 let mut relayed = Vec::new();
                 self.forwarder.forward(*m, &mut relayed);
-                for m in relayed.iter().filter(|m| {
-                    self.assistant_speaking || !matches!(m, ServerMessage::AssistantSpeaking { .. })
-                }) {
-                    emit(out, m);
+                for m in relayed {
+                    match m {
+                        ServerMessage::AssistantSpeaking { .. } if !self.assistant_speaking => {}
+                        // The app hears the reply on its track, not in copies of it.
+                        ServerMessage::AudioChunk { .. } if self.media => {}
+                        ServerMessage::ContentMessage(c) if self.media => {
+                            if let Some(c) = self.play(c, out) {
+                                emit(out, &ServerMessage::ContentMessage(c));
+                            }
+                        }
+                        m => emit(out, &m),
+                    }
                 }
                 true
             }
@@ -317,6 +356,41 @@ impl PassSession {
                 false
             }
         }
+    }
+}
+
+impl PassSession {
+    /// Takes the reply audio out of `content` and plays it on the WebRTC track (an
+    /// `interrupted` content first clears what the track still holds); the rest of the
+    /// content, if anything is left, is for the WebSocket.
+    fn play(&mut self, mut content: ServerContent, out: &mut Out) -> Option<ServerContent> {
+        if content.interrupted {
+            out.media(MediaCommand::Clear);
+        }
+        if let Some(turn) = &mut content.model_turn {
+            let mut samples = Vec::new();
+            turn.parts.retain(|part| {
+                let Some(blob) = part.inline_data.as_ref().filter(|b| b.is_audio()) else {
+                    return true;
+                };
+                samples.clear();
+                match blob.decode_pcm(&mut samples) {
+                    Ok(info) => out.media(MediaCommand::Play {
+                        samples: std::mem::take(&mut samples),
+                        rate: info.sample_rate.unwrap_or(OUTPUT_SAMPLE_RATE),
+                    }),
+                    Err(e) => {
+                        self.metrics.error(Door::Gemini);
+                        tracing::debug!(error = %e, "gemini pass-through: undecodable reply audio");
+                    }
+                }
+                false
+            });
+            if turn.parts.is_empty() {
+                content.model_turn = None;
+            }
+        }
+        (content != ServerContent::default()).then_some(content)
     }
 }
 

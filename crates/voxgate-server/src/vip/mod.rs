@@ -43,7 +43,9 @@ pub(crate) struct Sessions(Mutex<HashMap<String, tokio::sync::oneshot::Sender<()
 
 impl Sessions {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::sync::oneshot::Sender<()>>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -103,7 +105,7 @@ fn presented<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
 }
 
 /// The offer's SDP and whether the answer goes back as JSON.
-fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), Response> {
+fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), Box<Response>> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -113,8 +115,13 @@ fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), Respon
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    let text = std::str::from_utf8(body)
-        .map_err(|_| error(StatusCode::BAD_REQUEST, "bad_offer", "the body is not UTF-8"))?;
+    let text = std::str::from_utf8(body).map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "bad_offer",
+            "the body is not UTF-8",
+        )
+    })?;
     match content_type.as_str() {
         "application/json" => {
             #[derive(serde::Deserialize)]
@@ -124,27 +131,27 @@ fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), Respon
                 kind: Option<String>,
             }
             let o: Offer = serde_json::from_str(text).map_err(|e| {
-                error(
+                Box::new(error(
                     StatusCode::BAD_REQUEST,
                     "bad_offer",
                     format!("expected {{\"sdp\": ..., \"type\": \"offer\"}}: {e}"),
-                )
+                ))
             })?;
             if o.kind.as_deref().is_some_and(|k| k != "offer") {
-                return Err(error(
+                return Err(Box::new(error(
                     StatusCode::BAD_REQUEST,
                     "bad_offer",
                     "the description's type must be \"offer\"",
-                ));
+                )));
             }
             Ok((o.sdp, true))
         }
         "application/sdp" => Ok((text.to_owned(), false)),
-        other => Err(error(
+        other => Err(Box::new(error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             format!("send application/json or application/sdp, not {other:?}"),
-        )),
+        ))),
     }
 }
 
@@ -157,7 +164,11 @@ async fn offer(
 ) -> Response {
     let config = &app.config.vip;
     if !config.enabled {
-        return error(StatusCode::NOT_FOUND, "disabled", "the VIP door is disabled");
+        return error(
+            StatusCode::NOT_FOUND,
+            "disabled",
+            "the VIP door is disabled",
+        );
     }
     if !config.tokens.is_empty()
         && !presented(&headers, &uri).is_some_and(|t| crate::secret::matches_any(&config.tokens, t))
@@ -165,7 +176,11 @@ async fn offer(
         app.metrics.error(Door::Vip);
         return (
             [(header::WWW_AUTHENTICATE, "Bearer")],
-            error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or unknown token"),
+            error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or unknown token",
+            ),
         )
             .into_response();
     }
@@ -173,7 +188,7 @@ async fn offer(
         Ok(v) => v,
         Err(r) => {
             app.metrics.error(Door::Vip);
-            return r;
+            return *r;
         }
     };
     let permit = match app.admission.try_admit(Door::Vip, peer.ip()) {
@@ -208,12 +223,16 @@ async fn offer(
             return error(StatusCode::NOT_FOUND, "disabled", e.to_string());
         }
     };
-    let session_id = accepted.peer.id().to_owned();
+    // Not the ICE ufrag (in the SDP, and short): hanging up by id needs a real capability.
+    let session_id = crate::webrtc::random_token(22);
     let mut engine_config = voxgate_engine::EngineConfig {
         max_history_messages: app.config.limits.max_history_messages,
         ..voxgate_engine::EngineConfig::default()
     };
-    config.engine.over(&app.config.engine).apply(&mut engine_config);
+    config
+        .engine
+        .over(&app.config.engine)
+        .apply(&mut engine_config);
     let door = match translator::VipDoor::new(
         engine_config,
         session_id.clone(),
@@ -223,7 +242,11 @@ async fn offer(
         Ok(d) => d,
         Err(e) => {
             tracing::error!(error = %e, "vip: engine configuration");
-            return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "engine configuration");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "engine configuration",
+            );
         }
     };
     let mut cx = app.driver(Door::Vip);
@@ -234,7 +257,9 @@ async fn offer(
         app.config.webrtc.connect_timeout_secs,
     ));
     let (hangup_tx, hangup_rx) = tokio::sync::oneshot::channel();
-    app.vip_sessions.lock().insert(session_id.clone(), hangup_tx);
+    app.vip_sessions
+        .lock()
+        .insert(session_id.clone(), hangup_tx);
     tracing::info!(%peer, session = %session_id, "vip: offer answered");
     let registry = Arc::clone(&app);
     let id = session_id.clone();
@@ -250,8 +275,7 @@ async fn offer(
     if as_json {
         (
             [(header::CONTENT_TYPE, "application/json")],
-            json!({"sdp": accepted.answer, "type": "answer", "session_id": session_id})
-                .to_string(),
+            json!({"sdp": accepted.answer, "type": "answer", "session_id": session_id}).to_string(),
         )
             .into_response()
     } else {

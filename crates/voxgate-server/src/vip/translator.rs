@@ -96,7 +96,10 @@ impl VipDoor {
 
     fn input(&mut self, now: Instant, input: Input, out: &mut Out) {
         if let Err(e) = self.engine.handle_input(now, input) {
-            self.refuse(out, ErrorPayload::new(ErrorCode::InvalidMessage, e.to_string()));
+            self.refuse(
+                out,
+                ErrorPayload::new(ErrorCode::InvalidMessage, e.to_string()),
+            );
         }
         self.drain(now, out);
     }
@@ -396,7 +399,27 @@ impl Translator for VipDoor {
     fn on_client(&mut self, now: Instant, msg: VipIn, out: &mut Out) {
         match msg {
             VipIn::Message(m) => self.message(now, m, out),
-            VipIn::Bad(e) => self.refuse(out, e.payload()),
+            VipIn::Bad(e) => {
+                let payload = e.payload();
+                self.refuse(out, payload.clone());
+                // A result the client meant for an invocation but got wrong (too large, bad
+                // shape) still settles it, as a failure, rather than leaving the turn waiting
+                // for the action timeout.
+                if let Some(id) = e.invocation_id().and_then(|id| id.parse::<u64>().ok()) {
+                    let failure = voxgate_mcp::schema::ErrorPayload::new(
+                        voxgate_mcp::schema::ErrorCode::ExecutionFailed,
+                        format!("the client's result was refused: {}", payload.message),
+                    );
+                    self.input(
+                        now,
+                        Input::ActionResult {
+                            invocation: InvocationId(id),
+                            outcome: ActionOutcome::Failure(failure),
+                        },
+                        out,
+                    );
+                }
+            }
         }
     }
 

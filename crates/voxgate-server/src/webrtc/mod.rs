@@ -166,7 +166,10 @@ impl Endpoint {
             config: config.clone(),
             metrics,
         });
-        tokio::spawn(route(Arc::downgrade(&endpoint), Arc::clone(&endpoint.socket)));
+        tokio::spawn(route(
+            Arc::downgrade(&endpoint),
+            Arc::clone(&endpoint.socket),
+        ));
         Ok(endpoint)
     }
 
@@ -251,7 +254,7 @@ impl Endpoint {
                 options,
                 connect_timeout: Duration::from_secs(self.config.connect_timeout_secs),
                 max_playout: Duration::from_millis(self.config.max_playout_ms),
-                slot,
+                _slot: slot,
             },
         );
         Ok(Accepted {
@@ -369,20 +372,32 @@ async fn route(endpoint: std::sync::Weak<Endpoint>, socket: Arc<UdpSocket>) {
     }
 }
 
-/// Letters and digits from the OS's randomness (ICE credentials: ufrag 4+, password 22+
-/// characters of the ice-char set).
-fn random_token(len: usize) -> String {
+/// Letters and digits from the OS's randomness, uniformly (bytes past the largest multiple of
+/// the alphabet's size are drawn again): ICE credentials (ufrag 4+, password 22+ characters of
+/// the ice-char set) and session ids.
+pub(crate) fn random_token(len: usize) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let bytes = crate::secret::random_bytes(len).unwrap_or_else(|_| {
-        // getrandom failing means the OS has no randomness to give; str0m's own generator
-        // is the fallback rather than refusing every call.
-        IceCreds::new().pass.into_bytes()
-    });
-    bytes
-        .iter()
-        .take(len)
-        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
-        .collect()
+    // 248: the largest multiple of 62 that fits a byte.
+    const LIMIT: u8 = 248;
+    const _: () = assert!(LIMIT as usize == 256 / ALPHABET.len() * ALPHABET.len());
+    let mut out = String::with_capacity(len);
+    while out.len() < len {
+        let Ok(bytes) = crate::secret::random_bytes(len * 2) else {
+            // The OS has no randomness to give: str0m's own credentials are the fallback,
+            // rather than refusing every call.
+            let pass = IceCreds::new().pass;
+            out.extend(pass.chars().filter(char::is_ascii_alphanumeric));
+            continue;
+        };
+        out.extend(
+            bytes
+                .iter()
+                .filter(|b| **b < LIMIT)
+                .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char),
+        );
+    }
+    out.truncate(len);
+    out
 }
 
 #[cfg(test)]

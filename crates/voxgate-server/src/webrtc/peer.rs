@@ -91,8 +91,6 @@ pub(crate) struct PeerStats {
     pub(crate) max_late_us: AtomicU64,
     /// Client audio frames dropped because the door was behind.
     pub(crate) dropped_in: AtomicU64,
-    /// Reply audio dropped because the playout queue was full, in samples.
-    pub(crate) dropped_out_samples: AtomicU64,
 }
 
 /// Reply audio waiting to be sent at real time: filled by the door, emptied by the pacer.
@@ -122,7 +120,6 @@ pub(crate) struct PeerHandle {
     events: mpsc::Receiver<MediaEvent>,
     commands: mpsc::Sender<PeerCommand>,
     playout: Arc<Playout>,
-    stats: Arc<PeerStats>,
     id: String,
 }
 
@@ -133,11 +130,6 @@ impl std::fmt::Debug for PeerHandle {
 }
 
 impl PeerHandle {
-    /// The connection's id (its ICE ufrag: random, unique among open connections).
-    pub(crate) fn id(&self) -> &str {
-        &self.id
-    }
-
     /// The next event; `None` once the connection's task ended.
     pub(crate) async fn recv(&mut self) -> Option<MediaEvent> {
         self.events.recv().await
@@ -175,11 +167,6 @@ impl PeerHandle {
         queue.extend(&scratch[..take]);
         let dropped = scratch.len() - take;
         drop(p);
-        if dropped > 0 {
-            self.stats
-                .dropped_out_samples
-                .fetch_add(dropped as u64, Ordering::Relaxed);
-        }
         self.playout.ready.notify_one();
         dropped
     }
@@ -191,17 +178,6 @@ impl PeerHandle {
         p.samples.clear();
         p.converter.reset();
     }
-
-    /// Reply audio still queued, in milliseconds.
-    pub(crate) fn queued_ms(&self) -> u64 {
-        let n = self.playout.lock().samples.len() as u64;
-        n * 1000 / u64::from(ENCODE_RATE)
-    }
-
-    /// The connection's counters.
-    pub(crate) fn stats(&self) -> Arc<PeerStats> {
-        Arc::clone(&self.stats)
-    }
 }
 
 /// What a connection's task needs besides its `Rtc`.
@@ -212,7 +188,8 @@ pub(crate) struct PeerContext {
     pub(crate) options: PeerOptions,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_playout: Duration,
-    pub(crate) slot: Slot,
+    /// Held until the task ends: the endpoint counts this connection until then.
+    pub(crate) _slot: Slot,
 }
 
 /// Starts a connection's task.
@@ -254,7 +231,6 @@ pub(crate) fn start(rtc: Rtc, cx: PeerContext) -> PeerHandle {
         events,
         commands,
         playout,
-        stats,
         id,
     }
 }
@@ -282,7 +258,17 @@ struct Peer {
 impl Peer {
     async fn run(mut self, mut commands: mpsc::Receiver<PeerCommand>) {
         let reason = self.serve(&mut commands).await;
-        tracing::debug!(peer = %self.cx.ufrag, %reason, "webrtc: connection closed");
+        let s = &self.stats;
+        tracing::info!(
+            peer = %self.cx.ufrag,
+            %reason,
+            frames_in = s.frames_in.load(Ordering::Relaxed),
+            frames_out = s.frames_out.load(Ordering::Relaxed),
+            late_frames = s.late_frames.load(Ordering::Relaxed),
+            max_late_ms = s.max_late_us.load(Ordering::Relaxed) / 1000,
+            dropped_in = s.dropped_in.load(Ordering::Relaxed),
+            "webrtc: connection closed"
+        );
         self.rtc.disconnect();
         // Whatever str0m still wants to send (a DTLS close alert) goes out now.
         while let Ok(Output::Transmit(t)) = self.rtc.poll_output() {
@@ -292,7 +278,10 @@ impl Peer {
         let _ = self.events.try_send(MediaEvent::Closed(reason));
         let s = &self.stats;
         if s.late_frames.load(Ordering::Relaxed) > 0 {
-            self.cx.endpoint.metrics().webrtc_late_frames(s.late_frames.load(Ordering::Relaxed));
+            self.cx
+                .endpoint
+                .metrics()
+                .webrtc_late_frames(s.late_frames.load(Ordering::Relaxed));
         }
     }
 
@@ -317,7 +306,7 @@ impl Peer {
                 biased;
                 d = self.cx.datagrams.recv() => {
                     let Some(d) = d else { return "endpoint closed".into() };
-                    self.receive(d);
+                    self.receive(&d);
                 }
                 c = commands.recv() => match c {
                     None | Some(PeerCommand::Close) => return "closed by the server".into(),
@@ -375,21 +364,21 @@ impl Peer {
                 self.audio = Some((m.mid, params));
             }
             Event::MediaData(d) => self.audio_in(&d.data),
-            Event::ChannelOpen(id, label) => {
-                if self.cx.options.data_channel && self.channel.is_none() {
-                    tracing::debug!(peer = %self.cx.ufrag, %label, "webrtc: data channel open");
-                    self.channel = Some(id);
-                    let _ = self.events.try_send(MediaEvent::DataOpen);
-                    while let Some(text) = self.pending_data.pop_front() {
-                        self.send_data(text);
-                    }
+            Event::ChannelOpen(id, label)
+                if self.cx.options.data_channel && self.channel.is_none() =>
+            {
+                tracing::debug!(peer = %self.cx.ufrag, %label, "webrtc: data channel open");
+                self.channel = Some(id);
+                let _ = self.events.try_send(MediaEvent::DataOpen);
+                while let Some(text) = self.pending_data.pop_front() {
+                    self.send_data(text);
                 }
             }
-            Event::ChannelData(d) => {
-                if Some(d.id) == self.channel && !d.binary {
-                    match String::from_utf8(d.data) {
-                        Ok(text) => self.deliver(MediaEvent::Data(text)),
-                        Err(_) => tracing::debug!(peer = %self.cx.ufrag, "webrtc: data channel text is not UTF-8"),
+            Event::ChannelData(d) if Some(d.id) == self.channel && !d.binary => {
+                match String::from_utf8(d.data) {
+                    Ok(text) => self.deliver(MediaEvent::Data(text)),
+                    Err(_) => {
+                        tracing::debug!(peer = %self.cx.ufrag, "webrtc: data channel text is not UTF-8");
                     }
                 }
             }
@@ -417,7 +406,7 @@ impl Peer {
         }
     }
 
-    fn receive(&mut self, d: Datagram) {
+    fn receive(&mut self, d: &Datagram) {
         let Ok(contents) = d.data.as_slice().try_into() else {
             return;
         };
@@ -449,7 +438,9 @@ impl Peer {
             Ok(c) => self.rtc.add_remote_candidate(c),
             // mDNS (`.local`) candidates cannot be resolved here; the peer's checks reach us
             // anyway and ICE learns its address from them (a peer-reflexive candidate).
-            Err(e) => tracing::debug!(peer = %self.cx.ufrag, error = %e, "webrtc: remote candidate ignored"),
+            Err(e) => {
+                tracing::debug!(peer = %self.cx.ufrag, error = %e, "webrtc: remote candidate ignored");
+            }
         }
     }
 
@@ -518,11 +509,16 @@ impl Peer {
             if late > LATE {
                 self.stats.late_frames.fetch_add(1, Ordering::Relaxed);
             }
-            self.stats
-                .max_late_us
-                .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
+            self.stats.max_late_us.fetch_max(
+                u64::try_from(late.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
             self.send_frame(now, &frame);
-            self.next_due = Some(if late > RESYNC { now + FRAME } else { due + FRAME });
+            self.next_due = Some(if late > RESYNC {
+                now + FRAME
+            } else {
+                due + FRAME
+            });
         }
     }
 
@@ -553,7 +549,10 @@ impl Peer {
             let gap = now.saturating_duration_since(last);
             if gap > FRAME * 2 {
                 let frames = gap.as_micros() / FRAME.as_micros();
-                self.rtp_ticks += (frames as u64).saturating_sub(1) * FRAME_TICKS;
+                let frames = u64::try_from(frames).unwrap_or(u64::MAX);
+                self.rtp_ticks = self
+                    .rtp_ticks
+                    .saturating_add(frames.saturating_sub(1).saturating_mul(FRAME_TICKS));
             }
         }
         self.last_frame_at = Some(now);

@@ -38,6 +38,10 @@ impl Harness {
         h
     }
 
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "tests read better with json! inline"
+    )]
     fn client(&mut self, msg: Value) {
         let Inbound::Keep(m) = VipDoor::decode(ClientFrame::Text(msg.to_string().into()), 1 << 16)
         else {
@@ -172,7 +176,10 @@ fn an_action_is_invoked_after_its_state_and_its_result_continues_the_turn() {
     h.provider(ProviderEvent::Done { id });
     let m = h.messages();
     let k = kinds(&m);
-    let action = k.iter().position(|k| k == "state:action").expect("action state");
+    let action = k
+        .iter()
+        .position(|k| k == "state:action")
+        .expect("action state");
     let invoke = k.iter().position(|k| k == "action.invoke").expect("invoke");
     assert!(action < invoke, "{k:?}");
     assert_eq!(m[invoke]["action_id"], "set_theme");
@@ -186,6 +193,44 @@ fn an_action_is_invoked_after_its_state_and_its_result_continues_the_turn() {
     assert_eq!(m[1]["turn"], 1);
     // The follow-up reply is generated with the result.
     h.generate_id();
+}
+
+#[test]
+fn a_refused_result_settles_its_invocation_as_a_failure() {
+    let mut h = Harness::connected();
+    h.client(json!({"type": "actions.declare", "actions": {"open_settings": {}}}));
+    h.client(json!({"type": "input.text", "text": "settings"}));
+    let m = h.messages();
+    assert_eq!(
+        kinds(&m),
+        ["session.connected", "state:processing"],
+        "{m:?}"
+    );
+    let id = h.generate_id();
+    h.provider(ProviderEvent::ToolCall {
+        id,
+        call_id: "c1".into(),
+        name: "open_settings".into(),
+        arguments: json!({}),
+    });
+    h.provider(ProviderEvent::Done { id });
+    let m = h.messages();
+    let invoke = m.iter().find(|m| m["type"] == "action.invoke").unwrap();
+    let invocation = invoke["invocation_id"].as_str().unwrap().to_owned();
+    // `status: "error"` without its payload is refused...
+    h.client(json!({"type": "action.result", "invocation_id": invocation, "status": "error"}));
+    let m = h.messages();
+    assert_eq!(m[0]["type"], "error", "{m:?}");
+    assert_eq!(m[0]["code"], "invalid_message");
+    // ...and the turn goes on at once with the failure, not at the action timeout: the
+    // registry's fallback sentence is spoken.
+    assert!(kinds(&m).contains(&"state:processing".to_owned()), "{m:?}");
+    let spoken = h
+        .out
+        .take_requests()
+        .into_iter()
+        .any(|r| matches!(r, ProviderRequest::Synthesize { ref text, .. } if !text.is_empty()));
+    assert!(spoken);
 }
 
 #[test]
@@ -246,8 +291,11 @@ fn the_clients_input_detected_stops_a_reply_at_once() {
 #[test]
 fn a_closed_connection_ends_the_session_and_hangs_up() {
     let mut h = Harness::connected();
-    h.door
-        .on_media(h.now, MediaEvent::Closed("ICE disconnected".into()), &mut h.out);
+    h.door.on_media(
+        h.now,
+        MediaEvent::Closed("ICE disconnected".into()),
+        &mut h.out,
+    );
     assert!(h.out.closing().is_some());
     let mut out = Out::new();
     h.door.on_close(h.now, &mut out);
