@@ -489,7 +489,7 @@ struct Speech {
 }
 
 /// Which frames carry speech: RMS above a tenth of the loudest frame's.
-fn voiced_frames(samples: &[f32], frame_len: usize) -> Vec<bool> {
+pub(crate) fn voiced_frames(samples: &[f32], frame_len: usize) -> Vec<bool> {
     let rms: Vec<f32> = audio::frames(samples, frame_len)
         .iter()
         .map(|f| (f.iter().map(|s| s * s).sum::<f32>() / f.len().max(1) as f32).sqrt())

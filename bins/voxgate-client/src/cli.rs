@@ -12,6 +12,8 @@ use crate::gemini::GeminiOptions;
 use crate::load::LoadOptions;
 use crate::realtime::RealtimeOptions;
 use crate::retell::RetellOptions;
+use crate::webrtc::WebrtcOptions;
+use crate::webrtc::load::WebrtcLoadOptions;
 use crate::xiaozhi::XiaozhiOptions;
 
 /// Speak a voxgate door's protocol; every server event is printed as one JSON line.
@@ -34,6 +36,9 @@ pub enum Command {
     Retell(RetellArgs),
     /// The Gemini bridge JSON protocol (`ws://HOST:3001/` or `ws://HOST:8080/gemini`).
     Gemini(GeminiArgs),
+    /// WebRTC: the VIP browser door (`http://HOST:8080`, `POST /webrtc/offer`, data channel
+    /// `vip`) or, with --gemini, the Gemini bridge's WebRTC signalling (`ws://HOST:8080/gemini`).
+    Webrtc(WebrtcArgs),
     /// Generate load.
     #[command(subcommand)]
     Load(LoadCommand),
@@ -47,6 +52,9 @@ pub enum Command {
 pub enum LoadCommand {
     /// N concurrent Xiaozhi devices streaming Opus at real time; prints a JSON summary.
     Xiaozhi(LoadArgs),
+    /// N concurrent WebRTC (VIP door) sessions, each streaming the WAV and receiving the
+    /// reply; prints a JSON summary.
+    Webrtc(LoadWebrtcArgs),
 }
 
 /// Options every door shares.
@@ -176,6 +184,70 @@ pub struct GeminiArgs {
     /// The model named in the setup.
     #[arg(long, default_value = "models/gemini-2.0-flash-live-001")]
     pub model: String,
+}
+
+/// `voxgate-client webrtc`.
+#[derive(Debug, Args)]
+pub struct WebrtcArgs {
+    /// The server's base URL, e.g. http://127.0.0.1:8080 (with --gemini: the bridge's
+    /// WebSocket URL, e.g. ws://127.0.0.1:8080/gemini).
+    pub url: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: Common,
+    /// A WAV file streamed at real time over the audio track (20 ms Opus frames at 48 kHz,
+    /// then 1.5 s of silence) after the text turns.
+    #[arg(long, value_name = "FILE")]
+    pub wav: Option<PathBuf>,
+    /// Save the decoded reply audio (48 kHz mono WAV).
+    #[arg(long, value_name = "FILE")]
+    pub save_reply: Option<PathBuf>,
+    /// Signal over the Gemini bridge's WebSocket (WEBRTC_OFFER) instead of the VIP door.
+    #[arg(long)]
+    pub gemini: bool,
+    /// Declare a `set_theme` action (VIP) and answer its invocations with success.
+    #[arg(long)]
+    pub declare_theme: bool,
+    /// The local address the UDP socket binds and advertises.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: std::net::IpAddr,
+    /// The model named in the Gemini setup.
+    #[arg(long, default_value = "models/gemini-2.0-flash-live-001")]
+    pub model: String,
+    /// A token for the VIP door (`[vip] tokens`), sent as `Authorization: Bearer`.
+    #[arg(long, value_name = "T")]
+    pub token: Option<String>,
+}
+
+/// `voxgate-client load webrtc`.
+#[derive(Debug, Args)]
+pub struct LoadWebrtcArgs {
+    /// The server's base URL, e.g. http://127.0.0.1:8080.
+    pub url: String,
+    /// Concurrent sessions.
+    #[arg(long, default_value_t = 10)]
+    pub sessions: usize,
+    /// Spoken turns per session.
+    #[arg(long, default_value_t = 1)]
+    pub turns: usize,
+    /// Speech each turn streams.
+    #[arg(long, value_name = "FILE")]
+    pub wav: PathBuf,
+    /// Seconds over which the sessions start.
+    #[arg(long, default_value_t = 5.0)]
+    pub ramp: f64,
+    /// Seconds after which a session gives up.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    /// The local address the sessions' UDP sockets bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: std::net::IpAddr,
+    /// The server's process id, to report its CPU and memory (Linux `/proc`).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// A token for the VIP door (`[vip] tokens`), sent as `Authorization: Bearer`.
+    #[arg(long, value_name = "T")]
+    pub token: Option<String>,
 }
 
 /// `voxgate-client load xiaozhi`.
@@ -339,6 +411,39 @@ impl From<&GeminiArgs> for GeminiOptions {
     }
 }
 
+impl From<&WebrtcArgs> for WebrtcOptions {
+    fn from(a: &WebrtcArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            gemini: a.gemini,
+            texts: a.common.texts.clone(),
+            wav: a.wav.clone(),
+            save_reply: a.save_reply.clone(),
+            declare_theme: a.declare_theme,
+            bind: a.bind,
+            model: a.model.clone(),
+            token: a.token.clone(),
+            timeout: a.common.timeout(),
+        }
+    }
+}
+
+impl From<&LoadWebrtcArgs> for WebrtcLoadOptions {
+    fn from(a: &LoadWebrtcArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            sessions: a.sessions,
+            turns: a.turns,
+            wav: a.wav.clone(),
+            ramp: secs(a.ramp, 5),
+            timeout: secs(a.timeout, 60),
+            bind: a.bind,
+            server_pid: a.server_pid,
+            token: a.token.clone(),
+        }
+    }
+}
+
 impl From<&LoadArgs> for LoadOptions {
     fn from(a: &LoadArgs) -> Self {
         Self {
@@ -364,6 +469,12 @@ impl Cli {
             Command::Xiaozhi(a) => crate::xiaozhi::run(&a.into(), &mut events).await.map(drop),
             Command::Retell(a) => crate::retell::run(&a.into(), &mut events).await.map(drop),
             Command::Gemini(a) => crate::gemini::run(&a.into(), &mut events).await.map(drop),
+            Command::Webrtc(a) => crate::webrtc::run(&a.into(), &mut events).await.map(drop),
+            Command::Load(LoadCommand::Webrtc(a)) => {
+                let summary = crate::webrtc::load::run(&a.into()).await?;
+                println!("{}", serde_json::to_string(&summary)?);
+                Ok(())
+            }
             Command::Load(LoadCommand::Xiaozhi(a)) => {
                 let summary = crate::load::run(&a.into()).await?;
                 println!("{}", serde_json::to_string(&summary)?);
@@ -462,6 +573,65 @@ mod tests {
         };
         let o = LoadOptions::from(a);
         assert_eq!((o.sessions, o.seconds), (200, 30));
+    }
+
+    #[test]
+    fn webrtc_arguments_become_options() {
+        let cli = parse(&[
+            "webrtc",
+            "http://h:8080",
+            "--wav",
+            "s.wav",
+            "--save-reply",
+            "r.wav",
+            "--text",
+            "hi",
+            "--declare-theme",
+            "--timeout",
+            "5",
+        ])
+        .unwrap();
+        let Command::Webrtc(a) = &cli.command else {
+            panic!()
+        };
+        let o = WebrtcOptions::from(a);
+        assert!(!o.gemini && o.declare_theme);
+        assert_eq!(o.texts, ["hi"]);
+        assert_eq!(o.timeout, Duration::from_secs(5));
+        assert_eq!(o.bind, std::net::IpAddr::from([127, 0, 0, 1]));
+        let cli = parse(&[
+            "webrtc",
+            "ws://h:8080/gemini",
+            "--gemini",
+            "--bind",
+            "10.0.0.2",
+        ])
+        .unwrap();
+        let Command::Webrtc(a) = &cli.command else {
+            panic!()
+        };
+        let o = WebrtcOptions::from(a);
+        assert!(o.gemini);
+        assert_eq!(o.bind, std::net::IpAddr::from([10, 0, 0, 2]));
+        assert!(parse(&["webrtc", "http://h", "--bind", "nope"]).is_err());
+        assert!(parse(&["load", "webrtc", "http://h"]).is_err());
+        let cli = parse(&[
+            "load",
+            "webrtc",
+            "http://h:8080",
+            "--sessions",
+            "200",
+            "--wav",
+            "s.wav",
+            "--server-pid",
+            "7",
+        ])
+        .unwrap();
+        let Command::Load(LoadCommand::Webrtc(a)) = &cli.command else {
+            panic!()
+        };
+        let o = WebrtcLoadOptions::from(a);
+        assert_eq!((o.sessions, o.turns, o.server_pid), (200, 1, Some(7)));
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! | [`xiaozhi`] | `/xiaozhi/v1/` | ESP32 device: hello, Opus audio, MCP (voxgate-xiaozhi) |
 //! | [`retell`] | `/llm-websocket/{call_id}` | Retell's side of the custom-LLM socket (voxgate-retell) |
 //! | [`gemini`] | `/gemini`, port 3001 | the Gemini bridge JSON protocol (voxgate-gemini) |
+//! | [`webrtc`] | `POST /webrtc/offer` (VIP), `/gemini` `WEBRTC_OFFER` | a str0m WebRTC peer: Opus on the audio track, VIP events on the `vip` data channel |
 //! | [`load`] | `/xiaozhi/v1/` | N concurrent streaming devices, counting frames |
+//! | [`webrtc::load`] | `POST /webrtc/offer` | N concurrent WebRTC sessions: latency, lost and late packets, server CPU and memory |
 //! | [`chaos`] | `/xiaozhi/v1/`, `/realtime` | floods, slowloris and misbehaving peers against admission control and timeouts |
 //!
 //! [`cli`] holds the command-line grammar and turns arguments into options.
@@ -23,5 +25,6 @@ pub mod gemini;
 pub mod load;
 pub mod realtime;
 pub mod retell;
+pub mod webrtc;
 pub mod ws;
 pub mod xiaozhi;

@@ -5,7 +5,9 @@
 //! voxgate-client xiaozhi [URL] [--ota URL] [--text T]... [--wav FILE] [--save-reply FILE]
 //! voxgate-client retell URL [--text T]...
 //! voxgate-client gemini URL [--text T]... [--wav FILE] [--save-reply FILE]
+//! voxgate-client webrtc URL [--wav FILE] [--save-reply FILE] [--text T]... [--gemini]
 //! voxgate-client load xiaozhi URL --sessions N --seconds S --wav FILE
+//! voxgate-client load webrtc URL --sessions N --wav FILE [--server-pid PID]
 //! voxgate-client chaos 127.0.0.1:PORT --wav FILE [--sessions N] [--attempts M] ...
 //! ```
 //!

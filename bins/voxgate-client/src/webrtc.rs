@@ -1,0 +1,1279 @@
+//! WebRTC: the client side of the VIP browser door (`POST /webrtc/offer`, data channel `vip`,
+//! `docs/doors/vip.md`) and of the Gemini bridge's WebRTC signalling (`WEBRTC_OFFER` /
+//! `WEBRTC_ANSWER` / `WEBRTC_ICE_CANDIDATE` over the `/gemini` WebSocket), on str0m as the
+//! offerer.
+//!
+//! One UDP socket per session, bound to a loopback (or given) address, its host candidate in
+//! the offer, so the server needs no trickled candidates from us. A spoken turn is a WAV
+//! encoded once into 20 ms Opus frames at 48 kHz, sent at real time, then silence so the
+//! server's VAD ends the turn; the reply track's Opus is counted (and decoded when it is
+//! saved). Per session the client measures what a listener would notice: the first-audio
+//! latency (end of the last voiced frame sent to the first reply RTP packet), packets lost (gaps in the
+//! RTP sequence) and late (arrival spacing over 40 ms while a reply is flowing).
+
+pub mod load;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use str0m::change::{SdpAnswer, SdpOffer, SdpPendingOffer};
+use str0m::channel::ChannelId;
+use str0m::format::Codec;
+use str0m::media::{Direction, Frequency, MediaData, MediaKind, MediaTime, Mid, Pt};
+use str0m::net::{Protocol, Receive};
+use str0m::{Candidate, Event, IceConnectionState, Input, Output, Rtc, RtcConfig};
+use tokio::net::UdpSocket;
+use tokio_tungstenite::tungstenite::Message;
+use voxgate_audio::opus::{
+    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
+};
+use voxgate_gemini::{ClientMessage, Part, ServerMessage};
+
+use crate::audio;
+use crate::events::{Events, redact_audio};
+use crate::gemini::GeminiOptions;
+use crate::ws::{self, Ws};
+
+/// The rate audio is encoded and decoded at (Opus' RTP clock is always 48 kHz, RFC 7587).
+pub const RATE: u32 = 48_000;
+/// One RTP frame.
+pub const FRAME: Duration = Duration::from_millis(20);
+/// Samples (and RTP ticks) of one frame at 48 kHz.
+pub const FRAME_SAMPLES: usize = 960;
+/// Silence sent after the WAV so the server's VAD ends the turn.
+pub const SILENCE_TAIL: Duration = Duration::from_millis(1500);
+/// Reply packets arriving this long after the previous one, mid-reply, count as late.
+pub const LATE_GAP: Duration = Duration::from_millis(40);
+/// How long the client stays after the last reply before it hangs up.
+const END_TAIL: Duration = Duration::from_millis(300);
+/// Frames sent this long after their slot count as late sends (the client fell behind).
+const SEND_SLACK: Duration = Duration::from_millis(30);
+/// Largest UDP datagram read.
+const MAX_DATAGRAM: usize = 2048;
+/// Largest HTTP answer body read.
+const MAX_ANSWER_BYTES: usize = 256 * 1024;
+/// The data channel the VIP door talks on.
+pub const VIP_CHANNEL: &str = "vip";
+
+/// What to do in one WebRTC session.
+#[derive(Debug, Clone)]
+pub struct WebrtcOptions {
+    /// VIP: the server's base URL (`http://host:8080`; `/webrtc/offer` is appended unless
+    /// present). Gemini: the bridge's WebSocket URL (`ws://host:8080/gemini`).
+    pub url: String,
+    /// Signal over the Gemini bridge instead of the VIP door.
+    pub gemini: bool,
+    /// Text turns, each after the previous reply, before the WAV turn.
+    pub texts: Vec<String>,
+    /// A WAV streamed at real time over the audio track as one spoken turn.
+    pub wav: Option<PathBuf>,
+    /// Where to save the decoded reply audio (48 kHz mono WAV).
+    pub save_reply: Option<PathBuf>,
+    /// VIP: declare a `set_theme` action and answer its invocations with success.
+    pub declare_theme: bool,
+    /// The local address the UDP socket binds (and advertises as the host candidate).
+    pub bind: IpAddr,
+    /// The model named in the Gemini setup.
+    pub model: String,
+    /// VIP: a token sent as `Authorization: Bearer` with the offer (`[vip] tokens`).
+    pub token: Option<String>,
+    /// Give up after this long.
+    pub timeout: Duration,
+}
+
+impl WebrtcOptions {
+    /// Defaults for `url`: VIP, loopback, 30 s timeout, nothing to say.
+    #[must_use]
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            gemini: false,
+            texts: Vec::new(),
+            wav: None,
+            save_reply: None,
+            declare_theme: false,
+            bind: IpAddr::from([127, 0, 0, 1]),
+            model: "models/gemini-2.0-flash-live-001".into(),
+            token: None,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Per-session counters (the `stats` event, and one row of a load run).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WebrtcStats {
+    /// ICE and DTLS completed.
+    pub connected: bool,
+    /// Milliseconds from the answer to ICE and DTLS completing.
+    pub connect_ms: Option<u64>,
+    /// Opus frames sent.
+    pub frames_sent: u64,
+    /// Frames sent more than 30 ms after their slot (the client fell behind).
+    pub late_sends: u64,
+    /// Reply RTP packets received.
+    pub packets_received: u64,
+    /// Reply packets missing from the RTP sequence.
+    pub lost_packets: u64,
+    /// Reply packets that arrived more than 40 ms after the previous one while a reply was
+    /// flowing (a listener's jitter buffer would run dry).
+    pub late_packets: u64,
+    /// Of the late packets, those whose RTP time also jumped (the sender marked a pause).
+    pub late_with_rtp_gap: u64,
+    /// The longest arrival spacing within a reply, in milliseconds.
+    pub max_gap_ms: u64,
+    /// Reply audio received, in seconds (from the Opus packets' durations).
+    pub reply_audio_seconds: f64,
+    /// Per spoken turn: milliseconds from the end of the last voiced frame sent (the server's
+    /// VAD may end the turn at a pause inside the WAV) to the first reply packet.
+    pub first_audio_latency_ms: Vec<u64>,
+    /// Replies completed (`reply.done`, Gemini `TURN_COMPLETE`).
+    pub turns: u64,
+    /// What went wrong, if anything.
+    pub error: Option<String>,
+}
+
+/// What a session produced.
+#[derive(Debug, Clone, Default)]
+pub struct WebrtcOutcome {
+    /// The VIP session id (from the answer).
+    pub session_id: Option<String>,
+    /// The counters.
+    pub stats: WebrtcStats,
+    /// Decoded reply audio, 48 kHz mono (only when it is saved or asked for).
+    pub audio: Vec<i16>,
+    /// `transcript.user` texts.
+    pub user_transcripts: Vec<String>,
+    /// `reply.text` texts (Gemini: model text per turn).
+    pub reply_texts: Vec<String>,
+    /// `error` messages from the server (the session went on).
+    pub errors: Vec<String>,
+    /// `action.invoke`s answered.
+    pub invocations: u64,
+}
+
+/// A WAV encoded once for the track: 20 ms Opus frames at 48 kHz, speech then silence.
+#[derive(Debug, Clone)]
+pub struct EncodedSpeech {
+    /// The Opus packets.
+    pub packets: Vec<Vec<u8>>,
+    /// How many of the packets hold the WAV (the rest are the silence tail).
+    pub speech_frames: usize,
+    /// Per packet: whether it carries speech (RMS above a tenth of the loudest frame's). The
+    /// server's VAD may end a turn at any pause, so the end of speech is the end of the last
+    /// voiced frame sent before the reply.
+    pub voiced: Vec<bool>,
+}
+
+impl EncodedSpeech {
+    /// Reads, resamples and encodes `path`, adding `silence_tail` of silent frames.
+    ///
+    /// # Errors
+    /// An unreadable WAV or an encoder failure.
+    pub fn from_wav(path: &Path, silence_tail: Duration) -> anyhow::Result<Self> {
+        Self::from_samples(&audio::load_wav(path, RATE)?, silence_tail)
+    }
+
+    /// Encodes mono 48 kHz samples, adding `silence_tail` of silent frames.
+    ///
+    /// # Errors
+    /// An encoder failure.
+    pub fn from_samples(samples: &[f32], silence_tail: Duration) -> anyhow::Result<Self> {
+        let config = OpusEncoderConfig {
+            frame_duration: FrameDuration::Ms20,
+            bitrate: 32_000,
+            ..OpusEncoderConfig::voice(RATE)
+        };
+        let mut enc = OpusEncoder::new(config).context("Opus encoder")?;
+        let mut frames = audio::frames(samples, FRAME_SAMPLES);
+        let speech_frames = frames.len();
+        let mut voiced = crate::chaos::voiced_frames(samples, FRAME_SAMPLES);
+        let tail = silence_tail.as_micros() / FRAME.as_micros();
+        frames.extend((0..tail).map(|_| vec![0.0; FRAME_SAMPLES]));
+        voiced.resize(frames.len(), false);
+        let packets = frames
+            .iter()
+            .map(|f| enc.encode_f32(f).map(<[u8]>::to_vec).context("Opus encode"))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            packets,
+            speech_frames,
+            voiced,
+        })
+    }
+}
+
+/// Samples at 48 kHz in one Opus packet, from its TOC byte (RFC 6716 §3.1); 0 for an empty or
+/// malformed packet.
+#[must_use]
+pub fn opus_packet_samples(packet: &[u8]) -> usize {
+    let Some(&toc) = packet.first() else {
+        return 0;
+    };
+    let config = usize::from(toc >> 3);
+    let frame = match config {
+        // SILK: 10, 20, 40, 60 ms.
+        0..=11 => [480, 960, 1920, 2880][config % 4],
+        // Hybrid: 10, 20 ms.
+        12..=15 => [480, 960][config % 2],
+        // CELT: 2.5, 5, 10, 20 ms.
+        _ => [120, 240, 480, 960][config % 4],
+    };
+    let frames = match toc & 3 {
+        0 => 1,
+        1 | 2 => 2,
+        _ => packet.get(1).map_or(0, |b| usize::from(b & 0x3f)),
+    };
+    frame * frames
+}
+
+/// The VIP door's offer URL for a base URL (`http://h:8080` → `http://h:8080/webrtc/offer`).
+///
+/// # Errors
+/// A URL that is not `http(s)://`.
+pub fn offer_url(url: &str) -> anyhow::Result<String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        bail!(
+            "the VIP door is reached over HTTP: give http://HOST:PORT (got {}); for the Gemini bridge add --gemini",
+            ws::redact(url)
+        );
+    }
+    if url.trim_end_matches('/').ends_with("/webrtc/offer") {
+        return Ok(url.trim_end_matches('/').to_owned());
+    }
+    Ok(format!("{}/webrtc/offer", url.trim_end_matches('/')))
+}
+
+/// The answer of `POST /webrtc/offer`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HttpAnswer {
+    /// The SDP answer.
+    pub sdp: String,
+    /// `"answer"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The session id (for `DELETE /webrtc/sessions/<id>`).
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// A str0m offerer with one audio track (and the `vip` data channel when `data_channel`),
+/// its host candidate at `local`.
+struct Offerer {
+    rtc: Rtc,
+    mid: Mid,
+    channel: Option<ChannelId>,
+    offer: SdpOffer,
+    pending: SdpPendingOffer,
+}
+
+fn make_offer(local: SocketAddr, data_channel: bool, now: Instant) -> anyhow::Result<Offerer> {
+    // str0m takes its crypto (DTLS, SRTP) from a process-wide default; installing it twice is
+    // harmless.
+    str0m::crypto::from_feature_flags().install_process_default();
+    let mut rtc = RtcConfig::new()
+        .clear_codecs()
+        .enable_opus(true, false)
+        .build(now);
+    let candidate = Candidate::host(local, "udp").context("host candidate")?;
+    rtc.add_local_candidate(candidate);
+    let mut api = rtc.sdp_api();
+    let mid = api.add_media(MediaKind::Audio, Direction::SendRecv, None, None, None);
+    let channel = data_channel.then(|| api.add_channel(VIP_CHANNEL.into()));
+    let (offer, pending) = api.apply().context("str0m made no offer")?;
+    Ok(Offerer {
+        rtc,
+        mid,
+        channel,
+        offer,
+        pending,
+    })
+}
+
+/// The SDP offer a session would send from `local` (for tests and `--dry-run` style checks).
+///
+/// # Errors
+/// As the offer's construction.
+pub fn offer_sdp(local: SocketAddr, data_channel: bool) -> anyhow::Result<String> {
+    Ok(make_offer(local, data_channel, Instant::now())?
+        .offer
+        .to_sdp_string())
+}
+
+/// Posts `offer` to the VIP door and returns its answer.
+async fn post_offer(
+    url: &str,
+    offer: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<HttpAnswer> {
+    let target = offer_url(url)?;
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .context("HTTP client")?;
+    let body = json!({"sdp": offer, "type": "offer"}).to_string();
+    let mut request = client
+        .post(&target)
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(token) = token.filter(|t| !t.is_empty()) {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("posting the offer to {}", ws::redact(&target)))?;
+    let status = response.status();
+    let bytes = response.bytes().await.context("reading the answer")?;
+    if bytes.len() > MAX_ANSWER_BYTES {
+        bail!("the answer is over {MAX_ANSWER_BYTES} bytes");
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    if !status.is_success() {
+        bail!("the offer was refused: {status}: {text}");
+    }
+    serde_json::from_str(&text).with_context(|| format!("the answer is not JSON: {text}"))
+}
+
+/// One turn of the plan.
+#[derive(Debug, Clone)]
+enum Turn {
+    Text(String),
+    Speech,
+}
+
+/// What a session does, shared by the command and the load generator.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    turns: Vec<Turn>,
+    speech: Option<Arc<EncodedSpeech>>,
+    keep_audio: bool,
+    declare_theme: bool,
+    timeout: Duration,
+    bind: IpAddr,
+    token: Option<String>,
+}
+
+impl Plan {
+    /// `speech_turns` spoken turns of `speech`, nothing else (the load generator's plan).
+    pub(crate) fn speech(
+        speech: Arc<EncodedSpeech>,
+        speech_turns: usize,
+        timeout: Duration,
+        bind: IpAddr,
+        token: Option<String>,
+    ) -> Self {
+        Self {
+            turns: vec![Turn::Speech; speech_turns],
+            speech: Some(speech),
+            keep_audio: false,
+            declare_theme: false,
+            timeout,
+            bind,
+            token,
+        }
+    }
+}
+
+/// The signalling channel: the VIP door talks on the data channel after one HTTP exchange;
+/// the Gemini bridge keeps its WebSocket.
+enum Control {
+    Vip,
+    Gemini(Box<Ws>),
+}
+
+/// Runs one session, emitting every event to `events`; saves the reply audio when asked.
+///
+/// # Errors
+/// Connection or signalling failures, an `error.fatal`, or the timeout.
+pub async fn run(opts: &WebrtcOptions, events: &mut Events) -> anyhow::Result<WebrtcOutcome> {
+    let mut turns: Vec<Turn> = opts.texts.iter().cloned().map(Turn::Text).collect();
+    let speech = match &opts.wav {
+        Some(path) => {
+            turns.push(Turn::Speech);
+            Some(Arc::new(EncodedSpeech::from_wav(path, SILENCE_TAIL)?))
+        }
+        None => None,
+    };
+    let plan = Plan {
+        turns,
+        speech,
+        keep_audio: opts.save_reply.is_some(),
+        declare_theme: opts.declare_theme,
+        timeout: opts.timeout,
+        bind: opts.bind,
+        token: opts.token.clone(),
+    };
+    let mut out = WebrtcOutcome::default();
+    let result = if opts.gemini {
+        let mut g = GeminiOptions::new(opts.url.clone());
+        g.model.clone_from(&opts.model);
+        g.audio = true;
+        session(&opts.url, Some(&g), &plan, events, &mut out).await
+    } else {
+        session(&opts.url, None, &plan, events, &mut out).await
+    };
+    if let Err(e) = &result {
+        out.stats.error = Some(format!("{e:#}"));
+    }
+    events.emit("stats", serde_json::to_value(&out.stats)?);
+    result?;
+    if let Some(path) = &opts.save_reply {
+        audio::save_reply(path, RATE, &out.audio, events)?;
+    }
+    Ok(out)
+}
+
+/// Runs `plan` against `url` (VIP when `gemini` is `None`), filling `out`.
+pub(crate) async fn session(
+    url: &str,
+    gemini: Option<&GeminiOptions>,
+    plan: &Plan,
+    events: &mut Events,
+    out: &mut WebrtcOutcome,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + plan.timeout;
+    if plan.bind.is_unspecified() {
+        bail!("bind to a specific address (it is advertised as the ICE host candidate)");
+    }
+    let socket = UdpSocket::bind(SocketAddr::new(plan.bind, 0))
+        .await
+        .context("binding the UDP socket")?;
+    let local = socket.local_addr().context("the UDP socket's address")?;
+    let offerer = make_offer(local, gemini.is_none(), Instant::now())?;
+    let offer = offerer.offer.to_sdp_string();
+    let mut peer = Peer::new(
+        offerer.rtc,
+        offerer.mid,
+        offerer.channel,
+        socket,
+        local,
+        plan,
+    );
+    let mut pending = Some(offerer.pending);
+    let control = match gemini {
+        None => {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            events.emit(
+                "sent",
+                json!({"message": {"type": "offer", "bytes": offer.len()}}),
+            );
+            let answer = tokio::time::timeout(
+                remaining,
+                post_offer(url, &offer, plan.token.as_deref(), remaining),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within {:?}", plan.timeout))??;
+            events.emit(
+                "answer",
+                json!({"session_id": answer.session_id, "type": answer.kind}),
+            );
+            out.session_id.clone_from(&answer.session_id);
+            let sdp = SdpAnswer::from_sdp_string(&answer.sdp).context("the answer is not SDP")?;
+            if let Some(p) = pending.take() {
+                peer.rtc
+                    .sdp_api()
+                    .accept_answer(p, sdp)
+                    .context("accepting the answer")?;
+            }
+            peer.answered = Some(Instant::now());
+            Control::Vip
+        }
+        Some(g) => {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let mut ws = ws::open(url, &[], remaining, events, Value::Null).await?;
+            send_gemini(&mut ws, &crate::gemini::connect_message(g)?, events).await?;
+            wait_setup(&mut ws, deadline, events).await?;
+            send_gemini(&mut ws, &ClientMessage::WebrtcOffer { sdp: offer }, events).await?;
+            Control::Gemini(Box::new(ws))
+        }
+    };
+    let result = peer.drive(control, &mut pending, deadline, events).await;
+    peer.finish(out);
+    result
+}
+
+async fn send_gemini(ws: &mut Ws, msg: &ClientMessage, events: &mut Events) -> anyhow::Result<()> {
+    let text = msg.encode();
+    let mut value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    redact_audio(&mut value);
+    if let Some(sdp) = value.pointer_mut("/payload/sdp") {
+        // The SDP is long and says nothing a reader of the events needs.
+        *sdp = json!("<sdp>");
+    }
+    events.emit("sent", json!({"message": value}));
+    ws.send(Message::Text(text.into())).await.context("sending")
+}
+
+/// Reads the bridge until `SETUP_COMPLETE`.
+async fn wait_setup(ws: &mut Ws, deadline: Instant, events: &mut Events) -> anyhow::Result<()> {
+    loop {
+        let next = tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), ws.next());
+        let Ok(msg) = next.await else {
+            bail!("no SETUP_COMPLETE in time");
+        };
+        match msg {
+            Some(Ok(Message::Text(frame))) => {
+                emit_gemini(frame.as_str(), events);
+                match ServerMessage::decode(frame.as_str()) {
+                    Ok(ServerMessage::SetupComplete(s)) if s.success => return Ok(()),
+                    Ok(ServerMessage::SetupComplete(_)) => {
+                        bail!("setup failed: {}", frame.as_str())
+                    }
+                    Ok(ServerMessage::GeminiError { message, .. }) => {
+                        bail!("the bridge refused the session: {message}")
+                    }
+                    _ => {}
+                }
+            }
+            Some(Ok(Message::Close(frame))) => {
+                events.emit("closed", ws::close_fields(frame.as_ref()));
+                bail!("server closed the session before setup");
+            }
+            None => bail!("connection lost before setup"),
+            Some(Err(e)) => return Err(e).context("receiving"),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+fn emit_gemini(frame: &str, events: &mut Events) {
+    let mut raw: Value = serde_json::from_str(frame).unwrap_or_else(|_| json!(frame));
+    redact_audio(&mut raw);
+    if let Some(sdp) = raw.pointer_mut("/payload/sdp") {
+        *sdp = json!("<sdp>");
+    }
+    events.emit("recv", json!({"message": raw}));
+}
+
+/// A candidate line from a bridge `WEBRTC_ICE_CANDIDATE` (flat or nested); `None` for the
+/// end-of-candidates marker.
+#[must_use]
+pub fn candidate_line(message: &voxgate_gemini::bridge::IceMessage) -> Option<String> {
+    let line = message.candidate.candidate.as_deref()?.trim();
+    let line = line.strip_prefix("a=").unwrap_or(line);
+    (!line.is_empty()).then(|| line.to_owned())
+}
+
+/// The reply clock: arrival spacing and RTP sequence of the reply track.
+#[derive(Debug, Default)]
+struct ReplyClock {
+    /// The previous packet's arrival and RTP time, while a reply is flowing.
+    flowing: Option<(Instant, u64)>,
+    last_seq: Option<u64>,
+}
+
+/// The connection and the session's turn machine.
+struct Peer<'p> {
+    rtc: Rtc,
+    socket: UdpSocket,
+    local: SocketAddr,
+    mid: Mid,
+    channel: Option<ChannelId>,
+    channel_open: bool,
+    pt: Option<Pt>,
+    plan: &'p Plan,
+    decoder: Option<OpusDecoder>,
+    audio: Vec<i16>,
+    reply_samples: u64,
+    stats: WebrtcStats,
+    clock: ReplyClock,
+    answered: Option<Instant>,
+    /// VIP: `session.connected` arrived.
+    session_ready: bool,
+    /// Gemini: the answer arrived.
+    answer_accepted: bool,
+    /// Remote candidates that came before the answer.
+    early_candidates: Vec<String>,
+    turn: usize,
+    waiting: bool,
+    /// The spoken turn being streamed: its first frame's slot and the next frame.
+    streaming: Option<(Instant, usize)>,
+    /// A spoken turn waits for its first reply packet.
+    awaiting_first_audio: bool,
+    /// The end of the last voiced frame sent in the current spoken turn.
+    speech_end: Option<Instant>,
+    /// The first frame's slot, the zero of our RTP clock.
+    rtp_zero: Option<Instant>,
+    done_at: Option<Instant>,
+    session_id: Option<String>,
+    user_transcripts: Vec<String>,
+    reply_texts: Vec<String>,
+    errors: Vec<String>,
+    invocations: u64,
+    gemini_text: String,
+}
+
+impl<'p> Peer<'p> {
+    fn new(
+        rtc: Rtc,
+        mid: Mid,
+        channel: Option<ChannelId>,
+        socket: UdpSocket,
+        local: SocketAddr,
+        plan: &'p Plan,
+    ) -> Self {
+        Self {
+            rtc,
+            socket,
+            local,
+            mid,
+            channel,
+            channel_open: false,
+            pt: None,
+            plan,
+            decoder: None,
+            audio: Vec::new(),
+            reply_samples: 0,
+            stats: WebrtcStats::default(),
+            clock: ReplyClock::default(),
+            answered: None,
+            session_ready: false,
+            answer_accepted: false,
+            early_candidates: Vec::new(),
+            turn: 0,
+            waiting: false,
+            streaming: None,
+            awaiting_first_audio: false,
+            speech_end: None,
+            rtp_zero: None,
+            done_at: None,
+            session_id: None,
+            user_transcripts: Vec::new(),
+            reply_texts: Vec::new(),
+            errors: Vec::new(),
+            invocations: 0,
+            gemini_text: String::new(),
+        }
+    }
+
+    fn finish(self, out: &mut WebrtcOutcome) {
+        let mut stats = self.stats;
+        stats.reply_audio_seconds = self.reply_samples as f64 / f64::from(RATE);
+        if out.session_id.is_none() {
+            out.session_id = self.session_id;
+        }
+        out.stats = stats;
+        out.audio = self.audio;
+        out.user_transcripts = self.user_transcripts;
+        out.reply_texts = self.reply_texts;
+        out.errors = self.errors;
+        out.invocations = self.invocations;
+    }
+
+    /// Ready for turns: media up, and (VIP) the door said hello.
+    fn ready(&self, vip: bool) -> bool {
+        self.stats.connected && (!vip || self.session_ready)
+    }
+
+    async fn drive(
+        &mut self,
+        mut control: Control,
+        pending: &mut Option<SdpPendingOffer>,
+        deadline: Instant,
+        events: &mut Events,
+    ) -> anyhow::Result<()> {
+        let vip = matches!(control, Control::Vip);
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        loop {
+            let timeout = self.drain(events, &mut control)?;
+            if self.ready(vip)
+                && !self.waiting
+                && self.streaming.is_none()
+                && self.done_at.is_none()
+            {
+                self.next_turn(&mut control, events).await?;
+            }
+            if let Some(done) = self.done_at
+                && Instant::now() >= done
+            {
+                break;
+            }
+            let frame_due = self.streaming.map(|(start, i)| slot(start, i));
+            let wake = [Some(timeout), frame_due, self.done_at]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(deadline)
+                .min(deadline);
+            tokio::select! {
+                r = self.socket.recv_from(&mut buf) => {
+                    // ICMP errors from earlier sends surface here on some systems.
+                    let Ok((n, source)) = r else { continue };
+                    self.receive(&buf[..n], source);
+                }
+                msg = next_ws(&mut control) => {
+                    self.on_ws(msg, pending, events)?;
+                }
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        bail!("timed out after {:?}", self.plan.timeout);
+                    }
+                    if frame_due.is_some_and(|d| d <= now) {
+                        self.send_frame(now, events);
+                    }
+                    self.rtc
+                        .handle_input(Input::Timeout(now))
+                        .context("webrtc")?;
+                }
+            }
+        }
+        self.hang_up(&mut control, events).await;
+        Ok(())
+    }
+
+    /// Starts the next turn, or schedules the end when there is none.
+    async fn next_turn(
+        &mut self,
+        control: &mut Control,
+        events: &mut Events,
+    ) -> anyhow::Result<()> {
+        if self.turn == 0 && self.plan.declare_theme && matches!(control, Control::Vip) {
+            self.send_data(&declare_theme_message(), events);
+        }
+        match self.plan.turns.get(self.turn).cloned() {
+            None => self.done_at = Some(Instant::now() + END_TAIL),
+            Some(Turn::Text(text)) => {
+                match control {
+                    Control::Vip => {
+                        self.send_data(&json!({"type": "input.text", "text": text}), events);
+                    }
+                    Control::Gemini(ws) => {
+                        let msg = ClientMessage::SendMessage {
+                            parts: vec![Part::text(text)],
+                            turn_complete: true,
+                        };
+                        send_gemini(ws, &msg, events).await?;
+                    }
+                }
+                self.waiting = true;
+            }
+            Some(Turn::Speech) => {
+                let frames = self.plan.speech.as_ref().map_or(0, |s| s.packets.len());
+                let start = Instant::now();
+                events.emit(
+                    "sent",
+                    json!({"message": "audio_stream_start", "frames": frames,
+                    "frame_ms": FRAME.as_millis()}),
+                );
+                self.streaming = Some((start, 0));
+                self.awaiting_first_audio = true;
+                self.speech_end = None;
+                self.waiting = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The current turn's reply is done.
+    fn turn_done(&mut self) {
+        self.clock.flowing = None;
+        self.stats.turns += 1;
+        let speech_sent = match self.streaming {
+            None => true,
+            Some((_, i)) => i >= self.plan.speech.as_ref().map_or(0, |s| s.speech_frames),
+        };
+        if self.waiting && speech_sent {
+            // The rest of the silence tail is not needed: the turn ended.
+            self.streaming = None;
+            self.waiting = false;
+            self.turn += 1;
+        }
+    }
+
+    async fn hang_up(&mut self, control: &mut Control, events: &mut Events) {
+        match control {
+            Control::Vip => {
+                self.send_data(&json!({"type": "session.end"}), events);
+            }
+            Control::Gemini(ws) => {
+                let _ = send_gemini(ws, &ClientMessage::DisconnectGemini, events).await;
+                let _ = ws.close().await;
+            }
+        }
+        // Send what the data channel queued, then the DTLS close.
+        let _ = self.drain_quiet();
+        self.rtc.disconnect();
+        let _ = self.drain_quiet();
+        events.emit("done", json!({"turns": self.stats.turns}));
+    }
+
+    /// Sends what str0m transmits, handles its events; returns its next timeout.
+    fn drain(&mut self, events: &mut Events, control: &mut Control) -> anyhow::Result<Instant> {
+        loop {
+            match self.rtc.poll_output().context("webrtc")? {
+                Output::Timeout(t) => return Ok(t),
+                Output::Transmit(t) => {
+                    let _ = self.socket.try_send_to(&t.contents, t.destination);
+                }
+                Output::Event(e) => self.event(e, events, control)?,
+            }
+        }
+    }
+
+    /// As [`Self::drain`], ignoring events (while hanging up).
+    fn drain_quiet(&mut self) -> anyhow::Result<()> {
+        loop {
+            match self.rtc.poll_output().context("webrtc")? {
+                Output::Timeout(_) => return Ok(()),
+                Output::Transmit(t) => {
+                    let _ = self.socket.try_send_to(&t.contents, t.destination);
+                }
+                Output::Event(_) => {}
+            }
+        }
+    }
+
+    fn receive(&mut self, data: &[u8], source: SocketAddr) {
+        let Ok(contents) = data.try_into() else {
+            return;
+        };
+        let input = Input::Receive(
+            Instant::now(),
+            Receive {
+                proto: Protocol::Udp,
+                source,
+                destination: self.local,
+                contents,
+            },
+        );
+        // A datagram str0m cannot use is dropped, like the network might.
+        let _ = self.rtc.handle_input(input);
+    }
+
+    fn event(
+        &mut self,
+        event: Event,
+        events: &mut Events,
+        control: &mut Control,
+    ) -> anyhow::Result<()> {
+        match event {
+            Event::Connected => {
+                self.stats.connected = true;
+                self.stats.connect_ms = self.answered.map(|a| ms(a.elapsed()));
+                self.pt = self.rtc.writer(self.mid).and_then(|w| {
+                    w.payload_params()
+                        .find(|p| p.spec().codec == Codec::Opus)
+                        .map(|p| p.pt())
+                });
+                events.emit(
+                    "media_connected",
+                    json!({"connect_ms": self.stats.connect_ms}),
+                );
+                if self.pt.is_none() {
+                    bail!("the answer has no Opus");
+                }
+            }
+            Event::IceConnectionStateChange(IceConnectionState::Disconnected) => {
+                bail!("ICE disconnected");
+            }
+            Event::MediaData(d) => self.media(&d, events),
+            Event::ChannelOpen(id, label) if Some(id) == self.channel => {
+                self.channel_open = true;
+                events.emit("channel_open", json!({"label": label}));
+            }
+            Event::ChannelData(d) if Some(d.id) == self.channel && !d.binary => {
+                let text = String::from_utf8_lossy(&d.data).into_owned();
+                self.vip_message(&text, events)?;
+            }
+            Event::ChannelClose(id)
+                if Some(id) == self.channel
+                    && self.done_at.is_none()
+                    && matches!(control, Control::Vip) =>
+            {
+                bail!("the server closed the data channel");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A reply packet: counted, timed, decoded when kept.
+    fn media(&mut self, d: &MediaData, events: &mut Events) {
+        if d.mid != self.mid {
+            return;
+        }
+        let at = d.network_time;
+        self.stats.packets_received += 1;
+        let first = **d.seq_range.start();
+        let last = **d.seq_range.end();
+        if let Some(prev) = self.clock.last_seq {
+            if first > prev + 1 {
+                self.stats.lost_packets += first - prev - 1;
+            }
+            self.clock.last_seq = Some(prev.max(last));
+        } else {
+            self.clock.last_seq = Some(last);
+        }
+        let rtp = d.time.numer();
+        if let Some((prev_at, prev_rtp)) = self.clock.flowing {
+            let gap = at.saturating_duration_since(prev_at);
+            self.stats.max_gap_ms = self.stats.max_gap_ms.max(ms(gap));
+            if gap > LATE_GAP {
+                self.stats.late_packets += 1;
+                if rtp.saturating_sub(prev_rtp) > 2 * FRAME_SAMPLES as u64 {
+                    self.stats.late_with_rtp_gap += 1;
+                }
+            }
+        }
+        self.clock.flowing = Some((at, rtp));
+        if self.awaiting_first_audio
+            && let Some(eos) = self.speech_end
+        {
+            let latency = ms(at.saturating_duration_since(eos));
+            self.stats.first_audio_latency_ms.push(latency);
+            self.awaiting_first_audio = false;
+            events.emit(
+                "reply_audio_start",
+                json!({"first_audio_latency_ms": latency}),
+            );
+        }
+        self.reply_samples += opus_packet_samples(&d.data) as u64;
+        if self.plan.keep_audio {
+            if self.decoder.is_none() {
+                self.decoder = OpusDecoder::new(RATE, OpusBackend::default()).ok();
+            }
+            if let Some(dec) = self.decoder.as_mut()
+                && let Ok(pcm) = dec.decode(&d.data)
+            {
+                self.audio.extend_from_slice(pcm);
+            }
+        }
+    }
+
+    /// A VIP data channel message.
+    fn vip_message(&mut self, text: &str, events: &mut Events) -> anyhow::Result<()> {
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|_| json!(text));
+        events.emit("recv", json!({"message": value}));
+        let field = |k: &str| value.get(k).and_then(Value::as_str).map(str::to_owned);
+        match field("type").as_deref() {
+            Some("session.connected") => {
+                self.session_ready = true;
+                self.session_id = field("session_id");
+            }
+            Some("transcript.user") => self.user_transcripts.extend(field("text")),
+            Some("reply.text") => self.reply_texts.extend(field("text")),
+            Some("reply.done") => self.turn_done(),
+            Some("action.invoke") => {
+                let id = value.get("invocation_id").cloned().unwrap_or(Value::Null);
+                let action = field("action_id").unwrap_or_default();
+                let reply = if self.plan.declare_theme && action == "set_theme" {
+                    let theme = value
+                        .pointer("/parameters/theme")
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    json!({"type": "action.result", "invocation_id": id, "status": "success",
+                        "data": {"applied": theme}})
+                } else {
+                    json!({"type": "action.result", "invocation_id": id, "status": "error",
+                        "error": {"code": "unknown_action", "message": format!("no action {action:?} here")}})
+                };
+                self.invocations += 1;
+                self.send_data(&reply, events);
+            }
+            Some("error") => self
+                .errors
+                .push(field("message").unwrap_or_else(|| text.to_owned())),
+            Some("error.fatal") => bail!(
+                "the server ended the session: {}",
+                field("message").unwrap_or_default()
+            ),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A bridge WebSocket message.
+    fn on_ws(
+        &mut self,
+        msg: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+        pending: &mut Option<SdpPendingOffer>,
+        events: &mut Events,
+    ) -> anyhow::Result<()> {
+        let frame = match msg {
+            Some(Ok(Message::Text(frame))) => frame,
+            Some(Ok(Message::Close(frame))) => {
+                events.emit("closed", ws::close_fields(frame.as_ref()));
+                bail!("server closed the session");
+            }
+            None => bail!("connection lost"),
+            Some(Err(e)) => return Err(e).context("receiving"),
+            Some(Ok(_)) => return Ok(()),
+        };
+        emit_gemini(frame.as_str(), events);
+        let Ok(message) = ServerMessage::decode(frame.as_str()) else {
+            return Ok(());
+        };
+        match message {
+            ServerMessage::WebrtcAnswer { sdp } => {
+                let answer = SdpAnswer::from_sdp_string(&sdp).context("the answer is not SDP")?;
+                let Some(p) = pending.take() else {
+                    bail!("a second WEBRTC_ANSWER");
+                };
+                self.rtc
+                    .sdp_api()
+                    .accept_answer(p, answer)
+                    .context("accepting the answer")?;
+                self.answered = Some(Instant::now());
+                self.answer_accepted = true;
+                for line in std::mem::take(&mut self.early_candidates) {
+                    self.remote_candidate(&line, events);
+                }
+            }
+            ServerMessage::WebrtcIceCandidate(m) => {
+                if let Some(line) = candidate_line(&m) {
+                    if self.answer_accepted {
+                        self.remote_candidate(&line, events);
+                    } else if self.early_candidates.len() < 64 {
+                        self.early_candidates.push(line);
+                    }
+                }
+            }
+            ServerMessage::ContentMessage(c) => self.gemini_text.push_str(&c.text()),
+            ServerMessage::TurnComplete => {
+                self.reply_texts.push(std::mem::take(&mut self.gemini_text));
+                self.turn_done();
+            }
+            ServerMessage::GeminiError { message, .. } => {
+                if !self.answer_accepted {
+                    bail!("the bridge refused the offer: {message}");
+                }
+                self.errors.push(message);
+            }
+            ServerMessage::GeminiDisconnected { reason } => {
+                bail!("the bridge disconnected: {}", reason.unwrap_or_default());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn remote_candidate(&mut self, line: &str, events: &mut Events) {
+        match Candidate::from_sdp_string(line) {
+            Ok(c) => self.rtc.add_remote_candidate(c),
+            Err(e) => events.emit(
+                "candidate_ignored",
+                json!({"candidate": line, "error": e.to_string()}),
+            ),
+        }
+    }
+
+    fn send_data(&mut self, message: &Value, events: &mut Events) {
+        let Some(id) = self.channel else {
+            return;
+        };
+        let text = message.to_string();
+        let written = self
+            .rtc
+            .channel(id)
+            .is_some_and(|mut ch| ch.write(false, text.as_bytes()).is_ok());
+        if written {
+            events.emit("sent", json!({"message": message}));
+        } else {
+            events.emit("not_sent", json!({"message": message}));
+        }
+    }
+
+    /// Sends the due frame of the spoken turn.
+    fn send_frame(&mut self, now: Instant, events: &mut Events) {
+        let Some((start, i)) = self.streaming else {
+            return;
+        };
+        let Some(speech) = self.plan.speech.clone() else {
+            self.streaming = None;
+            return;
+        };
+        let Some(packet) = speech.packets.get(i) else {
+            // The silence tail is over; the reply (or the timeout) ends the turn.
+            self.streaming = None;
+            events.emit("sent", json!({"message": "audio_stream_end", "frames": i}));
+            return;
+        };
+        let due = slot(start, i);
+        if speech.voiced.get(i).copied().unwrap_or(false) {
+            self.speech_end = Some(slot(start, i + 1));
+        }
+        if now.saturating_duration_since(due) > SEND_SLACK {
+            self.stats.late_sends += 1;
+        }
+        let zero = *self.rtp_zero.get_or_insert(due);
+        // The RTP clock follows the frames' slots, so a pause between turns shows as a gap.
+        let ticks =
+            u64::try_from(due.saturating_duration_since(zero).as_micros() / FRAME.as_micros())
+                .unwrap_or(u64::MAX / 2)
+                * FRAME_SAMPLES as u64;
+        if let (Some(pt), Some(writer)) = (self.pt, self.rtc.writer(self.mid))
+            && writer
+                .write(
+                    pt,
+                    now,
+                    MediaTime::new(ticks, Frequency::FORTY_EIGHT_KHZ),
+                    packet.clone(),
+                )
+                .is_ok()
+        {
+            self.stats.frames_sent += 1;
+        }
+        self.streaming = Some((start, i + 1));
+    }
+}
+
+/// When frame `i` of a stream starting at `start` is due.
+fn slot(start: Instant, i: usize) -> Instant {
+    start + FRAME * u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The next bridge message; never, for the VIP door.
+async fn next_ws(
+    control: &mut Control,
+) -> Option<Result<Message, tokio_tungstenite::tungstenite::Error>> {
+    match control {
+        Control::Gemini(ws) => ws.next().await,
+        Control::Vip => std::future::pending().await,
+    }
+}
+
+/// The `actions.declare` of `--declare-theme`: one `set_theme` action.
+#[must_use]
+pub fn declare_theme_message() -> Value {
+    json!({
+        "type": "actions.declare",
+        "actions": {
+            "set_theme": {
+                "description": "Switch the page between its light and dark theme.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"theme": {"type": "string", "enum": ["light", "dark"]}},
+                    "required": ["theme"],
+                },
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offer_has_opus_audio_a_data_channel_and_our_candidate() {
+        let local: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let sdp = offer_sdp(local, true).unwrap();
+        assert!(sdp.contains("m=audio"), "{sdp}");
+        assert!(sdp.contains("a=sendrecv"), "{sdp}");
+        assert!(sdp.to_ascii_lowercase().contains("opus/48000"), "{sdp}");
+        assert!(sdp.contains("m=application"), "{sdp}");
+        assert!(sdp.contains("127.0.0.1 40000 typ host"), "{sdp}");
+        let sdp = offer_sdp(local, false).unwrap();
+        assert!(!sdp.contains("m=application"), "{sdp}");
+    }
+
+    #[test]
+    fn offer_urls() {
+        assert_eq!(
+            offer_url("http://h:8080").unwrap(),
+            "http://h:8080/webrtc/offer"
+        );
+        assert_eq!(
+            offer_url("http://h:8080/").unwrap(),
+            "http://h:8080/webrtc/offer"
+        );
+        assert_eq!(
+            offer_url("https://h/webrtc/offer").unwrap(),
+            "https://h/webrtc/offer"
+        );
+        assert!(offer_url("ws://h:8080/gemini").is_err());
+    }
+
+    #[test]
+    fn opus_packet_durations_from_the_toc() {
+        assert_eq!(opus_packet_samples(&[]), 0);
+        // SILK 20 ms, one frame (config 1).
+        assert_eq!(opus_packet_samples(&[1 << 3]), 960);
+        // CELT 20 ms (config 31), two frames (code 1).
+        assert_eq!(opus_packet_samples(&[(31 << 3) | 1]), 1920);
+        // Hybrid 10 ms (config 12), code 3 with 3 frames.
+        assert_eq!(opus_packet_samples(&[(12 << 3) | 3, 3]), 1440);
+        // SILK 60 ms (config 3).
+        assert_eq!(opus_packet_samples(&[3 << 3]), 2880);
+    }
+
+    #[test]
+    fn speech_is_framed_encoded_and_round_trips() {
+        // 0.5 s of a 440 Hz tone at 48 kHz.
+        let tone: Vec<f32> = (0..24_000)
+            .map(|i| (i as f32 * 440.0 * std::f32::consts::TAU / 48_000.0).sin() * 0.4)
+            .collect();
+        let s = EncodedSpeech::from_samples(&tone, Duration::from_millis(100)).unwrap();
+        assert_eq!(s.speech_frames, 25);
+        assert_eq!(s.packets.len(), 30);
+        assert_eq!(s.voiced.len(), 30);
+        assert!(s.voiced[..25].iter().all(|v| *v) && !s.voiced[25..].iter().any(|v| *v));
+        let mut dec = OpusDecoder::new(RATE, OpusBackend::default()).unwrap();
+        let mut pcm = Vec::new();
+        for p in &s.packets {
+            assert_eq!(opus_packet_samples(p), FRAME_SAMPLES);
+            pcm.extend_from_slice(dec.decode(p).unwrap());
+        }
+        assert_eq!(pcm.len(), 30 * FRAME_SAMPLES);
+        let loud = |x: &[i16]| x.iter().map(|&s| f64::from(s).abs()).sum::<f64>() / x.len() as f64;
+        assert!(loud(&pcm[4800..19_200]) > 1000.0, "the tone survives");
+        assert!(loud(&pcm[26 * 960..]) < 200.0, "the tail is silence");
+    }
+
+    #[test]
+    fn bridge_candidates_flat_nested_and_end_marker() {
+        use voxgate_gemini::bridge::{IceCandidate, IceMessage};
+        let line = "candidate:1 1 udp 2130706431 127.0.0.1 5000 typ host";
+        let flat = IceMessage {
+            candidate: IceCandidate {
+                candidate: Some(format!("a={line}")),
+                ..IceCandidate::default()
+            },
+            nested: false,
+        };
+        assert_eq!(candidate_line(&flat).as_deref(), Some(line));
+        let Ok(ServerMessage::WebrtcIceCandidate(nested)) = ServerMessage::decode(
+            &json!({"type": "WEBRTC_ICE_CANDIDATE", "payload": {"candidate":
+                {"candidate": line, "sdpMid": "0", "sdpMLineIndex": 0}}})
+            .to_string(),
+        ) else {
+            panic!("decodes")
+        };
+        assert_eq!(candidate_line(&nested).as_deref(), Some(line));
+        assert!(Candidate::from_sdp_string(line).is_ok());
+        let end = IceMessage {
+            candidate: IceCandidate {
+                candidate: Some(String::new()),
+                ..IceCandidate::default()
+            },
+            nested: false,
+        };
+        assert_eq!(candidate_line(&end), None);
+    }
+
+    #[test]
+    fn unspecified_bind_is_refused() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut opts = WebrtcOptions::new("http://127.0.0.1:9");
+        opts.bind = IpAddr::from([0, 0, 0, 0]);
+        opts.timeout = Duration::from_secs(2);
+        let err = rt.block_on(run(&opts, &mut Events::discard())).unwrap_err();
+        assert!(err.to_string().contains("specific address"), "{err:#}");
+    }
+}
