@@ -963,7 +963,7 @@ impl<T: Translator> Loop<T> {
                 }
             }
             MediaCommand::Play { samples, rate } => {
-                if let Some(p) = &self.peer {
+                if let Some(p) = &mut self.peer {
                     let dropped = p.play(&samples, rate);
                     if dropped > 0 {
                         self.metrics.dropped(self.door, Direction::Downlink, 1);
@@ -971,7 +971,7 @@ impl<T: Translator> Loop<T> {
                 }
             }
             MediaCommand::Clear => {
-                if let Some(p) = &self.peer {
+                if let Some(p) = &mut self.peer {
                     p.clear();
                 }
             }

@@ -38,6 +38,10 @@ pub(crate) use peer::{MediaEvent, PeerCommand, PeerHandle};
 
 /// Largest UDP datagram read (WebRTC keeps packets under the path MTU).
 const MAX_DATAGRAM: usize = 2048;
+/// Kernel buffer asked for on the shared socket, each way: every session's packets queue in
+/// one buffer, and the default (about 200 KiB, a few hundred packets) overflows in a moment of
+/// scheduling delay at a few hundred sessions. The kernel caps it at `net.core.rmem_max`.
+const SOCKET_BUFFER: usize = 4 << 20;
 /// Datagrams waiting for one connection's task; more are dropped (UDP may lose them anyway).
 const PEER_QUEUE: usize = 256;
 /// Largest SDP offer accepted.
@@ -101,6 +105,8 @@ struct Routes {
 
 /// The shared UDP socket and the connections behind it.
 pub(crate) struct Endpoint {
+    /// The DTLS certificate every connection presents (`None`: str0m makes one each).
+    cert: Option<str0m::config::DtlsCert>,
     socket: Arc<UdpSocket>,
     local: SocketAddr,
     candidates: Vec<Candidate>,
@@ -128,8 +134,13 @@ impl Endpoint {
     ) -> std::io::Result<Arc<Self>> {
         // str0m takes its crypto (DTLS, SRTP) from a process-wide default; installing it twice
         // is harmless.
-        str0m::crypto::from_feature_flags().install_process_default();
-        let socket = Arc::new(UdpSocket::bind(config.udp_listen).await?);
+        let crypto = str0m::crypto::from_feature_flags();
+        crypto.clone().install_process_default();
+        // One DTLS certificate for every connection: making a key pair per offer costs
+        // milliseconds of CPU on the runtime, which a burst of offers turns into late audio for
+        // everyone. The fingerprint is in each answer, so sharing it reveals nothing.
+        let cert = crypto.dtls_provider.generate_certificate();
+        let socket = Arc::new(bind_udp(config.udp_listen)?);
         let local = socket.local_addr()?;
         let mut candidates = Vec::new();
         let ips = if config.candidate_ips.is_empty() {
@@ -158,6 +169,7 @@ impl Endpoint {
             candidates.push(c);
         }
         let endpoint = Arc::new(Self {
+            cert,
             socket,
             local,
             candidates,
@@ -222,11 +234,14 @@ impl Endpoint {
             pass: random_token(24),
         };
         let now = Instant::now();
-        let mut rtc: Rtc = RtcConfig::new()
+        let mut config = RtcConfig::new()
             .set_local_ice_credentials(creds)
             .clear_codecs()
-            .enable_opus(true, false)
-            .build(now);
+            .enable_opus(true, false);
+        if let Some(cert) = &self.cert {
+            config = config.set_dtls_cert(cert.clone());
+        }
+        let mut rtc: Rtc = config.build(now);
         for c in &self.candidates {
             rtc.add_local_candidate(c.clone());
         }
@@ -305,6 +320,21 @@ impl Endpoint {
         let ufrag = routes.by_addr.get(&source)?;
         routes.by_ufrag.get(ufrag).cloned()
     }
+}
+
+/// The shared UDP socket, with large kernel buffers ([`SOCKET_BUFFER`]).
+fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    // Best effort: a smaller buffer than asked for still works, only drops sooner.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
 }
 
 /// A reserved connection slot, given back when the connection's task ends.

@@ -101,9 +101,7 @@ struct Playout {
 }
 
 struct PlayoutInner {
-    converter: RateConverter,
     samples: VecDeque<i16>,
-    scratch: Vec<i16>,
     max: usize,
 }
 
@@ -120,6 +118,10 @@ pub(crate) struct PeerHandle {
     events: mpsc::Receiver<MediaEvent>,
     commands: mpsc::Sender<PeerCommand>,
     playout: Arc<Playout>,
+    /// Reply audio to [`ENCODE_RATE`], outside the queue's lock so the pacer never waits on
+    /// a resampler.
+    converter: RateConverter,
+    scratch: Vec<i16>,
     id: String,
 }
 
@@ -147,25 +149,20 @@ impl PeerHandle {
 
     /// Queues reply audio (mono `i16` at `rate`) for real-time sending; audio beyond
     /// `[webrtc] max_playout_ms` is dropped and counted. Returns the samples dropped.
-    pub(crate) fn play(&self, samples: &[i16], rate: u32) -> usize {
-        let mut p = self.playout.lock();
-        let PlayoutInner {
-            converter,
-            samples: queue,
-            scratch,
-            max,
-        } = &mut *p;
-        scratch.clear();
-        if converter
-            .process_i16_to_i16(samples, rate, scratch)
+    pub(crate) fn play(&mut self, samples: &[i16], rate: u32) -> usize {
+        self.scratch.clear();
+        if self
+            .converter
+            .process_i16_to_i16(samples, rate, &mut self.scratch)
             .is_err()
         {
             return samples.len();
         }
-        let room = max.saturating_sub(queue.len());
-        let take = scratch.len().min(room);
-        queue.extend(&scratch[..take]);
-        let dropped = scratch.len() - take;
+        let mut p = self.playout.lock();
+        let room = p.max.saturating_sub(p.samples.len());
+        let take = self.scratch.len().min(room);
+        p.samples.extend(&self.scratch[..take]);
+        let dropped = self.scratch.len() - take;
         drop(p);
         self.playout.ready.notify_one();
         dropped
@@ -173,10 +170,9 @@ impl PeerHandle {
 
     /// Drops every queued reply sample at once (barge-in): the next frame sent is silence or
     /// the next reply.
-    pub(crate) fn clear(&self) {
-        let mut p = self.playout.lock();
-        p.samples.clear();
-        p.converter.reset();
+    pub(crate) fn clear(&mut self) {
+        self.playout.lock().samples.clear();
+        self.converter.reset();
     }
 }
 
@@ -199,10 +195,7 @@ pub(crate) fn start(rtc: Rtc, cx: PeerContext) -> PeerHandle {
     let max = (cx.max_playout.as_millis() as usize) * (ENCODE_RATE as usize) / 1000;
     let playout = Arc::new(Playout {
         inner: Mutex::new(PlayoutInner {
-            // 24 kHz is a rate the converter supports, so this cannot fail.
-            converter: RateConverter::new(ENCODE_RATE).unwrap_or_else(|_| unreachable!()),
             samples: VecDeque::new(),
-            scratch: Vec::new(),
             max,
         }),
         ready: Notify::new(),
@@ -231,6 +224,9 @@ pub(crate) fn start(rtc: Rtc, cx: PeerContext) -> PeerHandle {
         events,
         commands,
         playout,
+        // 24 kHz is a rate the converter supports, so this cannot fail.
+        converter: RateConverter::new(ENCODE_RATE).unwrap_or_else(|_| unreachable!()),
+        scratch: Vec::new(),
         id,
     }
 }
@@ -249,7 +245,9 @@ struct Peer {
     encoder: Option<OpusEncoder>,
     /// When the next reply frame is due; `None` while nothing is queued.
     next_due: Option<Instant>,
+    /// RTP time of the next frame, in 48 kHz ticks.
     rtp_ticks: u64,
+    /// When the last frame went out (the pause before a new burst).
     last_frame_at: Option<Instant>,
     connected: bool,
     started: Instant,
@@ -301,6 +299,11 @@ impl Peer {
             } else {
                 timeout.min(connect_by)
             };
+            // Reply audio first: a busy inbound queue must not delay a frame that is due.
+            if self.next_due.is_some_and(|d| d <= Instant::now()) {
+                self.pace(Instant::now());
+                continue;
+            }
             let pacing = self.next_due;
             tokio::select! {
                 biased;
@@ -316,7 +319,7 @@ impl Peer {
                 () = sleep_until(pacing), if pacing.is_some() => self.pace(Instant::now()),
                 () = self.playout.ready.notified(), if pacing.is_none() => {
                     if self.connected {
-                        self.next_due = Some(Instant::now());
+                        self.start_burst(Instant::now());
                     }
                 }
                 () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
@@ -346,7 +349,7 @@ impl Peer {
                 self.connected = true;
                 let _ = self.events.try_send(MediaEvent::Connected);
                 if !self.playout.lock().samples.is_empty() {
-                    self.next_due = Some(Instant::now());
+                    self.start_burst(Instant::now());
                 }
             }
             Event::IceConnectionStateChange(IceConnectionState::Disconnected) => {
@@ -486,6 +489,20 @@ impl Peer {
         }
     }
 
+    /// Reply audio arrived after a pause: frames go out from now, and the RTP clock skips the
+    /// pause (it runs on through silence, so the receiver's jitter buffer sees the gap as
+    /// time, not as lost packets).
+    fn start_burst(&mut self, now: Instant) {
+        if let Some(last) = self.last_frame_at {
+            let gap = now.saturating_duration_since(last);
+            let frames = u64::try_from(gap.as_micros() / FRAME.as_micros()).unwrap_or(0);
+            self.rtp_ticks = self
+                .rtp_ticks
+                .wrapping_add(frames.saturating_sub(1).saturating_mul(FRAME_TICKS));
+        }
+        self.next_due = Some(now);
+    }
+
     /// Sends every reply frame that is due; goes idle when the queue is empty.
     fn pace(&mut self, now: Instant) {
         while let Some(due) = self.next_due {
@@ -514,11 +531,18 @@ impl Peer {
                 Ordering::Relaxed,
             );
             self.send_frame(now, &frame);
-            self.next_due = Some(if late > RESYNC {
-                now + FRAME
+            self.rtp_ticks = self.rtp_ticks.wrapping_add(FRAME_TICKS);
+            if late > RESYNC {
+                // Far behind: start a new schedule rather than bursting to catch up, and let
+                // the RTP clock skip what was not sent in time, as a real pause.
+                self.next_due = Some(now + FRAME);
+                let behind = u64::try_from(late.as_micros() / FRAME.as_micros()).unwrap_or(0);
+                self.rtp_ticks = self
+                    .rtp_ticks
+                    .wrapping_add(behind.saturating_mul(FRAME_TICKS));
             } else {
-                due + FRAME
-            });
+                self.next_due = Some(due + FRAME);
+            }
         }
     }
 
@@ -544,17 +568,6 @@ impl Peer {
                 }
             }
         }
-        // The RTP clock runs on through pauses, so a receiver's jitter buffer sees the gap.
-        if let Some(last) = self.last_frame_at {
-            let gap = now.saturating_duration_since(last);
-            if gap > FRAME * 2 {
-                let frames = gap.as_micros() / FRAME.as_micros();
-                let frames = u64::try_from(frames).unwrap_or(u64::MAX);
-                self.rtp_ticks = self
-                    .rtp_ticks
-                    .saturating_add(frames.saturating_sub(1).saturating_mul(FRAME_TICKS));
-            }
-        }
         self.last_frame_at = Some(now);
         let Some(encoder) = self.encoder.as_mut() else {
             return;
@@ -564,7 +577,6 @@ impl Peer {
         };
         let packet = packet.to_vec();
         let time = MediaTime::new(self.rtp_ticks, Frequency::FORTY_EIGHT_KHZ);
-        self.rtp_ticks += FRAME_TICKS;
         if let Some(writer) = self.rtc.writer(mid)
             && writer.write(params.pt(), now, time, packet).is_ok()
         {
