@@ -14,7 +14,7 @@
 //! Screenshots and logs go to `target/browser/artifacts/`. The node script has a time limit;
 //! the server is killed at the end, also when a step fails.
 
-use std::fs::{self, File};
+use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::interop::{Guard, build_server, free_port, tail, wait_healthy};
+use crate::interop::{Guard, build_server, tail};
 use crate::util;
 
 /// The `playwright-core` release the scripts are written against (it needs Node 20 or later
@@ -233,42 +233,7 @@ fn start_server(
             .with_context(|| format!("--server-env {kv:?} is not KEY=VALUE"))?;
         settings.push((key.to_owned(), value.to_owned()));
     }
-    // A port can be taken between probing and binding; try a few.
-    let mut last_error = None;
-    for _ in 0..3 {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let log = File::create(log_path)?;
-        let mut cmd = Command::new(bin);
-        // Only this run's settings: an inherited VOXGATE_LLM_BASE_URL would replace the demo
-        // agent the script talks to.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("VOXGATE_") {
-                cmd.env_remove(key);
-            }
-        }
-        cmd.arg("--listen")
-            .arg(addr.to_string())
-            .envs(settings.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut guard = Guard(child);
-        match wait_healthy(&mut guard, addr, Duration::from_secs(30)) {
-            Ok(()) => return Ok((guard, addr)),
-            Err(e) => last_error = Some(e),
-        }
-    }
-    let e = last_error.unwrap_or_else(|| anyhow::anyhow!("no attempt made"));
-    Err(e.context(format!(
-        "the server did not come up; its log ({}):\n{}",
-        log_path.display(),
-        tail(log_path, 40)
-    )))
+    crate::interop::start_server_with(bin, &settings, log_path)
 }
 
 /// Runs a node script with a time limit; its output goes to the terminal.

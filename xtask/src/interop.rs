@@ -370,14 +370,37 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
 /// Starts the server on a free port with the demo agent, the fake recognizer, the interop
 /// bearer key and Xiaozhi token authentication, and waits until `GET /health` answers 200.
 fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(Guard, SocketAddr)> {
+    let settings = [
+        ("VOXGATE_ASR_BASE_URL", asr_url),
+        ("VOXGATE_API_KEYS", API_KEY),
+        // The Xiaozhi scenario checks that OTA tokens are issued and enforced.
+        ("VOXGATE_XIAOZHI_AUTH", "true"),
+        ("VOXGATE_XIAOZHI_TOKEN_SECRET", "interop-secret"),
+        // With auth on, OTA issues tokens only to allowed or activated devices: the
+        // scenario's MAC (xiaozhi_scenario.py `MAC`) is allowed.
+        ("VOXGATE_XIAOZHI_ALLOWED_DEVICES", "02:00:00:1a:7e:01"),
+        // The Gemini door is reached on the main listener (`/gemini`); its own fixed port
+        // (3001) could clash with another server on this machine.
+        ("VOXGATE_GEMINI_LISTEN", "off"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    start_server_with(bin, &settings, log_path)
+}
+
+/// Starts `bin` on a free loopback port with only `settings` of the `VOXGATE_*` environment
+/// (an inherited `VOXGATE_LLM_BASE_URL` would replace the demo agent the scripts talk to),
+/// logging to `log_path`, and waits for `/health`.
+pub(crate) fn start_server_with(
+    bin: &Path,
+    settings: &[(String, String)],
+    log_path: &Path,
+) -> anyhow::Result<(Guard, SocketAddr)> {
     // A port can be taken between probing and binding; try a few.
     let mut last_error = None;
     for _ in 0..3 {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let log = File::create(log_path)?;
         let mut cmd = Command::new(bin);
-        // Only this run's settings: an inherited VOXGATE_LLM_BASE_URL would replace the demo
-        // agent the scenarios script against.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("VOXGATE_") {
                 cmd.env_remove(key);
@@ -385,17 +408,7 @@ fn start_server(bin: &Path, asr_url: &str, log_path: &Path) -> anyhow::Result<(G
         }
         cmd.arg("--listen")
             .arg(addr.to_string())
-            .env("VOXGATE_ASR_BASE_URL", asr_url)
-            .env("VOXGATE_API_KEYS", API_KEY)
-            // The Xiaozhi scenario checks that OTA tokens are issued and enforced.
-            .env("VOXGATE_XIAOZHI_AUTH", "true")
-            .env("VOXGATE_XIAOZHI_TOKEN_SECRET", "interop-secret")
-            // With auth on, OTA issues tokens only to allowed or activated devices: the
-            // scenario's MAC (xiaozhi_scenario.py `MAC`) is allowed.
-            .env("VOXGATE_XIAOZHI_ALLOWED_DEVICES", "02:00:00:1a:7e:01")
-            // The Gemini door is reached on the main listener (`/gemini`); its own fixed port
-            // (3001) could clash with another server on this machine.
-            .env("VOXGATE_GEMINI_LISTEN", "off")
+            .envs(settings.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
