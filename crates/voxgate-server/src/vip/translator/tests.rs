@@ -66,6 +66,17 @@ impl Harness {
             .collect()
     }
 
+    fn synthesize_id(&mut self) -> RequestId {
+        self.out
+            .take_requests()
+            .into_iter()
+            .find_map(|r| match r {
+                ProviderRequest::Synthesize { id, .. } => Some(id),
+                _ => None,
+            })
+            .expect("the sentence is synthesized")
+    }
+
     fn generate_id(&mut self) -> RequestId {
         self.out
             .take_requests()
@@ -130,15 +141,7 @@ fn a_typed_turn_goes_processing_then_speaking_with_text_and_audio_on_the_track()
         delta: "Hi there.".into(),
     });
     h.provider(ProviderEvent::Done { id });
-    let tts = h
-        .out
-        .take_requests()
-        .into_iter()
-        .find_map(|r| match r {
-            ProviderRequest::Synthesize { id, .. } => Some(id),
-            _ => None,
-        })
-        .expect("the sentence is synthesized");
+    let tts = h.synthesize_id();
     h.provider(ProviderEvent::Audio {
         id: tts,
         samples: vec![1000; 2400],
@@ -263,15 +266,7 @@ fn the_clients_input_detected_stops_a_reply_at_once() {
         delta: "A long answer.".into(),
     });
     h.provider(ProviderEvent::Done { id });
-    let tts = h
-        .out
-        .take_requests()
-        .into_iter()
-        .find_map(|r| match r {
-            ProviderRequest::Synthesize { id, .. } => Some(id),
-            _ => None,
-        })
-        .unwrap();
+    let tts = h.synthesize_id();
     h.provider(ProviderEvent::Audio {
         id: tts,
         samples: vec![1000; 24_000],
