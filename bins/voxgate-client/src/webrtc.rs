@@ -33,6 +33,7 @@ use tokio_tungstenite::tungstenite::Message;
 use voxgate_audio::opus::{
     FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
 };
+use voxgate_audio::resample::Resampler;
 use voxgate_gemini::{ClientMessage, Part, ServerMessage};
 
 use crate::audio;
@@ -158,11 +159,15 @@ pub struct WebrtcOutcome {
     pub invocations: u64,
 }
 
-/// A WAV encoded once for the track: 20 ms Opus frames at 48 kHz, speech then silence.
+/// A WAV encoded once for the track: 20 ms Opus frames, speech then silence, twice: fullband
+/// (encoded from 48 kHz, what a browser sends by default) and wideband (encoded from 16 kHz,
+/// what a browser sends to a peer whose answer says `maxplaybackrate=16000`).
 #[derive(Debug, Clone)]
 pub struct EncodedSpeech {
-    /// The Opus packets.
+    /// The Opus packets, fullband.
     pub packets: Vec<Vec<u8>>,
+    /// The same frames encoded wideband (SILK only).
+    pub wideband_packets: Vec<Vec<u8>>,
     /// How many of the packets hold the WAV (the rest are the silence tail).
     pub speech_frames: usize,
     /// Per packet: whether it carries speech (RMS above a tenth of the loudest frame's). The
@@ -170,6 +175,9 @@ pub struct EncodedSpeech {
     /// voiced frame sent before the reply.
     pub voiced: Vec<bool>,
 }
+
+/// The wideband rate: a peer that plays at most this gets [`EncodedSpeech::wideband_packets`].
+const WIDEBAND_RATE: u32 = 16_000;
 
 impl EncodedSpeech {
     /// Reads, resamples and encodes `path`, adding `silence_tail` of silent frames.
@@ -185,28 +193,74 @@ impl EncodedSpeech {
     /// # Errors
     /// An encoder failure.
     pub fn from_samples(samples: &[f32], silence_tail: Duration) -> anyhow::Result<Self> {
-        let config = OpusEncoderConfig {
-            frame_duration: FrameDuration::Ms20,
-            bitrate: 32_000,
-            ..OpusEncoderConfig::voice(RATE)
-        };
-        let mut enc = OpusEncoder::new(config).context("Opus encoder")?;
         let mut frames = audio::frames(samples, FRAME_SAMPLES);
         let speech_frames = frames.len();
         let mut voiced = crate::chaos::voiced_frames(samples, FRAME_SAMPLES);
         let tail = silence_tail.as_micros() / FRAME.as_micros();
         frames.extend((0..tail).map(|_| vec![0.0; FRAME_SAMPLES]));
         voiced.resize(frames.len(), false);
-        let packets = frames
-            .iter()
-            .map(|f| enc.encode_f32(f).map(<[u8]>::to_vec).context("Opus encode"))
-            .collect::<anyhow::Result<_>>()?;
+        let packets = encode_frames(&frames, RATE)?;
+        // The whole stream at once: a resampler's delay would otherwise shift every frame.
+        let mut narrow = Resampler::new(RATE, WIDEBAND_RATE).context("resampler")?;
+        let mut low = Vec::with_capacity(samples.len() / 3 + 1024);
+        narrow.process(samples, &mut low);
+        narrow.flush(&mut low);
+        let per_frame = FRAME_SAMPLES / 3;
+        low.resize(speech_frames * per_frame, 0.0);
+        let mut wideband_frames = audio::frames(&low, per_frame);
+        wideband_frames.resize(frames.len(), vec![0.0; per_frame]);
+        let wideband_packets = encode_frames(&wideband_frames, WIDEBAND_RATE)?;
         Ok(Self {
             packets,
+            wideband_packets,
             speech_frames,
             voiced,
         })
     }
+
+    /// The packets to send to a peer whose answer limits playback to `max_playback` Hz.
+    #[must_use]
+    pub fn packets_for(&self, max_playback: Option<u32>) -> &[Vec<u8>] {
+        match max_playback {
+            Some(rate) if rate <= WIDEBAND_RATE => &self.wideband_packets,
+            _ => &self.packets,
+        }
+    }
+}
+
+/// 20 ms frames at `rate` as Opus packets.
+fn encode_frames(frames: &[Vec<f32>], rate: u32) -> anyhow::Result<Vec<Vec<u8>>> {
+    let config = OpusEncoderConfig {
+        frame_duration: FrameDuration::Ms20,
+        bitrate: 32_000,
+        ..OpusEncoderConfig::voice(rate)
+    };
+    let mut enc = OpusEncoder::new(config).context("Opus encoder")?;
+    frames
+        .iter()
+        .map(|f| enc.encode_f32(f).map(<[u8]>::to_vec).context("Opus encode"))
+        .collect()
+}
+
+/// The `maxplaybackrate` of the Opus format in an SDP (RFC 7587 §6.1): the highest rate the
+/// peer will play, so a sender need not encode above it.
+#[must_use]
+pub fn opus_max_playback_rate(sdp: &str) -> Option<u32> {
+    let pts: Vec<&str> = sdp
+        .lines()
+        .filter_map(|l| l.strip_prefix("a=rtpmap:"))
+        .filter_map(|rest| rest.split_once(' '))
+        .filter(|(_, codec)| codec.to_ascii_lowercase().starts_with("opus/48000"))
+        .map(|(pt, _)| pt)
+        .collect();
+    sdp.lines()
+        .filter_map(|l| l.strip_prefix("a=fmtp:"))
+        .filter_map(|rest| rest.split_once(' '))
+        .filter(|(pt, _)| pts.contains(pt))
+        .flat_map(|(_, params)| params.split(';'))
+        .filter_map(|p| p.trim().split_once('='))
+        .find(|(k, _)| k.eq_ignore_ascii_case("maxplaybackrate"))
+        .and_then(|(_, v)| v.trim().parse().ok())
 }
 
 /// Samples at 48 kHz in one Opus packet, from its TOC byte (RFC 6716 §3.1); 0 for an empty or
@@ -306,21 +360,24 @@ pub fn offer_sdp(local: SocketAddr, data_channel: bool) -> anyhow::Result<String
         .to_sdp_string())
 }
 
+/// The HTTP client sessions post their offers with.
+fn http_client() -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder().build().context("HTTP client")
+}
+
 /// Posts `offer` to the VIP door and returns its answer.
 async fn post_offer(
+    client: &reqwest::Client,
     url: &str,
     offer: &str,
     token: Option<&str>,
     timeout: Duration,
 ) -> anyhow::Result<HttpAnswer> {
     let target = offer_url(url)?;
-    let client = reqwest::Client::builder()
-        .timeout(timeout)
-        .build()
-        .context("HTTP client")?;
     let body = json!({"sdp": offer, "type": "offer"}).to_string();
     let mut request = client
         .post(&target)
+        .timeout(timeout)
         .header("content-type", "application/json")
         .body(body);
     if let Some(token) = token.filter(|t| !t.is_empty()) {
@@ -359,6 +416,8 @@ pub(crate) struct Plan {
     timeout: Duration,
     bind: IpAddr,
     token: Option<String>,
+    /// One HTTP client for every session (building one loads the system's certificates).
+    http: reqwest::Client,
 }
 
 impl Plan {
@@ -369,8 +428,8 @@ impl Plan {
         timeout: Duration,
         bind: IpAddr,
         token: Option<String>,
-    ) -> Self {
-        Self {
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
             turns: vec![Turn::Speech; speech_turns],
             speech: Some(speech),
             keep_audio: false,
@@ -378,7 +437,8 @@ impl Plan {
             timeout,
             bind,
             token,
-        }
+            http: http_client()?,
+        })
     }
 }
 
@@ -410,6 +470,7 @@ pub async fn run(opts: &WebrtcOptions, events: &mut Events) -> anyhow::Result<We
         timeout: opts.timeout,
         bind: opts.bind,
         token: opts.token.clone(),
+        http: http_client()?,
     };
     let mut out = WebrtcOutcome::default();
     let result = if opts.gemini {
@@ -467,7 +528,7 @@ pub(crate) async fn session(
             );
             let answer = tokio::time::timeout(
                 remaining,
-                post_offer(url, &offer, plan.token.as_deref(), remaining),
+                post_offer(&plan.http, url, &offer, plan.token.as_deref(), remaining),
             )
             .await
             .map_err(|_| anyhow::anyhow!("no answer within {:?}", plan.timeout))??;
@@ -476,6 +537,7 @@ pub(crate) async fn session(
                 json!({"session_id": answer.session_id, "type": answer.kind}),
             );
             out.session_id.clone_from(&answer.session_id);
+            peer.max_playback = opus_max_playback_rate(&answer.sdp);
             let sdp = SdpAnswer::from_sdp_string(&answer.sdp).context("the answer is not SDP")?;
             if let Some(p) = pending.take() {
                 peer.rtc
@@ -586,6 +648,8 @@ struct Peer<'p> {
     stats: WebrtcStats,
     clock: ReplyClock,
     answered: Option<Instant>,
+    /// The answer's Opus `maxplaybackrate`: wideband packets are sent when it is 16 kHz or less.
+    max_playback: Option<u32>,
     /// VIP: `session.connected` arrived.
     session_ready: bool,
     /// Gemini: the answer arrived.
@@ -635,6 +699,7 @@ impl<'p> Peer<'p> {
             stats: WebrtcStats::default(),
             clock: ReplyClock::default(),
             answered: None,
+            max_playback: None,
             session_ready: false,
             answer_accepted: false,
             early_candidates: Vec::new(),
@@ -682,8 +747,26 @@ impl<'p> Peer<'p> {
     ) -> anyhow::Result<()> {
         let vip = matches!(control, Control::Vip);
         let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut immediate = 0;
+        // One timer, moved only when its deadline changes (a fresh sleep per turn would
+        // register with the runtime's timer on every packet).
+        let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
+        tokio::pin!(timer);
+        let mut armed = Some(deadline);
         loop {
             let timeout = self.drain(events, &mut control)?;
+            // A frame written asks str0m to packetize and pace it at once: handled here
+            // rather than through the runtime's timer (two wakeups per frame), a few in a row
+            // at most so the task still yields.
+            let now = Instant::now();
+            if timeout <= now && immediate < 8 {
+                immediate += 1;
+                self.rtc
+                    .handle_input(Input::Timeout(now))
+                    .context("webrtc")?;
+                continue;
+            }
+            immediate = 0;
             if self.ready(vip)
                 && !self.waiting
                 && self.streaming.is_none()
@@ -697,12 +780,22 @@ impl<'p> Peer<'p> {
                 break;
             }
             let frame_due = self.streaming.map(|(start, i)| slot(start, i));
+            if let Some(due) = frame_due
+                && due <= Instant::now()
+            {
+                self.send_frame(Instant::now(), events);
+                continue;
+            }
             let wake = [Some(timeout), frame_due, self.done_at]
                 .into_iter()
                 .flatten()
                 .min()
                 .unwrap_or(deadline)
                 .min(deadline);
+            if armed != Some(wake) {
+                timer.as_mut().reset(tokio::time::Instant::from_std(wake));
+                armed = Some(wake);
+            }
             tokio::select! {
                 r = self.socket.recv_from(&mut buf) => {
                     // ICMP errors from earlier sends surface here on some systems.
@@ -712,7 +805,9 @@ impl<'p> Peer<'p> {
                 msg = next_ws(&mut control) => {
                     self.on_ws(msg, pending, events)?;
                 }
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
+                () = &mut timer => {
+                    // A fired timer stays ready until it is moved.
+                    armed = None;
                     let now = Instant::now();
                     if now >= deadline {
                         bail!("timed out after {:?}", self.plan.timeout);
@@ -720,9 +815,11 @@ impl<'p> Peer<'p> {
                     if frame_due.is_some_and(|d| d <= now) {
                         self.send_frame(now, events);
                     }
-                    self.rtc
-                        .handle_input(Input::Timeout(now))
-                        .context("webrtc")?;
+                    if timeout <= now {
+                        self.rtc
+                            .handle_input(Input::Timeout(now))
+                            .context("webrtc")?;
+                    }
                 }
             }
         }
@@ -1014,6 +1111,7 @@ impl<'p> Peer<'p> {
         };
         match message {
             ServerMessage::WebrtcAnswer { sdp } => {
+                self.max_playback = opus_max_playback_rate(&sdp);
                 let answer = SdpAnswer::from_sdp_string(&sdp).context("the answer is not SDP")?;
                 let Some(p) = pending.take() else {
                     bail!("a second WEBRTC_ANSWER");
@@ -1091,7 +1189,7 @@ impl<'p> Peer<'p> {
             self.streaming = None;
             return;
         };
-        let Some(packet) = speech.packets.get(i) else {
+        let Some(packet) = speech.packets_for(self.max_playback).get(i) else {
             // The silence tail is over; the reply (or the timeout) ends the turn.
             self.streaming = None;
             events.emit("sent", json!({"message": "audio_stream_end", "frames": i}));
@@ -1231,6 +1329,42 @@ mod tests {
         let loud = |x: &[i16]| x.iter().map(|&s| f64::from(s).abs()).sum::<f64>() / x.len() as f64;
         assert!(loud(&pcm[4800..19_200]) > 1000.0, "the tone survives");
         assert!(loud(&pcm[26 * 960..]) < 200.0, "the tail is silence");
+        // The wideband packets: as many, SILK-only wideband (TOC configs 8..=11), the tone in
+        // them too.
+        assert_eq!(s.wideband_packets.len(), 30);
+        assert!(
+            s.wideband_packets
+                .iter()
+                .all(|p| (8..=11).contains(&(p[0] >> 3)))
+        );
+        let mut dec = OpusDecoder::new(RATE, OpusBackend::default()).unwrap();
+        let mut wide = Vec::new();
+        for p in &s.wideband_packets {
+            assert_eq!(opus_packet_samples(p), FRAME_SAMPLES);
+            wide.extend_from_slice(dec.decode(p).unwrap());
+        }
+        assert!(loud(&wide[4800..19_200]) > 1000.0);
+        assert!(std::ptr::eq(
+            s.packets_for(Some(16_000)),
+            s.wideband_packets.as_slice()
+        ));
+        assert!(std::ptr::eq(
+            s.packets_for(Some(48_000)),
+            s.packets.as_slice()
+        ));
+        assert!(std::ptr::eq(s.packets_for(None), s.packets.as_slice()));
+    }
+
+    #[test]
+    fn max_playback_rate_of_the_opus_format() {
+        let sdp = "m=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\na=rtpmap:111 opus/48000/2\r\n\
+                   a=rtpmap:0 PCMU/8000\r\na=fmtp:0 maxplaybackrate=8000\r\n\
+                   a=fmtp:111 minptime=10; maxplaybackrate=16000\r\n";
+        assert_eq!(opus_max_playback_rate(sdp), Some(16_000));
+        assert_eq!(
+            opus_max_playback_rate("a=rtpmap:111 opus/48000/2\r\na=fmtp:111 minptime=10\r\n"),
+            None
+        );
     }
 
     #[test]

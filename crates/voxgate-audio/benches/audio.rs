@@ -303,6 +303,44 @@ fn opus_encode_60ms_24k(bencher: Bencher<'_, '_>, name: &str) {
     });
 }
 
+/// WebRTC reply path: one 20 ms frame of speech at 16 kHz (wideband), at the complexities a
+/// server might pick (the WebRTC door uses 1).
+#[divan::bench(args = BACKENDS, consts = [0, 1, 5])]
+fn webrtc_encode_20ms_16k<const COMPLEXITY: u8>(bencher: Bencher<'_, '_>, name: &str) {
+    let pcm: Vec<i16> = at_rate(16_000).into_iter().map(f32_to_i16).collect();
+    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+        backend: backend(name),
+        frame_duration: FrameDuration::Ms20,
+        complexity: COMPLEXITY,
+        ..OpusEncoderConfig::voice(16_000)
+    }) else {
+        unreachable!()
+    };
+    let n = enc.frame_samples();
+    let frames: Vec<&[i16]> = pcm.chunks_exact(n).collect();
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let _ = black_box(enc.encode(frames[k % frames.len()]));
+        k += 1;
+    });
+}
+
+/// WebRTC uplink: one 20 ms packet encoded at 48 kHz (what a browser sends) decoded to the
+/// engine's 16 kHz.
+#[divan::bench(args = BACKENDS)]
+fn webrtc_decode_20ms_48k_to_16k(bencher: Bencher<'_, '_>, name: &str) {
+    let b = backend(name);
+    let packets = packets(48_000, FrameDuration::Ms20, b);
+    let Ok(mut dec) = OpusDecoder::new(16_000, b) else {
+        unreachable!()
+    };
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let _ = black_box(dec.decode(&packets[k % packets.len()]));
+        k += 1;
+    });
+}
+
 /// VAD alone over 60 ms at 16 kHz (3.75 model frames).
 #[divan::bench]
 fn vad_60ms_16k(bencher: Bencher<'_, '_>) {

@@ -831,6 +831,17 @@ async fn a_browser_offer_is_answered_with_audio_and_candidates() {
     assert!(sdp.contains("m=audio"), "{sdp}");
     assert!(sdp.contains("a=candidate"), "{sdp}");
     assert!(sdp.contains("a=mid:0"), "{sdp}");
+    // The rate hints on Opus: the engine hears 16 kHz, so the app need not send fullband.
+    let opus_pt = sdp
+        .lines()
+        .find_map(|l| l.strip_prefix("a=rtpmap:")?.strip_suffix(" opus/48000/2"))
+        .unwrap_or_else(|| panic!("no Opus in {sdp}"));
+    let fmtp = sdp
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("a=fmtp:{opus_pt} ")))
+        .unwrap_or_else(|| panic!("no Opus fmtp in {sdp}"));
+    assert!(fmtp.contains("maxplaybackrate=16000"), "{fmtp}");
+    assert!(fmtp.contains("sprop-maxcapturerate=16000"), "{fmtp}");
     // The same candidates trickled, in the Android app's nested form.
     let candidate = recv(&mut ws).await;
     assert_eq!(kind(&candidate), "WEBRTC_ICE_CANDIDATE", "{candidate}");

@@ -159,7 +159,7 @@ impl WebrtcLoadSummary {
 /// Runs the load and returns the summary.
 ///
 /// # Errors
-/// Only when the WAV cannot be read or encoded; session failures are counted, not returned.
+/// Only when the WAV cannot be read or encoded or no HTTP client can be made; session failures are counted, not returned.
 pub async fn run(opts: &WebrtcLoadOptions) -> anyhow::Result<WebrtcLoadSummary> {
     let speech = Arc::new(EncodedSpeech::from_wav(&opts.wav, SILENCE_TAIL)?);
     let plan = Arc::new(Plan::speech(
@@ -168,7 +168,7 @@ pub async fn run(opts: &WebrtcLoadOptions) -> anyhow::Result<WebrtcLoadSummary> 
         opts.timeout,
         opts.bind,
         opts.token.clone(),
-    ));
+    )?);
     let n = opts.sessions.max(1);
     let before = opts.server_pid.and_then(sample);
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(

@@ -11,7 +11,9 @@
 //! The WebRTC connection belongs to the WebSocket connection, not to a bridge session: it may
 //! be offered before `CONNECT_GEMINI`, outlives a session replaced by `CONNECT_GEMINI` or
 //! `UPDATE_CONFIG`, and is hung up by `DISCONNECT_GEMINI`, a new offer (which replaces it) or
-//! the socket's end. While it is connected the session hears the track and speaks on it.
+//! the socket's end. From its answer the session speaks on the track (the connection holds the
+//! audio until ICE and DTLS are up: the app that offered plays nothing else), and while it is
+//! connected the session hears the track.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,8 +84,9 @@ struct Media {
     line: (String, u32),
     /// An answered connection exists (until it closes or is hung up).
     open: bool,
-    /// ICE and DTLS are up: the session hears the track and speaks on it.
-    connected: bool,
+    /// Reply audio goes on the track: from the answer (the connection queues it until ICE and
+    /// DTLS are up, as the app that offered plays nothing else) until the connection closes.
+    track: bool,
 }
 
 impl Default for Media {
@@ -93,7 +96,7 @@ impl Default for Media {
             offered: None,
             line: ("0".into(), 0),
             open: false,
-            connected: false,
+            track: false,
         }
     }
 }
@@ -188,12 +191,12 @@ impl GeminiDoor {
             out.media(MediaCommand::Hangup);
         }
         self.media.open = false;
-        self.set_connected(false);
+        self.set_track(false);
     }
 
     /// Whether reply audio goes on the track, for the session now and those opened later.
-    fn set_connected(&mut self, up: bool) {
-        self.media.connected = up;
+    fn set_track(&mut self, up: bool) {
+        self.media.track = up;
         match &mut self.backend {
             Some(Backend::Engine(e)) => e.set_media(up),
             Some(Backend::Pass(p)) => p.set_media(up),
@@ -381,7 +384,7 @@ impl GeminiDoor {
                 ) {
                     // Initialized once the upstream opens (`on_event`).
                     Ok(mut p) => {
-                        p.set_media(self.media.connected);
+                        p.set_media(self.media.track);
                         self.backend = Some(Backend::Pass(p));
                     }
                     Err(message) => {
@@ -409,7 +412,7 @@ impl GeminiDoor {
                 let settings = &self.config.engine;
                 match EngineSession::new(&config, settings, metrics, flags, ids, now) {
                     Ok(mut session) => {
-                        session.set_media(self.media.connected);
+                        session.set_media(self.media.track);
                         // Tool declarations refused (`GEMINI_ERROR`s) come before
                         // SETUP_COMPLETE, as on UPDATE_CONFIG: an app reading up to
                         // SETUP_COMPLETE has seen every complaint about its config.
@@ -523,10 +526,11 @@ impl Translator for GeminiDoor {
     fn on_media(&mut self, now: Instant, event: MediaEvent, out: &mut Out) {
         match event {
             MediaEvent::Answer { sdp, candidates } => {
-                // A new connection (replacing any earlier one): audio stays on the WebSocket
-                // until it is up.
-                self.set_connected(false);
+                // A new connection (replacing any earlier one). Reply audio goes to it from
+                // now: the app that offered plays only the track, and the connection holds
+                // what comes before ICE and DTLS are up and sends it then.
                 self.media.open = true;
+                self.set_track(true);
                 self.media.line = self.media.offered.take().unwrap_or_else(|| ("0".into(), 0));
                 emit(out, &ServerMessage::WebrtcAnswer { sdp });
                 for c in candidates {
@@ -547,14 +551,13 @@ impl Translator for GeminiDoor {
             }
             MediaEvent::Connected => {
                 tracing::debug!("gemini door: WebRTC connected");
-                self.set_connected(true);
             }
             MediaEvent::Audio(samples) => self.media_audio(now, &samples, out),
             MediaEvent::Closed(reason) => {
                 // The bridge has no message for it: the session goes on over the WebSocket.
                 tracing::info!(%reason, "gemini door: WebRTC connection closed");
                 self.media.open = false;
-                self.set_connected(false);
+                self.set_track(false);
             }
             // The bridge asks for no data channel.
             MediaEvent::DataOpen | MediaEvent::Data(_) => {}
@@ -1520,7 +1523,8 @@ mod tests {
         h.advance(Duration::from_secs(3));
         assert!(!plays(&h.media()).is_empty());
         assert!(!has_inline_audio(&h.messages()));
-        // Answered but not connected yet: audio stays on the WebSocket.
+        // Answered but not connected yet: the reply goes to the track all the same (the
+        // connection holds it until it is up), never to the WebSocket the app does not play.
         h.client(json!({"type": "WEBRTC_OFFER", "payload": {"sdp": CHROME_OFFER}}));
         h.media_event(MediaEvent::Answer {
             sdp: "v=0\r\n".into(),
@@ -1528,6 +1532,16 @@ mod tests {
         });
         h.media();
         h.messages();
+        let synth = spoken_reply(&mut h, "Hi.");
+        h.door
+            .on_provider(h.now, ProviderEvent::Done { id: synth }, &mut h.out);
+        h.advance(Duration::from_secs(3));
+        assert!(!plays(&h.media()).is_empty());
+        assert!(!has_inline_audio(&h.messages()));
+        // The connection failed: later replies go back to the WebSocket.
+        h.media_event(MediaEvent::Closed(
+            "ICE/DTLS did not complete in time".into(),
+        ));
         let synth = spoken_reply(&mut h, "Hi.");
         h.door
             .on_provider(h.now, ProviderEvent::Done { id: synth }, &mut h.out);

@@ -273,7 +273,11 @@ impl Endpoint {
             },
         );
         Ok(Accepted {
-            answer: answer.to_sdp_string(),
+            answer: limit_opus_rates(
+                &answer.to_sdp_string(),
+                options.input_rate,
+                peer::ENCODE_RATE,
+            ),
             candidates,
             peer,
         })
@@ -335,6 +339,59 @@ fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     UdpSocket::from_std(socket.into())
+}
+
+/// Adds RFC 7587's rate hints to the answer's Opus format line: `maxplaybackrate` (the rate
+/// the door decodes to: nothing above its Nyquist frequency reaches the engine, so a sender
+/// that honours it, as browsers do, encodes wideband SILK instead of hybrid fullband, which is
+/// cheaper for it to encode, for us to decode, and smaller on the wire) and
+/// `sprop-maxcapturerate` (the rate our replies are encoded at). Parameters the line already
+/// has are kept, a missing line is added; an answer without Opus is returned as it was.
+fn limit_opus_rates(sdp: &str, playback: u32, capture: u32) -> String {
+    let eol = if sdp.contains("\r\n") { "\r\n" } else { "\n" };
+    let opus_pts: Vec<&str> = sdp
+        .lines()
+        .filter_map(|l| l.strip_prefix("a=rtpmap:"))
+        .filter_map(|rest| rest.split_once(' '))
+        .filter(|(_, codec)| codec.to_ascii_lowercase().starts_with("opus/48000"))
+        .map(|(pt, _)| pt)
+        .collect();
+    let has_fmtp = |pt: &str| {
+        sdp.lines()
+            .filter_map(|l| l.strip_prefix("a=fmtp:"))
+            .any(|rest| rest.split(' ').next() == Some(pt))
+    };
+    let mut out = String::with_capacity(sdp.len() + 64);
+    for line in sdp.lines() {
+        out.push_str(line);
+        if let Some(rest) = line.strip_prefix("a=rtpmap:")
+            && let Some(pt) = rest.split(' ').next()
+            && opus_pts.contains(&pt)
+            && !has_fmtp(pt)
+        {
+            out.push_str(&format!(
+                "{eol}a=fmtp:{pt} maxplaybackrate={playback};sprop-maxcapturerate={capture}"
+            ));
+        }
+        if let Some(rest) = line.strip_prefix("a=fmtp:")
+            && let Some((pt, params)) = rest.split_once(' ')
+            && opus_pts.contains(&pt)
+        {
+            let has = |name: &str| {
+                params
+                    .split(';')
+                    .any(|p| p.trim().split('=').next() == Some(name))
+            };
+            if !has("maxplaybackrate") {
+                out.push_str(&format!(";maxplaybackrate={playback}"));
+            }
+            if !has("sprop-maxcapturerate") {
+                out.push_str(&format!(";sprop-maxcapturerate={capture}"));
+            }
+        }
+        out.push_str(eol);
+    }
+    out
 }
 
 /// A reserved connection slot, given back when the connection's task ends.
@@ -440,6 +497,35 @@ mod tests {
         assert_eq!(t.len(), 24);
         assert!(t.bytes().all(|b| b.is_ascii_alphanumeric()));
         assert_ne!(random_token(24), t);
+    }
+
+    #[test]
+    fn opus_answers_carry_rate_hints() {
+        let sdp = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n\
+                   a=fmtp:111 minptime=10;useinbandfec=1\r\na=rtpmap:0 PCMU/8000\r\n\
+                   a=fmtp:0 foo=1\r\n";
+        let out = limit_opus_rates(sdp, 16_000, 16_000);
+        assert!(out.contains(
+            "a=fmtp:111 minptime=10;useinbandfec=1;maxplaybackrate=16000;sprop-maxcapturerate=16000\r\n"
+        ));
+        assert!(out.contains("a=fmtp:0 foo=1\r\n"), "other codecs untouched");
+        assert_eq!(
+            out.len(),
+            sdp.len() + ";maxplaybackrate=16000;sprop-maxcapturerate=16000".len()
+        );
+        // Present parameters are kept, not doubled; SDP without Opus is unchanged.
+        let set = "a=rtpmap:96 OPUS/48000/2\na=fmtp:96 maxplaybackrate=8000\n";
+        assert_eq!(
+            limit_opus_rates(set, 16_000, 16_000),
+            "a=rtpmap:96 OPUS/48000/2\na=fmtp:96 maxplaybackrate=8000;sprop-maxcapturerate=16000\n"
+        );
+        let bare = "a=rtpmap:111 opus/48000/2\n";
+        assert_eq!(
+            limit_opus_rates(bare, 16_000, 24_000),
+            "a=rtpmap:111 opus/48000/2\na=fmtp:111 maxplaybackrate=16000;sprop-maxcapturerate=24000\n"
+        );
+        let none = "v=0\r\nm=audio 9 RTP/AVP 0\r\na=fmtp:0 x=1\r\n";
+        assert_eq!(limit_opus_rates(none, 16_000, 16_000), none);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::{Datagram, Endpoint, PeerOptions, Slot};
 /// adds CELT (hybrid mode) for the band above 8 kHz, which cost about a sixth more server CPU
 /// at 200 sessions for little a listener hears in synthesized speech. Opus packets carry their
 /// bandwidth, so the RTP clock stays 48 kHz.
-const ENCODE_RATE: u32 = 16_000;
+pub(crate) const ENCODE_RATE: u32 = 16_000;
 /// Opus encoder effort for replies. The encoder is most of a WebRTC session's CPU (a profile
 /// at 150 sessions: over 40 % of the server's samples in opus-rs's SILK analysis at 5); at 1
 /// SILK skips its delayed-decision quantizer and warped analysis, which is what lets 200
@@ -41,6 +41,10 @@ const FRAME_TICKS: u64 = 960;
 const LATE: Duration = Duration::from_millis(20);
 /// Behind schedule by this much, the pacer starts a new schedule instead of bursting.
 const RESYNC: Duration = Duration::from_millis(100);
+/// Timeouts already due handled in a row before the connection yields to the runtime.
+const MAX_IMMEDIATE_TIMEOUTS: u32 = 8;
+/// Datagrams taken from the queue in one go.
+const MAX_DATAGRAM_BATCH: usize = 16;
 /// Events waiting for the door (20 ms of audio each); more audio is dropped and counted.
 const EVENT_QUEUE: usize = 128;
 /// Commands waiting for the connection.
@@ -99,6 +103,8 @@ pub(crate) struct PeerStats {
     pub(crate) max_late_us: AtomicU64,
     /// Client audio frames dropped because the door was behind.
     pub(crate) dropped_in: AtomicU64,
+    /// Times str0m's own timer woke the connection.
+    pub(crate) timer_wakeups: AtomicU64,
 }
 
 /// Reply audio waiting to be sent at real time: filled by the door, emptied by the pacer.
@@ -273,6 +279,8 @@ impl Peer {
             late_frames = s.late_frames.load(Ordering::Relaxed),
             max_late_ms = s.max_late_us.load(Ordering::Relaxed) / 1000,
             dropped_in = s.dropped_in.load(Ordering::Relaxed),
+            timer_wakeups = s.timer_wakeups.load(Ordering::Relaxed),
+            lifetime_ms = self.started.elapsed().as_millis(),
             "webrtc: connection closed"
         );
         self.rtc.disconnect();
@@ -294,45 +302,84 @@ impl Peer {
     /// Runs until the connection ends; returns why.
     async fn serve(&mut self, commands: &mut mpsc::Receiver<PeerCommand>) -> String {
         let connect_by = self.started + self.cx.connect_timeout;
+        let mut immediate = 0;
+        // One timer for str0m's timeout, the next reply frame and the connect deadline, moved
+        // only when its deadline changes: a fresh sleep per loop turn would register and
+        // deregister with the runtime's timer on every packet.
+        let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(connect_by));
+        tokio::pin!(timer);
+        let mut armed = Some(connect_by);
         loop {
             let timeout = match self.drain() {
                 Ok(t) => t,
                 Err(reason) => return reason,
             };
-            if !self.connected && Instant::now() >= connect_by {
-                return "ICE/DTLS did not complete in time".into();
-            }
-            let wake = if self.connected {
-                timeout
-            } else {
-                timeout.min(connect_by)
-            };
-            // Reply audio first: a busy inbound queue must not delay a frame that is due.
-            if self.next_due.is_some_and(|d| d <= Instant::now()) {
-                self.pace(Instant::now());
+            let now = Instant::now();
+            // A frame written asks str0m to packetize and pace it at once: a timeout already
+            // due is handled here, not through the runtime's timer (which would cost two more
+            // wakeups per frame and a millisecond of timer granularity each). Bounded, so a
+            // connection whose timer never settles still yields.
+            if timeout <= now && immediate < MAX_IMMEDIATE_TIMEOUTS {
+                immediate += 1;
+                if let Err(e) = self.rtc.handle_input(Input::Timeout(now)) {
+                    return format!("webrtc error: {e}");
+                }
                 continue;
             }
-            let pacing = self.next_due;
+            immediate = 0;
+            if !self.connected && now >= connect_by {
+                return "ICE/DTLS did not complete in time".into();
+            }
+            // Reply audio first: a busy inbound queue must not delay a frame that is due.
+            if self.next_due.is_some_and(|d| d <= now) {
+                self.pace(now);
+                continue;
+            }
+            let mut wake = timeout;
+            if !self.connected {
+                wake = wake.min(connect_by);
+            }
+            if let Some(due) = self.next_due {
+                wake = wake.min(due);
+            }
+            if armed != Some(wake) {
+                timer.as_mut().reset(tokio::time::Instant::from_std(wake));
+                armed = Some(wake);
+            }
+            let idle = self.next_due.is_none();
             tokio::select! {
                 biased;
                 d = self.cx.datagrams.recv() => {
                     let Some(d) = d else { return "endpoint closed".into() };
                     self.receive(&d);
+                    // Whatever else already arrived goes in before str0m is polled again.
+                    for _ in 0..MAX_DATAGRAM_BATCH {
+                        let Ok(d) = self.cx.datagrams.try_recv() else { break };
+                        self.receive(&d);
+                    }
                 }
                 c = commands.recv() => match c {
                     None | Some(PeerCommand::Close) => return "closed by the server".into(),
                     Some(PeerCommand::RemoteCandidate(c)) => self.remote_candidate(&c),
                     Some(PeerCommand::Data(text)) => self.send_data(text),
                 },
-                () = sleep_until(pacing), if pacing.is_some() => self.pace(Instant::now()),
-                () = self.playout.ready.notified(), if pacing.is_none() => {
+                () = self.playout.ready.notified(), if idle => {
                     if self.connected {
                         self.start_burst(Instant::now());
                     }
                 }
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {
-                    if let Err(e) = self.rtc.handle_input(Input::Timeout(Instant::now())) {
-                        return format!("webrtc error: {e}");
+                () = &mut timer => {
+                    // A fired timer stays ready until it is moved.
+                    armed = None;
+                    let now = Instant::now();
+                    if self.next_due.is_some_and(|d| d <= now) {
+                        self.pace(now);
+                    }
+                    if timeout <= now {
+                        self.stats.timer_wakeups.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = self.rtc.handle_input(Input::Timeout(now)) {
+                            return format!("webrtc error: {e}");
+                        }
                     }
                 }
             }
@@ -590,12 +637,5 @@ impl Peer {
         {
             self.stats.frames_out.fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
     }
 }
