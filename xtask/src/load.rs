@@ -1,5 +1,7 @@
 //! Load test of the Xiaozhi door: N concurrent streaming device sessions against the real
 //! server (release builds), reporting CPU per session, memory per session and dropped frames.
+//! With `--webrtc`, N concurrent WebRTC sessions on the VIP door instead (docs/webrtc.md#load),
+//! reporting late RTP packets and how busy the whole machine was at its busiest.
 //!
 //! The server runs on `127.0.0.1` with a free port and the embedded defaults (demo agent, no
 //! ASR, embedded TTS); `voxgate-client load xiaozhi` opens the sessions from one process, each
@@ -44,9 +46,13 @@ pub(crate) struct Args {
     #[arg(long)]
     client_bin: Option<PathBuf>,
     /// Build the server with the `libopus` feature (bundled libopus, needs cmake) so the
-    /// Xiaozhi door's codecs run on libopus instead of the pure-Rust backend.
+    /// door's codecs run on libopus instead of the pure-Rust backend.
     #[arg(long)]
     libopus: bool,
+    /// WebRTC sessions on the VIP door (`voxgate-client load webrtc`) instead of Xiaozhi
+    /// devices: each streams the WAV once and hears the reply (`--seconds` is not used).
+    #[arg(long)]
+    webrtc: bool,
 }
 
 /// Goals from the issue.
@@ -60,7 +66,7 @@ struct Sample {
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    if args.seconds as f64 <= args.ramp + 2.0 {
+    if !args.webrtc && args.seconds as f64 <= args.ramp + 2.0 {
         bail!("--seconds must exceed --ramp by more than 2 s, so all sessions overlap");
     }
     if !args.no_build {
@@ -86,8 +92,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let ticks_per_second = clock_ticks()?;
 
     let backend = if args.libopus { "libopus" } else { "pure" };
-    let (mut server, addr) = start_server(&server_bin, backend)?;
-    let result = measure(args, &client_bin, &wav, &server, addr, ticks_per_second);
+    let (mut server, addr) = start_server(&server_bin, backend, args.webrtc)?;
+    let result = if args.webrtc {
+        measure_webrtc(args, &client_bin, &wav, &server, addr)
+    } else {
+        measure(args, &client_bin, &wav, &server, addr, ticks_per_second)
+    };
     // Our own child, by handle.
     let _ = server.kill();
     let _ = server.wait();
@@ -249,9 +259,136 @@ fn measure(
     Ok(())
 }
 
+/// The WebRTC run: the client's own summary (it samples the server's CPU and memory), the
+/// server's late frames, and the whole machine's busiest second (client and server share it).
+fn measure_webrtc(
+    args: &Args,
+    client_bin: &Path,
+    wav: &Path,
+    server: &Child,
+    addr: SocketAddr,
+) -> anyhow::Result<()> {
+    std::thread::sleep(Duration::from_millis(500));
+    let mut client_cmd = Command::new(client_bin);
+    client_cmd
+        .args(["load", "webrtc", &format!("http://{addr}")])
+        .args(["--sessions", &args.sessions.to_string()])
+        .args(["--ramp", &args.ramp.to_string()])
+        .args(["--server-pid", &server.id().to_string()])
+        .arg("--wav")
+        .arg(wav);
+    eprintln!("$ {}", util::describe(&client_cmd));
+    let mut client = client_cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting voxgate-client")?;
+    let mut busy = Vec::new();
+    let mut last = machine_ticks()?;
+    loop {
+        if let Some(status) = client.try_wait()? {
+            if !status.success() {
+                bail!("voxgate-client failed with {status}");
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let now = machine_ticks()?;
+        let total = (now.1 - last.1).max(1) as f64;
+        busy.push(100.0 * (now.0 - last.0) as f64 / total);
+        last = now;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    // The busiest second: two half-second samples side by side.
+    let busiest = busy
+        .windows(2)
+        .map(|w| (w[0] + w[1]) / 2.0)
+        .fold(busy.first().copied().unwrap_or(0.0), f64::max);
+    let mut out = String::new();
+    client
+        .stdout
+        .take()
+        .context("client stdout")?
+        .read_to_string(&mut out)?;
+    let summary: serde_json::Value = out
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .context("the client printed no summary")?;
+    let metrics_text = metrics(addr).unwrap_or_default();
+    let server_late = sum_metric(&metrics_text, "voxgate_webrtc_late_frames_total", "");
+    let dropped = sum_metric(&metrics_text, "voxgate_webrtc_dropped_datagrams_total", "");
+    let report = serde_json::json!({
+        "sessions": args.sessions,
+        "ramp_seconds": args.ramp,
+        "opus_backend": if args.libopus { "libopus" } else { "pure" },
+        "machine_busiest_second_percent_of_all_cores": busiest,
+        "cores": cores,
+        "server_late_frames": server_late,
+        "server_dropped_datagrams": dropped,
+        "client": summary,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+    let n = |k: &str| summary[k].as_u64().unwrap_or(0);
+    let server_cpu = &summary["server"];
+    eprintln!(
+        "== load --webrtc: {} sessions, {} ok, {} lost packets",
+        args.sessions,
+        n("sessions_ok"),
+        n("lost_packets")
+    );
+    eprintln!(
+        "   late packets {} of {} (max gap {} ms), server late frames {server_late}, dropped datagrams {dropped} [goal 0: {}]",
+        n("late_packets"),
+        n("packets_received"),
+        n("max_gap_ms"),
+        verdict(n("late_packets") == 0 && n("sessions_ok") == args.sessions as u64)
+    );
+    eprintln!(
+        "   server CPU {:.1} s over the run ({:.0} % of one core), peak {:.0} KB per session; machine at its busiest {busiest:.0} % of {cores:.0} cores",
+        server_cpu["cpu_seconds"].as_f64().unwrap_or(0.0),
+        server_cpu["cpu_percent_of_one_core"]
+            .as_f64()
+            .unwrap_or(0.0),
+        server_cpu["peak_kb_per_session"].as_f64().unwrap_or(0.0),
+    );
+    eprintln!(
+        "   first audio p50 {} ms, p99 {} ms",
+        n("first_audio_latency_ms_p50"),
+        n("first_audio_latency_ms_p99")
+    );
+    Ok(())
+}
+
+/// The whole machine's (busy, total) clock ticks from `/proc/stat`'s `cpu` line.
+fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    let idle = get(3) + get(4);
+    let total: u64 = v.iter().take(8).sum();
+    Ok((total - idle, total))
+}
+
 /// Starts the release server on a free loopback port; returns it and the address it logged.
-fn start_server(bin: &Path, opus_backend: &str) -> anyhow::Result<(Child, SocketAddr)> {
+/// For WebRTC the synthesizer is the `tone` provider: the embedded one runs an `espeak-ng`
+/// process per sentence, whose CPU is not the server's and would crowd the machine.
+fn start_server(
+    bin: &Path,
+    opus_backend: &str,
+    webrtc: bool,
+) -> anyhow::Result<(Child, SocketAddr)> {
     let mut cmd = Command::new(bin);
+    if webrtc {
+        cmd.env("VOXGATE_TTS_PROVIDER", "tone");
+    }
     cmd.args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .env("VOXGATE_XIAOZHI_OPUS_BACKEND", opus_backend)

@@ -39,8 +39,9 @@ enum Command {
     Golden(golden::Args),
     /// Run the published third-party clients (Python, venv under target/) against the real server.
     Interop(interop::Args),
-    /// Load test: N concurrent streaming Xiaozhi sessions against the real server; prints CPU,
-    /// memory per session and dropped frames.
+    /// Load test: N concurrent streaming Xiaozhi sessions (or, with `--webrtc`, WebRTC sessions
+    /// on the VIP door) against the real server; prints CPU, memory per session and dropped or
+    /// late frames.
     Load(load::Args),
     /// Chaos test of admission control and timeouts: admitted streaming sessions, a flood of
     /// upgrades over capacity, slowloris and misbehaving peers against the real server; prints

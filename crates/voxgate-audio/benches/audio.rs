@@ -325,6 +325,28 @@ fn webrtc_encode_20ms_16k<const COMPLEXITY: u8>(bencher: Bencher<'_, '_>, name: 
     });
 }
 
+/// The same frame CELT-only (`LowDelay`), at the complexities a server might pick.
+#[divan::bench(args = BACKENDS, consts = [0, 1, 5])]
+fn webrtc_encode_20ms_16k_celt<const COMPLEXITY: u8>(bencher: Bencher<'_, '_>, name: &str) {
+    let pcm: Vec<i16> = at_rate(16_000).into_iter().map(f32_to_i16).collect();
+    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+        backend: backend(name),
+        frame_duration: FrameDuration::Ms20,
+        complexity: COMPLEXITY,
+        application: OpusApplication::LowDelay,
+        ..OpusEncoderConfig::voice(16_000)
+    }) else {
+        unreachable!()
+    };
+    let n = enc.frame_samples();
+    let frames: Vec<&[i16]> = pcm.chunks_exact(n).collect();
+    let mut k = 0;
+    bencher.bench_local(|| {
+        let _ = black_box(enc.encode(frames[k % frames.len()]));
+        k += 1;
+    });
+}
+
 /// WebRTC uplink: one 20 ms packet encoded at 48 kHz (what a browser sends) decoded to the
 /// engine's 16 kHz.
 #[divan::bench(args = BACKENDS)]

@@ -842,6 +842,9 @@ async fn a_browser_offer_is_answered_with_audio_and_candidates() {
         .unwrap_or_else(|| panic!("no Opus fmtp in {sdp}"));
     assert!(fmtp.contains("maxplaybackrate=16000"), "{fmtp}");
     assert!(fmtp.contains("sprop-maxcapturerate=16000"), "{fmtp}");
+    // The MID extension (BUNDLE), no transport-wide congestion control (no feedback traffic).
+    assert!(sdp.contains("urn:ietf:params:rtp-hdrext:sdes:mid"), "{sdp}");
+    assert!(!sdp.contains("transport-wide-cc"), "{sdp}");
     // The same candidates trickled, in the Android app's nested form.
     let candidate = recv(&mut ws).await;
     assert_eq!(kind(&candidate), "WEBRTC_ICE_CANDIDATE", "{candidate}");

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use str0m::change::SdpOffer;
+use str0m::rtp::Extension;
 use str0m::{Candidate, IceCreds, Rtc, RtcConfig};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
@@ -234,10 +235,18 @@ impl Endpoint {
             pass: random_token(24),
         };
         let now = Instant::now();
+        // Only the header extensions voice needs: the MID (BUNDLE demultiplexing) and the
+        // audio level. Transport-wide congestion control is left out on purpose: the server
+        // runs no bandwidth estimation and voice is a fixed ~32 kbit/s, so its feedback (ten
+        // RTCP packets a second each way per session, and bookkeeping for every packet) would
+        // be work for nothing; without it browsers keep their configured Opus bitrate.
         let mut config = RtcConfig::new()
             .set_local_ice_credentials(creds)
             .clear_codecs()
-            .enable_opus(true, false);
+            .enable_opus(true, false)
+            .clear_extension_map()
+            .set_extension(1, Extension::AudioLevel)
+            .set_extension(4, Extension::RtpMid);
         if let Some(cert) = &self.cert {
             config = config.set_dtls_cert(cert.clone());
         }
