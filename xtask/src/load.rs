@@ -157,17 +157,7 @@ fn measure(
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    let mut out = String::new();
-    client
-        .stdout
-        .take()
-        .context("client stdout")?
-        .read_to_string(&mut out)?;
-    let summary: serde_json::Value = out
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .context("the client printed no summary")?;
+    let summary = client_summary(&mut client)?;
     std::thread::sleep(Duration::from_millis(500));
     let after = sample(pid)?;
     let metrics_text = metrics(addr).unwrap_or_default();
@@ -304,17 +294,7 @@ fn measure_webrtc(
         .windows(2)
         .map(|w| (w[0] + w[1]) / 2.0)
         .fold(busy.first().copied().unwrap_or(0.0), f64::max);
-    let mut out = String::new();
-    client
-        .stdout
-        .take()
-        .context("client stdout")?
-        .read_to_string(&mut out)?;
-    let summary: serde_json::Value = out
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .context("the client printed no summary")?;
+    let summary = client_summary(&mut client)?;
     let metrics_text = metrics(addr).unwrap_or_default();
     let server_late = sum_metric(&metrics_text, "voxgate_webrtc_late_frames_total", "");
     let dropped = sum_metric(&metrics_text, "voxgate_webrtc_dropped_datagrams_total", "");
@@ -359,6 +339,20 @@ fn measure_webrtc(
         n("first_audio_latency_ms_p99")
     );
     Ok(())
+}
+
+/// The last JSON line the (finished) client printed: its summary.
+fn client_summary(client: &mut Child) -> anyhow::Result<serde_json::Value> {
+    let mut out = String::new();
+    client
+        .stdout
+        .take()
+        .context("client stdout")?
+        .read_to_string(&mut out)?;
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .context("the client printed no summary")
 }
 
 /// The whole machine's (busy, total) clock ticks from `/proc/stat`'s `cpu` line.

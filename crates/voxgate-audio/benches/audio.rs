@@ -287,56 +287,53 @@ fn opus_decode_60ms_16k(bencher: Bencher<'_, '_>, name: &str) {
 /// Encoder alone: one 60 ms frame at 24 kHz, complexity 5.
 #[divan::bench(args = BACKENDS)]
 fn opus_encode_60ms_24k(bencher: Bencher<'_, '_>, name: &str) {
-    let pcm: Vec<i16> = at_rate(24_000).into_iter().map(f32_to_i16).collect();
-    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
-        backend: backend(name),
-        ..OpusEncoderConfig::voice(24_000)
-    }) else {
-        unreachable!()
-    };
-    let n = enc.frame_samples();
-    let frames: Vec<&[i16]> = pcm.chunks_exact(n).collect();
-    let mut k = 0;
-    bencher.bench_local(|| {
-        let _ = black_box(enc.encode(frames[k % frames.len()]));
-        k += 1;
-    });
+    encode_frames(
+        bencher,
+        OpusEncoderConfig {
+            backend: backend(name),
+            ..OpusEncoderConfig::voice(24_000)
+        },
+    );
 }
 
 /// WebRTC reply path: one 20 ms frame of speech at 16 kHz (wideband), at the complexities a
 /// server might pick (the WebRTC door uses 1).
 #[divan::bench(args = BACKENDS, consts = [0, 1, 5])]
 fn webrtc_encode_20ms_16k<const COMPLEXITY: u8>(bencher: Bencher<'_, '_>, name: &str) {
-    let pcm: Vec<i16> = at_rate(16_000).into_iter().map(f32_to_i16).collect();
-    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
-        backend: backend(name),
-        frame_duration: FrameDuration::Ms20,
-        complexity: COMPLEXITY,
-        ..OpusEncoderConfig::voice(16_000)
-    }) else {
-        unreachable!()
-    };
-    let n = enc.frame_samples();
-    let frames: Vec<&[i16]> = pcm.chunks_exact(n).collect();
-    let mut k = 0;
-    bencher.bench_local(|| {
-        let _ = black_box(enc.encode(frames[k % frames.len()]));
-        k += 1;
-    });
+    encode_frames(
+        bencher,
+        webrtc_reply(name, COMPLEXITY, OpusApplication::Voip),
+    );
 }
 
 /// The same frame CELT-only (`LowDelay`), at the complexities a server might pick.
 #[divan::bench(args = BACKENDS, consts = [0, 1, 5])]
 fn webrtc_encode_20ms_16k_celt<const COMPLEXITY: u8>(bencher: Bencher<'_, '_>, name: &str) {
-    let pcm: Vec<i16> = at_rate(16_000).into_iter().map(f32_to_i16).collect();
-    let Ok(mut enc) = OpusEncoder::new(OpusEncoderConfig {
+    encode_frames(
+        bencher,
+        webrtc_reply(name, COMPLEXITY, OpusApplication::LowDelay),
+    );
+}
+
+/// The WebRTC reply encoder's settings, at `complexity` and `application`.
+fn webrtc_reply(name: &str, complexity: u8, application: OpusApplication) -> OpusEncoderConfig {
+    OpusEncoderConfig {
         backend: backend(name),
         frame_duration: FrameDuration::Ms20,
-        complexity: COMPLEXITY,
-        application: OpusApplication::LowDelay,
+        complexity,
+        application,
         ..OpusEncoderConfig::voice(16_000)
-    }) else {
-        unreachable!()
+    }
+}
+
+/// Encodes the speech fixture at the config's rate, one frame per iteration, cycling.
+fn encode_frames(bencher: Bencher<'_, '_>, config: OpusEncoderConfig) {
+    let pcm: Vec<i16> = at_rate(config.sample_rate)
+        .into_iter()
+        .map(f32_to_i16)
+        .collect();
+    let Ok(mut enc) = OpusEncoder::new(config) else {
+        unreachable!("valid config")
     };
     let n = enc.frame_samples();
     let frames: Vec<&[i16]> = pcm.chunks_exact(n).collect();
