@@ -9,7 +9,9 @@
 //! server's VAD ends the turn; the reply track's Opus is counted (and decoded when it is
 //! saved). Per session the client measures what a listener would notice: the first-audio
 //! latency (end of the last voiced frame sent to the first reply RTP packet), packets lost (gaps in the
-//! RTP sequence) and late (arrival spacing over 40 ms while a reply is flowing).
+//! RTP sequence) and late (arriving after a listener with a 40 ms jitter buffer would have played
+//! them; see [`ReplyClock`]). Arrival is the kernel's receive time (`SO_TIMESTAMPNS`), so a
+//! busy client does not count its own delays as the server's.
 
 pub mod load;
 
@@ -49,8 +51,14 @@ pub const FRAME: Duration = Duration::from_millis(20);
 pub const FRAME_SAMPLES: usize = 960;
 /// Silence sent after the WAV so the server's VAD ends the turn.
 pub const SILENCE_TAIL: Duration = Duration::from_millis(1500);
-/// Reply packets arriving this long after the previous one, mid-reply, count as late.
-pub const LATE_GAP: Duration = Duration::from_millis(40);
+/// The jitter buffer of the listener the client stands in for: a reply packet arriving more than
+/// this long after its time on the reply's clock is late (it would be concealed, not played).
+/// 40 ms is about what a browser's adaptive buffer holds on a quiet LAN; a buffer that small
+/// is the strict end of what real receivers use.
+pub const JITTER_BUFFER: Duration = Duration::from_millis(40);
+/// Reply packets arriving this long after the previous one, mid-reply, count as a long gap
+/// (the stricter figure: no buffer at all beyond one frame).
+pub const LONG_GAP: Duration = Duration::from_millis(40);
 /// How long the client stays after the last reply before it hangs up.
 const END_TAIL: Duration = Duration::from_millis(300);
 /// Frames sent this long after their slot count as late sends (the client fell behind).
@@ -122,11 +130,17 @@ pub struct WebrtcStats {
     pub packets_received: u64,
     /// Reply packets missing from the RTP sequence.
     pub lost_packets: u64,
-    /// Reply packets that arrived more than 40 ms after the previous one while a reply was
-    /// flowing (a listener's jitter buffer would run dry).
+    /// Reply packets that arrived after their playout time for a listener with a 40 ms jitter
+    /// buffer ([`JITTER_BUFFER`]): what a listener would hear as a glitch.
     pub late_packets: u64,
-    /// Of the late packets, those whose RTP time also jumped (the sender marked a pause).
-    pub late_with_rtp_gap: u64,
+    /// The most any reply packet arrived behind its time on the reply's clock, in
+    /// milliseconds: the smallest jitter buffer that would have played every packet.
+    pub max_delay_ms: u64,
+    /// Reply packets that arrived more than 40 ms after the previous one while a reply was
+    /// flowing ([`LONG_GAP`]; stricter than `late_packets`).
+    pub long_gaps: u64,
+    /// Of the long gaps, those whose RTP time also jumped (the sender marked a pause).
+    pub long_gaps_with_rtp_gap: u64,
     /// The longest arrival spacing within a reply, in milliseconds.
     pub max_gap_ms: u64,
     /// Reply audio received, in seconds (from the Opus packets' durations).
@@ -508,6 +522,13 @@ pub(crate) async fn session(
         .await
         .context("binding the UDP socket")?;
     let local = socket.local_addr().context("the UDP socket's address")?;
+    // Kernel receive times, so the client's own scheduling delays are not counted as the
+    // server's; without them, arrival is when the client read the datagram.
+    let _ = nix::sys::socket::setsockopt(
+        &socket,
+        nix::sys::socket::sockopt::ReceiveTimestampns,
+        &true,
+    );
     let offerer = make_offer(local, gemini.is_none(), Instant::now())?;
     let offer = offerer.offer.to_sdp_string();
     let mut peer = Peer::new(
@@ -624,12 +645,119 @@ pub fn candidate_line(message: &voxgate_gemini::bridge::IceMessage) -> Option<St
     (!line.is_empty()).then(|| line.to_owned())
 }
 
-/// The reply clock: arrival spacing and RTP sequence of the reply track.
+/// The reply clock: judges each reply packet's arrival the way a listener's fixed jitter
+/// buffer would.
+///
+/// A reply's packets are due at `anchor + (rtp - anchor_rtp) / 48 kHz`, where the anchor is the
+/// packet that arrived earliest for its RTP time so far (the least-delayed one: a receiver
+/// plays relative to the best transit it has seen). A packet arriving more than the buffer
+/// after that is late. RTP time carries the sender's pauses, so a pause the sender marked is
+/// not late; audio the sender could not produce in time is. Each reply starts afresh.
 #[derive(Debug, Default)]
-struct ReplyClock {
+pub struct ReplyClock {
     /// The previous packet's arrival and RTP time, while a reply is flowing.
     flowing: Option<(Instant, u64)>,
+    /// The least-delayed packet of the reply: its arrival and RTP time.
+    anchor: Option<(Instant, u64)>,
     last_seq: Option<u64>,
+}
+
+/// How one reply packet arrived (see [`ReplyClock::arrive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Arrival {
+    /// How far behind its time on the reply's clock it arrived.
+    pub delay: Duration,
+    /// Later than the jitter buffer allows.
+    pub late: bool,
+    /// Time since the previous packet of the reply, if there was one.
+    pub gap: Option<Duration>,
+    /// The RTP time jumped by more than two frames since the previous packet.
+    pub rtp_jump: bool,
+    /// Packets missing from the RTP sequence before this one.
+    pub lost: u64,
+}
+
+impl ReplyClock {
+    /// A packet with sequence numbers `first..=last` and 48 kHz RTP time `rtp` arrived `at`.
+    pub fn arrive(&mut self, at: Instant, rtp: u64, first: u64, last: u64) -> Arrival {
+        let mut arrival = Arrival::default();
+        match self.last_seq {
+            Some(prev) => {
+                arrival.lost = first.saturating_sub(prev + 1);
+                self.last_seq = Some(prev.max(last));
+            }
+            None => self.last_seq = Some(last),
+        }
+        if let Some((prev_at, prev_rtp)) = self.flowing {
+            arrival.gap = Some(at.saturating_duration_since(prev_at));
+            arrival.rtp_jump = rtp.saturating_sub(prev_rtp) > 2 * FRAME_SAMPLES as u64;
+        }
+        self.flowing = Some((at, rtp));
+        let (anchor_at, anchor_rtp) = *self.anchor.get_or_insert((at, rtp));
+        // A packet older than the anchor (reordered) is judged against the anchor itself.
+        let due = anchor_at + rtp_duration(rtp.saturating_sub(anchor_rtp));
+        if at < due {
+            self.anchor = Some((at, rtp));
+        }
+        arrival.delay = at.saturating_duration_since(due);
+        arrival.late = arrival.delay > JITTER_BUFFER;
+        arrival
+    }
+
+    /// The reply is over: the next packet starts a new one.
+    pub fn reply_done(&mut self) {
+        self.flowing = None;
+        self.anchor = None;
+    }
+}
+
+/// `ticks` of the 48 kHz RTP clock as a duration.
+fn rtp_duration(ticks: u64) -> Duration {
+    Duration::from_micros(ticks.saturating_mul(1_000) / 48)
+}
+
+/// Reads one datagram and the time the kernel received it (`SO_TIMESTAMPNS`; `None` when the
+/// socket was not asked for it). The caller waits for readability; this never blocks.
+fn recv_stamped(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    cmsg: &mut [u8],
+) -> std::io::Result<(usize, SocketAddr, Option<Instant>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg};
+    use std::os::fd::AsRawFd as _;
+    socket.try_io(tokio::io::Interest::READABLE, || {
+        let mut iov = [std::io::IoSliceMut::new(buf)];
+        let msg = recvmsg::<SockaddrStorage>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(cmsg),
+            MsgFlags::empty(),
+        )?;
+        let source = msg
+            .address
+            .and_then(|a| {
+                a.as_sockaddr_in()
+                    .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+                    .or_else(|| {
+                        a.as_sockaddr_in6()
+                            .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
+                    })
+            })
+            .ok_or_else(|| std::io::Error::other("a datagram without a source address"))?;
+        let stamp = msg.cmsgs()?.find_map(|c| match c {
+            ControlMessageOwned::ScmTimestampns(ts) => Some(ts),
+            _ => None,
+        });
+        // The stamp is wall-clock time; its age now turns it into an `Instant`.
+        let at = stamp.map(|ts| {
+            let received = std::time::UNIX_EPOCH + Duration::from(ts);
+            let age = std::time::SystemTime::now()
+                .duration_since(received)
+                .unwrap_or_default();
+            Instant::now().checked_sub(age).unwrap_or_else(Instant::now)
+        });
+        Ok((msg.bytes, source, at))
+    })
 }
 
 /// The connection and the session's turn machine.
@@ -647,6 +775,8 @@ struct Peer<'p> {
     reply_samples: u64,
     stats: WebrtcStats,
     clock: ReplyClock,
+    /// When the kernel received the datagram last read.
+    arrival: Option<Instant>,
     answered: Option<Instant>,
     /// The answer's Opus `maxplaybackrate`: wideband packets are sent when it is 16 kHz or less.
     max_playback: Option<u32>,
@@ -698,6 +828,7 @@ impl<'p> Peer<'p> {
             reply_samples: 0,
             stats: WebrtcStats::default(),
             clock: ReplyClock::default(),
+            arrival: None,
             answered: None,
             max_playback: None,
             session_ready: false,
@@ -747,6 +878,7 @@ impl<'p> Peer<'p> {
     ) -> anyhow::Result<()> {
         let vip = matches!(control, Control::Vip);
         let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
         let mut immediate = 0;
         // One timer, moved only when its deadline changes (a fresh sleep per turn would
         // register with the runtime's timer on every packet).
@@ -797,9 +929,17 @@ impl<'p> Peer<'p> {
                 armed = Some(wake);
             }
             tokio::select! {
-                r = self.socket.recv_from(&mut buf) => {
-                    // ICMP errors from earlier sends surface here on some systems.
-                    let Ok((n, source)) = r else { continue };
+                r = self.socket.readable() => {
+                    if r.is_err() {
+                        continue;
+                    }
+                    // ICMP errors from earlier sends surface here on some systems; a spurious
+                    // wakeup is `WouldBlock`.
+                    let Ok((n, source, at)) = recv_stamped(&self.socket, &mut buf, &mut cmsg)
+                    else {
+                        continue;
+                    };
+                    self.arrival = at;
                     self.receive(&buf[..n], source);
                 }
                 msg = next_ws(&mut control) => {
@@ -872,7 +1012,7 @@ impl<'p> Peer<'p> {
 
     /// The current turn's reply is done.
     fn turn_done(&mut self) {
-        self.clock.flowing = None;
+        self.clock.reply_done();
         self.stats.turns += 1;
         let speech_sent = match self.streaming {
             None => true,
@@ -998,30 +1138,30 @@ impl<'p> Peer<'p> {
         if d.mid != self.mid {
             return;
         }
-        let at = d.network_time;
+        // Packets come out of str0m as the datagram carrying them goes in: the last datagram's
+        // kernel time is this packet's.
+        let at = self.arrival.unwrap_or(d.network_time);
         self.stats.packets_received += 1;
-        let first = **d.seq_range.start();
-        let last = **d.seq_range.end();
-        if let Some(prev) = self.clock.last_seq {
-            if first > prev + 1 {
-                self.stats.lost_packets += first - prev - 1;
-            }
-            self.clock.last_seq = Some(prev.max(last));
-        } else {
-            self.clock.last_seq = Some(last);
+        let arrival = self.clock.arrive(
+            at,
+            d.time.numer(),
+            **d.seq_range.start(),
+            **d.seq_range.end(),
+        );
+        self.stats.lost_packets += arrival.lost;
+        self.stats.max_delay_ms = self.stats.max_delay_ms.max(ms(arrival.delay));
+        if arrival.late {
+            self.stats.late_packets += 1;
         }
-        let rtp = d.time.numer();
-        if let Some((prev_at, prev_rtp)) = self.clock.flowing {
-            let gap = at.saturating_duration_since(prev_at);
+        if let Some(gap) = arrival.gap {
             self.stats.max_gap_ms = self.stats.max_gap_ms.max(ms(gap));
-            if gap > LATE_GAP {
-                self.stats.late_packets += 1;
-                if rtp.saturating_sub(prev_rtp) > 2 * FRAME_SAMPLES as u64 {
-                    self.stats.late_with_rtp_gap += 1;
+            if gap > LONG_GAP {
+                self.stats.long_gaps += 1;
+                if arrival.rtp_jump {
+                    self.stats.long_gaps_with_rtp_gap += 1;
                 }
             }
         }
-        self.clock.flowing = Some((at, rtp));
         if self.awaiting_first_audio
             && let Some(eos) = self.speech_end
         {
@@ -1264,6 +1404,142 @@ pub fn declare_theme_message() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Feeds packets `(arrival ms, frame index)` of one reply, sequence numbers in a row.
+    fn replay(clock: &mut ReplyClock, t0: Instant, packets: &[(u64, u64)]) -> Vec<Arrival> {
+        packets
+            .iter()
+            .enumerate()
+            .map(|(i, &(ms, frame))| {
+                let seq = 100 + i as u64;
+                clock.arrive(
+                    t0 + Duration::from_millis(ms),
+                    frame * FRAME_SAMPLES as u64,
+                    seq,
+                    seq,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stall_the_jitter_buffer_absorbs_is_a_long_gap_but_not_late() {
+        let mut clock = ReplyClock::default();
+        // On time, then a 30 ms stall (two packets behind, then a burst).
+        let a = replay(
+            &mut clock,
+            Instant::now(),
+            &[(0, 0), (20, 1), (40, 2), (90, 3), (91, 4), (100, 5)],
+        );
+        assert!(a.iter().all(|x| !x.late), "{a:?}");
+        assert_eq!(a[3].gap, Some(Duration::from_millis(50)));
+        assert_eq!(a[3].delay, Duration::from_millis(30));
+        assert_eq!(a[4].delay, Duration::from_millis(11));
+        assert!(a.iter().all(|x| x.lost == 0 && !x.rtp_jump));
+    }
+
+    #[test]
+    fn a_packet_behind_by_more_than_the_buffer_is_late() {
+        let mut clock = ReplyClock::default();
+        let a = replay(
+            &mut clock,
+            Instant::now(),
+            &[(0, 0), (20, 1), (85, 2), (86, 3)],
+        );
+        assert_eq!(a[2].delay, Duration::from_millis(45));
+        assert!(a[2].late);
+        // Frame 3 was due at 60 ms: 26 ms behind, inside the buffer.
+        assert!(!a[3].late, "{a:?}");
+    }
+
+    #[test]
+    fn the_least_delayed_packet_anchors_the_clock() {
+        let mut clock = ReplyClock::default();
+        // The first packet was held up 30 ms; the next ones came on time, and a later one
+        // 45 ms behind the better anchor is late though only 15 ms behind the first packet.
+        let a = replay(
+            &mut clock,
+            Instant::now(),
+            &[(30, 0), (20, 1), (40, 2), (105, 3)],
+        );
+        assert_eq!(a[1].delay, Duration::ZERO);
+        assert_eq!(a[3].delay, Duration::from_millis(45));
+        assert!(a[3].late);
+    }
+
+    #[test]
+    fn a_pause_in_rtp_time_is_not_late_and_each_reply_starts_afresh() {
+        let mut clock = ReplyClock::default();
+        let t0 = Instant::now();
+        // The sender paused 200 ms and said so in RTP time.
+        let a = replay(&mut clock, t0, &[(0, 0), (20, 1), (240, 12), (260, 13)]);
+        assert!(a.iter().all(|x| !x.late), "{a:?}");
+        assert!(a[2].rtp_jump);
+        assert_eq!(a[2].gap, Some(Duration::from_millis(220)));
+        // The next reply's RTP time goes on from where it was, its packets a second later in
+        // wall time than the old anchor says: a new reply, a new anchor.
+        clock.reply_done();
+        let b = replay(
+            &mut clock,
+            t0 + Duration::from_secs(2),
+            &[(0, 20), (20, 21)],
+        );
+        assert!(
+            b.iter().all(|x| !x.late && x.gap != Some(Duration::ZERO)),
+            "{b:?}"
+        );
+        assert_eq!(b[0].gap, None);
+    }
+
+    #[tokio::test]
+    async fn datagrams_carry_the_kernel_receive_time() {
+        let rx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
+            .unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let before = Instant::now();
+        tx.send_to(b"ping", rx.local_addr().unwrap()).await.unwrap();
+        // Read well after the datagram came in: the stamp is when it came, not when it is read.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        rx.readable().await.unwrap();
+        let (mut buf, mut cmsg) = ([0u8; 64], nix::cmsg_space!(nix::sys::time::TimeSpec));
+        let (n, source, at) = recv_stamped(&rx, &mut buf, &mut cmsg).unwrap();
+        let read = Instant::now();
+        assert_eq!(
+            (&buf[..n], source),
+            (&b"ping"[..], tx.local_addr().unwrap())
+        );
+        let at = at.expect("a kernel timestamp");
+        // Wall-clock to monotonic conversion is good to well under the 50 ms it waited.
+        assert!(
+            read.duration_since(at) >= Duration::from_millis(40),
+            "{:?}",
+            read - at
+        );
+        assert!(
+            at + Duration::from_millis(10) >= before,
+            "{:?}",
+            before.checked_duration_since(at)
+        );
+        // Without the option there is no stamp, and nothing breaks.
+        let plain = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        tx.send_to(b"pong", plain.local_addr().unwrap())
+            .await
+            .unwrap();
+        plain.readable().await.unwrap();
+        let (_, _, at) = recv_stamped(&plain, &mut buf, &mut cmsg).unwrap();
+        assert!(at.is_none());
+    }
+
+    #[test]
+    fn sequence_gaps_count_lost_packets() {
+        let mut clock = ReplyClock::default();
+        let t0 = Instant::now();
+        assert_eq!(clock.arrive(t0, 0, 10, 10).lost, 0);
+        assert_eq!(clock.arrive(t0 + FRAME * 3, 3 * 960, 13, 13).lost, 2);
+        // A late duplicate or a reordered packet loses nothing.
+        assert_eq!(clock.arrive(t0 + FRAME * 4, 2 * 960, 12, 12).lost, 0);
+    }
 
     #[test]
     fn offer_has_opus_audio_a_data_channel_and_our_candidate() {

@@ -77,10 +77,15 @@ pub struct WebrtcLoadSummary {
     pub packets_received: u64,
     /// Reply packets missing from the RTP sequences.
     pub lost_packets: u64,
-    /// Reply packets that arrived over 40 ms after the previous one mid-reply.
+    /// Reply packets that arrived after their playout time with a 40 ms jitter buffer.
     pub late_packets: u64,
+    /// The most any reply packet arrived behind its time, ms (the buffer that would have
+    /// played everything).
+    pub max_delay_ms: u64,
+    /// Reply packets that arrived over 40 ms after the previous one mid-reply.
+    pub long_gaps: u64,
     /// Of those, the ones where the sender's RTP time also jumped.
-    pub late_with_rtp_gap: u64,
+    pub long_gaps_with_rtp_gap: u64,
     /// The longest arrival spacing within any reply, ms.
     pub max_gap_ms: u64,
     /// Reply audio received, all sessions, seconds.
@@ -139,7 +144,9 @@ impl WebrtcLoadSummary {
             s.packets_received += st.packets_received;
             s.lost_packets += st.lost_packets;
             s.late_packets += st.late_packets;
-            s.late_with_rtp_gap += st.late_with_rtp_gap;
+            s.max_delay_ms = s.max_delay_ms.max(st.max_delay_ms);
+            s.long_gaps += st.long_gaps;
+            s.long_gaps_with_rtp_gap += st.long_gaps_with_rtp_gap;
             s.max_gap_ms = s.max_gap_ms.max(st.max_gap_ms);
             s.reply_audio_seconds += st.reply_audio_seconds;
             latencies.extend_from_slice(&st.first_audio_latency_ms);
@@ -302,6 +309,8 @@ mod tests {
             turns: 1,
             packets_received: 100,
             late_packets: 1,
+            max_delay_ms: 50,
+            long_gaps: 2,
             max_gap_ms: 45,
             first_audio_latency_ms: vec![300],
             reply_audio_seconds: 2.0,
@@ -324,6 +333,7 @@ mod tests {
             (s.packets_received, s.late_packets, s.max_gap_ms),
             (200, 2, 45)
         );
+        assert_eq!((s.long_gaps, s.max_delay_ms), (4, 50));
         assert_eq!(s.first_audio_latency_ms_p50, Some(300));
         assert_eq!(s.connect_ms_p50, Some(5));
         assert!((s.reply_audio_seconds - 4.0).abs() < 1e-9);
