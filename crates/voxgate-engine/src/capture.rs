@@ -9,8 +9,10 @@ use voxgate_audio::vad::{MODEL_RATE, Vad, VadConfig, VadError, VadOutput, VadSta
 /// What one block of audio produced.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum CaptureEvent {
-    /// A VAD state change: `(from, to, position)`.
-    Transition(VadState, VadState, u64),
+    /// A VAD state change: `(from, to, position, behind)`, `behind` being how much audio of
+    /// the block just processed came after the deciding sample (so the decision happened that
+    /// long before the block's end arrived).
+    Transition(VadState, VadState, u64, std::time::Duration),
     /// Per-frame telemetry.
     Frame(voxgate_audio::vad::VadFrame),
     /// Speech was declared (after the VAD's start hysteresis).
@@ -95,6 +97,7 @@ impl Capture {
                         t.from,
                         t.to,
                         self.offset + t.position,
+                        std::time::Duration::ZERO,
                     ));
                     match (t.from, t.to) {
                         (VadState::SpeechStarting, VadState::Speech) if !self.capturing => {
@@ -165,6 +168,7 @@ impl Capture {
                 self.state,
                 VadState::Silence,
                 self.position,
+                std::time::Duration::ZERO,
             ));
             self.state = VadState::Silence;
         }
@@ -188,7 +192,16 @@ impl Capture {
         self.offset = self.position;
     }
 
+    /// The next event. Events are drained after a whole block is processed, so a transition's
+    /// `behind` is measured here, from the block's end.
     pub(crate) fn poll_event(&mut self) -> Option<CaptureEvent> {
-        self.events.pop_front()
+        let mut event = self.events.pop_front()?;
+        if let CaptureEvent::Transition(_, _, position, behind) = &mut event {
+            let samples = self.position.saturating_sub(*position);
+            *behind = std::time::Duration::from_micros(
+                samples.saturating_mul(1_000_000) / u64::from(self.rate.max(1)),
+            );
+        }
+        Some(event)
     }
 }

@@ -490,14 +490,28 @@ impl Engine {
 
     fn capture_event(&mut self, now: Instant, event: CaptureEvent) {
         match event {
-            CaptureEvent::Transition(from, to, position) => {
+            CaptureEvent::Transition(from, to, position, behind) => {
                 self.client(ClientEvent::VadState { from, to, position });
-                // From Speech only when the stream ends mid-utterance (`Capture::finish`).
-                if to == VadState::Silence
-                    && matches!(from, VadState::SpeechEnding | VadState::Speech)
-                {
-                    self.feed_internal(now, TurnInput::SpeechStopped);
-                    self.pump(now);
+                match (from, to) {
+                    // From Speech only when the stream ends mid-utterance (`Capture::finish`).
+                    (VadState::SpeechEnding | VadState::Speech, VadState::Silence) => {
+                        // The VAD decided inside the block that just arrived: endpointing
+                        // counts from that sample, not from the block's end (up to a 60 ms
+                        // Opus frame later). The machine never lets time go backwards, so at
+                        // worst this is its last `now`.
+                        let at = now.checked_sub(behind).unwrap_or(now);
+                        self.feed_internal(at, TurnInput::SpeechStopped);
+                        self.pump(now);
+                    }
+                    // Possible speech holds the endpoint until the VAD decides.
+                    (VadState::Silence, VadState::SpeechStarting) => {
+                        self.feed_internal(now, TurnInput::SpeechOnset);
+                    }
+                    (VadState::SpeechStarting, VadState::Silence) => {
+                        self.feed_internal(now, TurnInput::SpeechOnsetRejected);
+                        self.pump(now);
+                    }
+                    _ => {}
                 }
             }
             CaptureEvent::Frame(f) => self.client(ClientEvent::VadFrame {

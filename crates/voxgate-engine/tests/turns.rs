@@ -414,3 +414,58 @@ fn queued_audio_during_a_reply_waits_for_it_without_clearing_playback() {
     assert!(ctx.last().unwrap().1.contains("and then"));
     assert_eq!(d.engine.turn_stats().interruptions, 0);
 }
+
+/// Feeds 16 kHz `samples` in `block_ms` blocks, each when its last sample would have arrived
+/// (real time), then a second of nothing, answering every transcription at once; returns when
+/// each `Generate` went out.
+fn generate_times(d: &mut Driver, samples: &[i16], block_ms: u32) -> Vec<std::time::Duration> {
+    for block in samples.chunks(16 * block_ms as usize) {
+        let mut out = d.advance(block_ms * MS);
+        d.engine.handle_audio_i16(d.now, block);
+        out.extend(d.drain());
+        for id in transcribes(&out) {
+            d.provider(transcript(id, "book a table"));
+        }
+    }
+    d.advance(1000 * MS);
+    d.log
+        .iter()
+        .filter(|(_, o)| generates(std::slice::from_ref(o)) > 0)
+        .map(|(at, _)| *at)
+        .collect()
+}
+
+#[test]
+fn endpointing_counts_from_the_vad_decision_not_from_the_end_of_the_block() {
+    let config = EngineConfig::default();
+    let delay = config.turn.min_endpoint_delay;
+    let stop = config.vad.stop_duration;
+    let mut d = Driver::new(config);
+    // The fixture's first phrase ends at 1552 ms (the VAD's first silent frame); then silence.
+    let samples = &speech()[..16 * 1552];
+    let mut all = samples.to_vec();
+    all.extend(std::iter::repeat_n(0, 16 * 1000));
+    // 60 ms Opus frames, as a Xiaozhi device sends them.
+    let times = generate_times(&mut d, &all, 60);
+    assert_eq!(times, [1552 * MS + stop + delay], "{times:?}");
+}
+
+#[test]
+fn speech_resuming_inside_the_vad_start_window_keeps_one_turn() {
+    // The fixture pauses 416 ms after its first phrase: the VAD ends the utterance at
+    // 1792 ms and hears speech again from 1968 ms, declaring it at 2064 ms. An endpoint due at
+    // 2032 ms falls inside that window: held, it keeps one turn.
+    let mut config = EngineConfig::default();
+    config.vad.stop_duration = 240 * MS;
+    config.turn.min_endpoint_delay = 240 * MS;
+    let mut d = Driver::new(config.clone());
+    let times = generate_times(&mut d, &speech(), 20);
+    assert_eq!(times.len(), 1, "{times:?}");
+    assert!(times[0] > 4_300 * MS, "{times:?}");
+
+    // Due before the first speech frame, the endpoint ends the turn in the pause.
+    config.turn.min_endpoint_delay = 180 * MS;
+    let mut d = Driver::new(config);
+    let times = generate_times(&mut d, &speech(), 20);
+    assert_eq!(times.first(), Some(&(1972 * MS)), "{times:?}");
+}

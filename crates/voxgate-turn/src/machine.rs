@@ -177,6 +177,8 @@ pub struct TurnMachine {
     transcripts_seen: bool,
     /// The VAD's current verdict, tracked in every state.
     user_speaking: bool,
+    /// The VAD hears a possible start of speech ([`Input::SpeechOnset`]).
+    speech_onset: bool,
     user: Option<UserTurnState>,
     candidate: Option<Candidate>,
     response: Option<Response>,
@@ -201,6 +203,7 @@ impl TurnMachine {
             outputs: VecDeque::new(),
             transcripts_seen: false,
             user_speaking: false,
+            speech_onset: false,
             user: None,
             candidate: None,
             response: None,
@@ -395,8 +398,16 @@ impl TurnMachine {
 
     fn session_input(&mut self, now: Instant, input: Input) -> Result<(), InputError> {
         match input {
-            Input::SpeechStarted => self.speech_started(now),
-            Input::SpeechStopped => self.speech_stopped(now),
+            Input::SpeechStarted => {
+                self.speech_onset = false;
+                self.speech_started(now);
+            }
+            Input::SpeechStopped => {
+                self.speech_onset = false;
+                self.speech_stopped(now);
+            }
+            Input::SpeechOnset => self.speech_onset = true,
+            Input::SpeechOnsetRejected => self.speech_onset = false,
             Input::Words { text, is_final } => self.words(now, &text, is_final),
             Input::EndOfTurnPrediction { probability } => {
                 if let Some(u) = &mut self.user {
@@ -708,7 +719,7 @@ impl TurnMachine {
 
     fn endpoint_deadline(&self) -> Option<Instant> {
         let u = self.user.as_ref()?;
-        if !u.active || u.manual || self.user_speaking && !u.explicit_stop {
+        if !u.active || u.manual || (self.user_speaking || self.speech_onset) && !u.explicit_stop {
             return None;
         }
         let end = u.speech_ended_at?;
@@ -1261,6 +1272,7 @@ impl TurnMachine {
         self.suspended = None;
         self.queue.clear();
         self.user_speaking = false;
+        self.speech_onset = false;
         self.speech_trigger = TriggerMode::Immediate;
         self.set_state(State::NotConnected);
     }

@@ -106,6 +106,14 @@ pub enum Input {
     SpeechStarted,
     /// The VAD reports that user speech stopped (after its own stop hysteresis).
     SpeechStopped,
+    /// The VAD hears what may be speech but has not confirmed it (its start hysteresis is
+    /// running). Endpointing holds while it lasts: speech resuming after a pause would
+    /// otherwise race the endpoint timer by the length of the hysteresis, and lose under
+    /// load. Ends with [`Input::SpeechStarted`] or [`Input::SpeechOnsetRejected`]; optional
+    /// (a host that never sends it gets the endpoint as before).
+    SpeechOnset,
+    /// What [`Input::SpeechOnset`] announced was not speech (the VAD went back to silence).
+    SpeechOnsetRejected,
     /// Transcript words of the current user speech.
     Words {
         /// The text; a partial replaces the previous partial, a final is appended.

@@ -41,6 +41,8 @@ enum Op {
     Advance(u64),
     SpeechStarted,
     SpeechStopped,
+    SpeechOnset,
+    SpeechOnsetRejected,
     Words(usize, bool),
     Prediction(f32),
     StartCapture,
@@ -68,6 +70,8 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (0u64..2500).prop_map(Op::Advance),
         4 => Just(Op::SpeechStarted),
         4 => Just(Op::SpeechStopped),
+        2 => Just(Op::SpeechOnset),
+        2 => Just(Op::SpeechOnsetRejected),
         4 => (0..WORDS.len(), any::<bool>()).prop_map(|(w, f)| Op::Words(w, f)),
         1 => (0.0f32..1.0).prop_map(Op::Prediction),
         1 => Just(Op::StartCapture),
@@ -359,6 +363,8 @@ fn run(config: &Config, ops: &[Op], origin: Instant) -> Vec<(Duration, Output)> 
             }
             Op::SpeechStarted => Input::SpeechStarted,
             Op::SpeechStopped => Input::SpeechStopped,
+            Op::SpeechOnset => Input::SpeechOnset,
+            Op::SpeechOnsetRejected => Input::SpeechOnsetRejected,
             Op::Words(w, f) => Input::Words {
                 text: WORDS[*w].into(),
                 is_final: *f,

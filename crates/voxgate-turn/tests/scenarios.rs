@@ -280,6 +280,45 @@ fn speech_resuming_during_the_endpoint_wait_keeps_one_user_turn() {
 }
 
 #[test]
+fn a_possible_onset_holds_the_endpoint_until_the_vad_decides() {
+    let min = Config::default().min_endpoint_delay;
+    let mut h = harness();
+    h.input(Input::SpeechStarted).unwrap();
+    h.input(words("book a table", true)).unwrap();
+    h.input(Input::SpeechStopped).unwrap();
+    // Speech-like frames just before the deadline: the VAD has not confirmed them yet.
+    h.advance(min - ms(10));
+    h.input(Input::SpeechOnset).unwrap();
+    assert_eq!(h.machine().poll_timeout(), None);
+    assert!(
+        h.advance(ms(90)).is_empty(),
+        "the endpoint fired during the onset"
+    );
+    // Confirmed: one user turn, however long the hysteresis took.
+    h.input(Input::SpeechStarted).unwrap();
+    h.input(words("for two", true)).unwrap();
+    h.input(Input::SpeechStopped).unwrap();
+    let outs = h.fire_next_timeout();
+    let u = user_turns(&outs);
+    assert_eq!(u.len(), 1);
+    assert_eq!(u[0].text, "book a table for two");
+
+    // Rejected (a click, a breath): the endpoint is due already and fires at once.
+    let mut h = harness();
+    h.input(Input::SpeechStarted).unwrap();
+    h.input(words("book a table", true)).unwrap();
+    h.input(Input::SpeechStopped).unwrap();
+    let stop = h.elapsed();
+    h.advance(min - ms(10));
+    h.input(Input::SpeechOnset).unwrap();
+    h.advance(ms(30));
+    let outs = h.input(Input::SpeechOnsetRejected).unwrap();
+    assert_eq!(user_turns(&outs)[0].text, "book a table");
+    assert_eq!(h.elapsed() - stop, min + ms(20));
+    assert_eq!(h.state(), State::Processing);
+}
+
+#[test]
 fn without_a_recognizer_vad_alone_ends_the_turn_after_the_minimum_delay() {
     let mut h = harness();
     h.input(Input::SpeechStarted).unwrap();

@@ -37,7 +37,8 @@ impl Driver {
         }
     }
 
-    fn drain(&mut self) -> Vec<Output> {
+    /// Every output pending now, logged at the current time.
+    pub fn drain(&mut self) -> Vec<Output> {
         let at = self.now - self.origin;
         let out: Vec<Output> = std::iter::from_fn(|| self.engine.poll_output()).collect();
         self.log.extend(out.iter().cloned().map(|o| (at, o)));
