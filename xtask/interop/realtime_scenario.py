@@ -213,10 +213,8 @@ async def session_a(args) -> None:
         pcm, rate, channels = read_wav_pcm16(args.wav)
         check((rate, channels) == (16000, 1), f"{args.wav}: expected 16 kHz mono")
         m = events.mark()
-        chunk = rate // 50 * 2  # 20 ms
-        for i in range(0, len(pcm), chunk):
-            await s.send_audio(pcm[i : i + chunk], rate, channels)
-            await asyncio.sleep(0.005)  # a few times faster than real time; VAD counts samples
+        # A few times faster than real time; the VAD counts samples.
+        await send_speech(s, pcm, rate, channels, 0.005)
         total = len(pcm) / 2 / rate
         (stt_text, stt_turn) = (
             await events.wait("UserTranscriptionResult", lambda: events.since(m, "transcription"), 15)
@@ -229,8 +227,12 @@ async def session_a(args) -> None:
         found = re.fullmatch(r"interop transcript of ([0-9.]+) seconds", stt_text)
         check(found is not None, f"user transcription {stt_text!r} is not the fake recognizer's")
         heard = float(found.group(1))
-        # The speech in the fixture lasts 3.6 s; read at the wrong rate it would be 2/3 of that.
-        check(3.5 <= heard <= total + 0.1, f"the recognizer got {heard} s of audio (speech is 3.6 s)")
+        # The utterance is the WAV (after up to a second of backbuffer) plus the VAD's stop time
+        # of the silence; read at the 24 kHz of the init it would be 2/3 of that.
+        check(
+            0.9 * total <= heard <= total + 1.1,
+            f"the recognizer got {heard} s of audio (the WAV is {total:.1f} s)",
+        )
         turn_id, text = await turn(events, m, "audio turn", 15)
         check(text.strip() == f"You said: {stt_text}", f"audio turn reply was {text!r}")
         log(
@@ -388,10 +390,9 @@ async def session_d(args) -> None:
         await s.send_text(long_text)
         await events.wait("the long reply's audio", lambda: events.since(m, "audio"), 10)
         pcm_in, rate, channels = read_wav_pcm16(args.wav)
-        chunk = rate // 50 * 2
-        for i in range(0, len(pcm_in), chunk):
-            await s.send_audio(pcm_in[i : i + chunk], rate, channels)
-            await asyncio.sleep(0.02)
+        # Some of the reply is heard before the user cuts in.
+        await asyncio.sleep(1.0)
+        await send_speech(s, pcm_in, rate, channels, 0.02)
         await events.wait("PlaybackClearBuffer on user speech", lambda: events.since(m, "clear"), 10)
         (stt_text, _) = (await events.wait("the barge-in transcription", lambda: events.since(m, "transcription"), 15))[0]
         history = await asyncio.wait_for(s.export_chat_history(await_pending=True, exclude_audio=True), 15)
@@ -414,6 +415,18 @@ async def session_d(args) -> None:
 # Under the server's default budget of 32,000 characters, each exchange (the question and the
 # demo agent's "You said: ..." echo) costs about 12,000: the fourth response has to drop the first.
 LONG_TURN_CHARS = 6000
+
+
+async def send_speech(s, pcm: bytes, rate: int, channels: int, pace: float) -> None:
+    """Sends the WAV in 20 ms chunks `pace` seconds apart, then a second of silence (a
+    microphone goes on sending) so the VAD hears the end of the speech."""
+    chunk = rate // 50 * 2 * channels
+    for i in range(0, len(pcm), chunk):
+        await s.send_audio(pcm[i : i + chunk], rate, channels)
+        await asyncio.sleep(pace)
+    for _ in range(50):
+        await s.send_audio(bytes(chunk), rate, channels)
+        await asyncio.sleep(pace)
 
 
 async def session_e(args) -> None:

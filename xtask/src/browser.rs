@@ -34,8 +34,10 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 /// The page under test, as the server embeds it.
 const PAGE: &str = "crates/voxgate-server/src/playground/index.html";
 const SCRIPTS: &str = "xtask/browser";
-/// Spoken by espeak-ng into the fake microphone.
-const QUESTION: &str = "Hello! What can you do for me today?";
+/// Spoken by espeak-ng into the fake microphone. The comma makes espeak pause about 140 ms
+/// after "Hello", which one turn holds; after "Hello!" it pauses over 300 ms, which by default
+/// ends the turn (docs/engine.md#endpointing).
+const QUESTION: &str = "Hello, what can you do for me today?";
 /// The fallback question when espeak-ng cannot be had (16 kHz mono speech).
 const FIXTURE_WAV: &str = "crates/voxgate-audio/tests/fixtures/speech.wav";
 

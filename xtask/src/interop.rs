@@ -151,7 +151,9 @@ fn run_cargo_scenario(root: &Path, c: &CargoScenario) -> anyhow::Result<()> {
 /// The bearer key the server is started with; the realtime scenario also tries a wrong one.
 const API_KEY: &str = "interop-key";
 /// Speech the audio turns send (16 kHz mono).
-const WAV: &str = "crates/voxgate-audio/tests/fixtures/speech.wav";
+/// A spoken question whose one pause (about 140 ms after "Hello") stays inside one turn. The
+/// longer `speech.wav` pauses 416 ms mid-utterance, which by default ends a turn.
+const WAV: &str = "crates/voxgate-audio/tests/fixtures/question.wav";
 const SCRIPTS: &str = "xtask/interop";
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {

@@ -1497,12 +1497,23 @@ mod tests {
         nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
             .unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        // The kernel turns receive stamping on in deferred work: until it has, a datagram is
+        // stamped when it is read. Wait for the first one stamped before it was read.
+        let (mut buf, mut cmsg) = ([0u8; 64], nix::cmsg_space!(nix::sys::time::TimeSpec));
+        for _ in 0..100 {
+            tx.send_to(b"warm", rx.local_addr().unwrap()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            rx.readable().await.unwrap();
+            let (_, _, at) = recv_stamped(&rx, &mut buf, &mut cmsg).unwrap();
+            if at.is_some_and(|at| at.elapsed() >= Duration::from_millis(4)) {
+                break;
+            }
+        }
         let before = Instant::now();
         tx.send_to(b"ping", rx.local_addr().unwrap()).await.unwrap();
         // Read well after the datagram came in: the stamp is when it came, not when it is read.
         tokio::time::sleep(Duration::from_millis(50)).await;
         rx.readable().await.unwrap();
-        let (mut buf, mut cmsg) = ([0u8; 64], nix::cmsg_space!(nix::sys::time::TimeSpec));
         let (n, source, at) = recv_stamped(&rx, &mut buf, &mut cmsg).unwrap();
         let read = Instant::now();
         assert_eq!(

@@ -89,7 +89,7 @@ impl Default for VadConfig {
             confidence_threshold: 0.5,
             min_volume: 0.3,
             start_duration: Duration::from_millis(96),
-            stop_duration: Duration::from_millis(240),
+            stop_duration: Duration::from_millis(200),
             backbuffer_duration: Duration::from_millis(500),
         }
     }

@@ -447,7 +447,10 @@ fn endpointing_counts_from_the_vad_decision_not_from_the_end_of_the_block() {
     all.extend(std::iter::repeat_n(0, 16 * 1000));
     // 60 ms Opus frames, as a Xiaozhi device sends them.
     let times = generate_times(&mut d, &all, 60);
-    assert_eq!(times, [1552 * MS + stop + delay], "{times:?}");
+    // The VAD decides at the end of the 16 ms frame that completes the stop duration.
+    let frames = u32::try_from(stop.as_millis().div_ceil(16)).unwrap();
+    let decided = 1552 * MS + 16 * MS * frames;
+    assert_eq!(times, [decided + delay], "{times:?}");
 }
 
 #[test]

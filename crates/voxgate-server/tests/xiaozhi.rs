@@ -533,7 +533,9 @@ async fn auth_accepts_issued_tokens_and_rejects_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audio_turn_from_a_wav_with_a_recognizer() {
     let (base_url, uploads) = fake_asr("turn on the light").await;
-    let mut config = Config::default();
+    // The fixture pauses 416 ms mid-utterance, longer than the default endpointing waits (a
+    // turn ends after 300 ms of silence): this test is about one turn through a recognizer.
+    let mut config = Config::from_toml("[xiaozhi.engine]\nendpoint_delay_ms = 600\n").unwrap();
     config.asr = Some(voxgate_server::config::AsrConfig {
         base_url: Some(base_url),
         model: Some("whisper-1".into()),

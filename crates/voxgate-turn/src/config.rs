@@ -15,9 +15,13 @@ pub struct Config {
     /// Endpointing: silence after the VAD's end of speech before the user turn ends when the
     /// turn looks finished (a final transcript is in, or a turn model says so).
     ///
-    /// Default 300 ms (LiveKit waits 500 ms). With the Xiaozhi reference server's 200 ms VAD
-    /// stop duration this ends a turn ~500 ms after the user stops, well under the 700–800 ms
-    /// users complain about.
+    /// Default 100 ms. With the VAD's default 200 ms stop duration a turn ends 300 ms after
+    /// the user's last voiced frame, and with prompt providers the first reply audio follows
+    /// about 330 ms after it (the Xiaozhi reference server: about 375 ms; LiveKit waits
+    /// 500 ms on top of its VAD's 550 ms). A pause in the middle of a sentence shorter than
+    /// that stays one turn (a possible onset the VAD has not confirmed holds the endpoint, see
+    /// [`crate::Input::SpeechOnset`]); a longer one ends the turn, and the user's next words
+    /// interrupt the reply. `docs/engine.md` has the measured trade-off.
     pub min_endpoint_delay: Duration,
     /// Endpointing: the longest wait after end of speech, used while the recognizer has not
     /// finalized the last words or a turn model predicts the user will go on.
@@ -63,7 +67,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            min_endpoint_delay: Duration::from_millis(300),
+            min_endpoint_delay: Duration::from_millis(100),
             max_endpoint_delay: Duration::from_secs(2),
             end_of_turn_threshold: 0.5,
             min_interruption_speech: Duration::from_millis(300),

@@ -200,9 +200,10 @@ fn vad_end_moves_listening_to_processing_after_the_minimum_delay_once_words_are_
     h.advance(ms(700));
     h.input(Input::SpeechStopped).unwrap();
     let stop = h.elapsed();
-    assert!(h.advance(ms(299)).is_empty());
+    let min = Config::default().min_endpoint_delay;
+    assert!(h.advance(min - ms(1)).is_empty());
     let outs = h.advance(ms(1));
-    assert_eq!(h.elapsed() - stop, Config::default().min_endpoint_delay);
+    assert_eq!(h.elapsed() - stop, min);
     assert_eq!(states(&outs), [(State::Listening, State::Processing)]);
     let u = user_turns(&outs);
     assert_eq!(u[0].text, "what's the weather");
@@ -268,7 +269,7 @@ fn speech_resuming_during_the_endpoint_wait_keeps_one_user_turn() {
     h.input(Input::SpeechStarted).unwrap();
     h.input(words("book a table", true)).unwrap();
     h.input(Input::SpeechStopped).unwrap();
-    h.advance(ms(200));
+    h.advance(Config::default().min_endpoint_delay / 2);
     h.input(Input::SpeechStarted).unwrap();
     assert_eq!(h.machine().poll_timeout(), None);
     h.input(words("for two", true)).unwrap();
@@ -598,9 +599,10 @@ fn latency_figures_count_from_the_end_of_user_speech() {
         })
         .unwrap();
     assert_eq!(lat.turn, turn);
-    assert_eq!(lat.endpointing, Some(ms(300)));
-    assert_eq!(lat.to_response_start, Some(ms(450)));
-    assert_eq!(lat.to_first_audio, Some(ms(550)));
+    let min = Config::default().min_endpoint_delay;
+    assert_eq!(lat.endpointing, Some(min));
+    assert_eq!(lat.to_response_start, Some(min + ms(150)));
+    assert_eq!(lat.to_first_audio, Some(min + ms(250)));
     // Once per response.
     let outs = h.input(chunk(turn, " Bye.", 300)).unwrap();
     assert!(!outs.iter().any(|o| matches!(o, Output::Latency(_))));

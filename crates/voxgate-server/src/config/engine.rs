@@ -97,7 +97,7 @@ pub struct EngineSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vad_start_ms: Option<u64>,
     /// VAD: silence needed before the user counts as done speaking, in ms (0 to 10000).
-    /// Code default 240. The turn then waits `endpoint_delay_ms` more.
+    /// Code default 200. The turn then waits `endpoint_delay_ms` more.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vad_stop_ms: Option<u64>,
     /// VAD: audio kept from before the detected start of speech, in ms (0 to 3000). Code
@@ -105,7 +105,7 @@ pub struct EngineSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vad_backbuffer_ms: Option<u64>,
     /// Endpointing: silence after the VAD's end of speech before the user's turn ends, when
-    /// it looks finished (the transcript is final), in ms (0 to 10000). Code default 300.
+    /// it looks finished (the transcript is final), in ms (0 to 10000). Code default 100.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint_delay_ms: Option<u64>,
     /// Endpointing: the longest wait after end of speech, while the recognizer has not
