@@ -1,7 +1,8 @@
 //! Speed of the per-frame paths a voice server runs, for both Opus backends.
 //!
-//! `cargo bench -p voxgate-audio` (add `--features libopus` for the libopus column). Inputs are the
-//! committed speech fixture, so the codec and VAD see real speech.
+//! `cargo bench -p voxgate-audio` (the libopus column comes with the default `libopus` feature;
+//! `--no-default-features` leaves opus-rs alone). Inputs are the committed speech fixture, so the
+//! codec and VAD see real speech.
 
 use std::time::{Duration, Instant};
 
@@ -282,6 +283,18 @@ fn opus_decode_60ms_16k(bencher: Bencher<'_, '_>, name: &str) {
         let _ = black_box(dec.decode(&packets[k % packets.len()]));
         k += 1;
     });
+}
+
+/// Encoder alone: one 60 ms frame at 16 kHz, complexity 5 (the Xiaozhi door's own format).
+#[divan::bench(args = BACKENDS)]
+fn opus_encode_60ms_16k(bencher: Bencher<'_, '_>, name: &str) {
+    encode_frames(
+        bencher,
+        OpusEncoderConfig {
+            backend: backend(name),
+            ..OpusEncoderConfig::voice(16_000)
+        },
+    );
 }
 
 /// Encoder alone: one 60 ms frame at 24 kHz, complexity 5.

@@ -1,10 +1,11 @@
 //! Mono Opus encoder and decoder with a choice of backend.
 //!
-//! [`OpusBackend::Pure`] (the default) is the pure-Rust `opus-rs` port of libopus 1.6, so a fresh
-//! machine needs nothing but the Rust toolchain. [`OpusBackend::Libopus`] is the reference C
-//! library through the `opus` crate (bundled sources, built with cmake), available with the
-//! `libopus` cargo feature. Both speak the same bitstream (RFC 6716); the crate's tests encode with
-//! one and decode with the other.
+//! [`OpusBackend::Pure`] (the enum's default) is the pure-Rust `opus-rs` port of libopus 1.6.
+//! [`OpusBackend::Libopus`] is the reference C library (1.6.1), compiled from its sources by the
+//! `voxgate-opus-sys` crate with the `cc` crate: a fresh machine needs only the Rust toolchain's C
+//! compiler, no cmake. It comes with the `libopus` cargo feature, on by default; build with
+//! `default-features = false` for pure Rust alone. Both speak the same bitstream (RFC 6716); the
+//! crate's tests encode with one and decode with the other.
 //!
 //! What each backend supports here:
 //!
@@ -38,7 +39,8 @@ pub enum OpusBackend {
     /// The pure-Rust `opus-rs` crate.
     #[default]
     Pure,
-    /// libopus through the `opus` crate (needs the `libopus` feature).
+    /// The reference C libopus, through `voxgate-opus-sys` (needs the `libopus` feature, on by
+    /// default).
     Libopus,
 }
 
@@ -202,7 +204,7 @@ impl OpusEncoderConfig {
 enum EncoderImpl {
     Pure(Box<opus_rs::OpusEncoder>),
     #[cfg(feature = "libopus")]
-    Libopus(::opus::Encoder),
+    Libopus(voxgate_opus_sys::Encoder),
 }
 
 /// A mono Opus encoder producing one packet per frame.
@@ -246,12 +248,13 @@ impl OpusEncoder {
             }
             #[cfg(feature = "libopus")]
             OpusBackend::Libopus => {
+                use voxgate_opus_sys::Application;
                 let app = match config.application {
-                    OpusApplication::Voip => ::opus::Application::Voip,
-                    OpusApplication::Audio => ::opus::Application::Audio,
-                    OpusApplication::LowDelay => ::opus::Application::LowDelay,
+                    OpusApplication::Voip => Application::Voip,
+                    OpusApplication::Audio => Application::Audio,
+                    OpusApplication::LowDelay => Application::RestrictedLowDelay,
                 };
-                let enc = ::opus::Encoder::new(config.sample_rate, ::opus::Channels::Mono, app)
+                let enc = voxgate_opus_sys::Encoder::new(config.sample_rate, 1, app)
                     .map_err(|e| OpusError::InvalidConfig(e.to_string()))?;
                 EncoderImpl::Libopus(enc)
             }
@@ -280,8 +283,8 @@ impl OpusEncoder {
             }
             #[cfg(feature = "libopus")]
             EncoderImpl::Libopus(e) => {
-                let err = |e: ::opus::Error| OpusError::InvalidConfig(e.to_string());
-                e.set_bitrate(::opus::Bitrate::Bits(bitrate)).map_err(err)?;
+                let err = |e: voxgate_opus_sys::Error| OpusError::InvalidConfig(e.to_string());
+                e.set_bitrate(bitrate).map_err(err)?;
                 e.set_complexity(i32::from(c.complexity)).map_err(err)?;
                 e.set_vbr(!c.cbr).map_err(err)?;
             }
@@ -376,7 +379,7 @@ impl OpusEncoder {
 enum DecoderImpl {
     Pure(Box<opus_rs::OpusDecoder>),
     #[cfg(feature = "libopus")]
-    Libopus(::opus::Decoder),
+    Libopus(voxgate_opus_sys::Decoder),
 }
 
 /// A mono Opus decoder with packet-loss concealment.
@@ -417,7 +420,7 @@ impl OpusDecoder {
             }
             #[cfg(feature = "libopus")]
             OpusBackend::Libopus => DecoderImpl::Libopus(
-                ::opus::Decoder::new(sample_rate, ::opus::Channels::Mono)
+                voxgate_opus_sys::Decoder::new(sample_rate, 1)
                     .map_err(|e| OpusError::InvalidConfig(e.to_string()))?,
             ),
             #[cfg(not(feature = "libopus"))]
@@ -897,7 +900,7 @@ mod tests {
             #[test]
             fn same_verdict_as_opus_packet_parse(p in packet()) {
                 let ours = validate_packet(&p).is_ok();
-                let theirs = ::opus::packet::parse(&p).is_ok();
+                let theirs = voxgate_opus_sys::packet_parse(&p).is_ok();
                 prop_assert_eq!(ours, theirs, "packet {:02x?}", &p[..p.len().min(16)]);
             }
         }

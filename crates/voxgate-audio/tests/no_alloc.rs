@@ -248,3 +248,53 @@ fn vad_heap_per_session() {
     assert!(stats.bytes > 1_500_000, "the 5 s history is counted");
     drop(vad);
 }
+
+/// Heap one codec holds once built (its state and this crate's buffers), per backend, at the
+/// Xiaozhi door's rate and at 48 kHz. libopus's state is allocated from Rust (voxgate-opus-sys),
+/// so the counting allocator sees all of it. The figures are printed for the docs:
+/// `cargo test -p voxgate-audio --test no_alloc codec_heap -- --nocapture`.
+#[test]
+fn codec_heap_per_backend() {
+    // A tag of this thread's own, so tests running beside it are not counted.
+    const TAG: usize = 3;
+    voxgate_test_support::set_thread_tag(TAG);
+    let held = |build: &dyn Fn() -> Box<dyn std::any::Any>| {
+        let before = voxgate_test_support::live_bytes_tagged(TAG);
+        let codec = build();
+        let bytes = voxgate_test_support::live_bytes_tagged(TAG) - before;
+        drop(codec);
+        bytes
+    };
+    let mut pure_total = 0;
+    for rate in [16_000, 48_000] {
+        for backend in backends() {
+            let enc = held(&|| {
+                Box::new(
+                    OpusEncoder::new(OpusEncoderConfig {
+                        backend,
+                        ..OpusEncoderConfig::voice(rate)
+                    })
+                    .unwrap(),
+                )
+            });
+            let dec = held(&|| Box::new(OpusDecoder::new(rate, backend).unwrap()));
+            println!(
+                "{backend:?} at {rate} Hz: encoder {:.1} KB, decoder {:.1} KB of heap \
+                 (structs {} + {} bytes)",
+                enc as f64 / 1000.0,
+                dec as f64 / 1000.0,
+                size_of::<OpusEncoder>(),
+                size_of::<OpusDecoder>(),
+            );
+            match backend {
+                OpusBackend::Pure => pure_total = enc + dec,
+                _ => assert!(
+                    enc + dec < pure_total,
+                    "libopus ({}) should hold less than opus-rs ({pure_total})",
+                    enc + dec
+                ),
+            }
+        }
+    }
+    voxgate_test_support::set_thread_tag(0);
+}

@@ -70,8 +70,8 @@ pub enum OpusBackendChoice {
     Auto,
     /// The pure-Rust `opus-rs` codec (always available).
     Pure,
-    /// Bundled libopus (a build with the `libopus` feature): about a tenth of the pure codec's
-    /// memory per session and faster.
+    /// libopus (a build with the `libopus` feature, the default): about a tenth of the pure
+    /// codec's memory per codec and faster.
     Libopus,
 }
 
@@ -375,7 +375,7 @@ impl XiaozhiConfig {
         if !self.opus_backend.resolve().is_available() {
             return bad(
                 "opus_backend = \"libopus\" needs a server built with the `libopus` feature \
-                 (cargo build --features voxgate-server-bin/libopus; needs cmake)"
+                 (the default; this one was built with --no-default-features)"
                     .into(),
             );
         }
