@@ -99,6 +99,8 @@ struct Sample {
     cpu_ticks: u64,
     rss_kb: u64,
     threads: u64,
+    /// The whole machine's ticks then, to tell what else ran meanwhile.
+    machine: Option<MachineTicks>,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
@@ -428,6 +430,19 @@ fn measure(
     let kb_per_session = (mean_rss - baseline.rss_kb as f64) / n;
     let peak_kb_per_session = (peak_rss as f64 - baseline.rss_kb as f64) / n;
     let whole_cpu = (after.cpu_ticks - baseline.cpu_ticks) as f64 / ticks_per_second as f64;
+    // The whole machine over the window: how busy all its cores were, and how much the
+    // hypervisor gave to other guests (other processes and steal make runs differ).
+    let (machine_busy, steal) = match (first.machine, last.machine) {
+        (Some(a), Some(b)) => {
+            let total = (b.total - a.total).max(1) as f64;
+            (
+                100.0 * (b.busy - a.busy) as f64 / total,
+                100.0 * (b.steal - a.steal) as f64 / total,
+            )
+        }
+        _ => (0.0, 0.0),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
 
     let client_late = summary["late_frames"].as_u64().unwrap_or(0);
     let report = serde_json::json!({
@@ -435,6 +450,9 @@ fn measure(
         "seconds": args.seconds,
         "ramp_seconds": args.ramp,
         "steady_window_seconds": wall,
+        "machine_busy_percent_of_all_cores": machine_busy,
+        "machine_steal_percent": steal,
+        "cores": cores,
         "provider_delays_ms": {
             "asr": args.asr_delay_ms,
             "llm_first_token": args.llm_delay_ms,
@@ -527,6 +545,9 @@ fn measure(
         "   load generator: {client_cpu:.1} % of one core, {per_1000:.1} % per 1,000 sessions ({:.0} % of it in its own code, the rest in the kernel's TCP) [goal <= {CLIENT_GOAL_PERCENT_PER_1000} %: {}]",
         user_share * 100.0,
         verdict(per_1000 <= CLIENT_GOAL_PERCENT_PER_1000)
+    );
+    eprintln!(
+        "   machine over the window: {machine_busy:.0} % of {cores} cores busy (everything: server, client, fakes, other processes), {steal:.1} % stolen by the hypervisor"
     );
     if !server_latencies.is_empty() {
         let list: Vec<String> = server_latencies
@@ -822,6 +843,7 @@ fn sample(pid: u32) -> anyhow::Result<Sample> {
         cpu_ticks,
         rss_kb: field("VmRSS:"),
         threads: field("Threads:"),
+        machine: machine_ticks().ok(),
     })
 }
 
