@@ -1,13 +1,20 @@
-//! Load test of the Xiaozhi door: N concurrent streaming device sessions against the real
-//! server (release builds), reporting CPU per session, memory per session and dropped frames.
-//! With `--webrtc`, N concurrent WebRTC sessions on the VIP door instead (docs/webrtc.md#load),
-//! reporting late RTP packets and how busy the whole machine was at its busiest.
+//! Load test of the Xiaozhi door: N concurrent device sessions against the real server
+//! (release builds), each turn a real ASR → LLM → TTS round trip through zero-delay (or
+//! delayed) OpenAI-compatible fakes served from this process; one run per size in
+//! `--sessions 35,75,500`, each on a fresh server, then one table: server CPU, RSS and threads,
+//! turns done, end of speech → `tts start` and → first audio, cut and unanswered bursts, and
+//! what the load generator itself cost (docs/performance.md#xiaozhi-load). With `--webrtc`, N
+//! concurrent WebRTC sessions on the VIP door instead (docs/webrtc.md#load), reporting late RTP
+//! packets and how busy the whole machine was at its busiest.
 //!
-//! The server runs on `127.0.0.1` with a free port and the embedded defaults (demo agent, no
-//! ASR, embedded TTS); `voxgate-client load xiaozhi` opens the sessions from one process, each
-//! streaming real Opus at real time. The server's CPU time (`/proc/PID/stat` utime+stime) and
-//! RSS (`/proc/PID/status` VmRSS) are sampled every second; the figures are taken over the
-//! window in which every session is up (after the ramp, before the first session ends).
+//! The server runs on `127.0.0.1` with a free port, its `[asr]`, `[llm]` and `[tts]` pointed
+//! at the fakes (`voxgate_test_support::fake_providers`: a fixed transcript, a fixed 8-chunk
+//! sentence, 1.0 s of 24 kHz speech); `voxgate-client load xiaozhi` opens the sessions from one
+//! process, each streaming a spoken question and 2 s of silence as real Opus at real time and
+//! listening again after each answer. The server's CPU time (`/proc/PID/stat` utime+stime),
+//! RSS (`/proc/PID/status` VmRSS) and threads are sampled every 250 ms; the figures are taken
+//! over the window in which every session is up (after the ramp, before the first session
+//! stops starting bursts).
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -17,24 +24,50 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
+use voxgate_test_support::fake_providers::{FakeDelays, FakeProviders};
 
 use crate::util;
 
 /// Options of `cargo xtask load`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Concurrent device sessions.
-    #[arg(long, default_value_t = 200)]
-    sessions: usize,
-    /// Seconds each session streams.
+    /// Concurrent device sessions; a comma-separated list runs once per size, each on a fresh
+    /// server, and prints one table.
+    #[arg(long, value_delimiter = ',', default_value = "200")]
+    sessions: Vec<usize>,
+    /// Seconds during which the sessions start bursts (the bursts in flight then finish).
     #[arg(long, default_value_t = 30)]
     seconds: u64,
     /// Seconds over which the sessions start.
     #[arg(long, default_value_t = 10.0)]
     ramp: f64,
-    /// Speech to stream (default: the audio crate's speech fixture).
+    /// Speech to stream (default: the client's built-in question for Xiaozhi, the audio
+    /// crate's speech fixture for WebRTC).
     #[arg(long)]
     wav: Option<PathBuf>,
+    /// The fake recognizer's delay before it answers, ms.
+    #[arg(long, default_value_t = 0)]
+    asr_delay_ms: u64,
+    /// The fake model's delay before its first token, ms.
+    #[arg(long, default_value_t = 0)]
+    llm_delay_ms: u64,
+    /// The fake synthesizer's delay before its first audio byte, ms.
+    #[arg(long, default_value_t = 0)]
+    tts_delay_ms: u64,
+    /// Seconds after a burst without an answer before the client counts it unanswered.
+    #[arg(long, default_value_t = 10.0)]
+    answer_timeout: f64,
+    /// Pin the server to these CPUs (`taskset -c` syntax: `0`, `0,1`, `2-3`).
+    #[arg(long, value_name = "CPUS")]
+    server_cpus: Option<String>,
+    /// Pin the load generator to these CPUs.
+    #[arg(long, value_name = "CPUS")]
+    client_cpus: Option<String>,
+    /// The load generator's runtime threads.
+    #[arg(long, default_value_t = 1)]
+    client_threads: u16,
     /// Use the release binaries already built (skip `cargo build --release`).
     #[arg(long)]
     no_build: bool,
@@ -45,10 +78,10 @@ pub(crate) struct Args {
     /// Use this client binary instead of the workspace's release build.
     #[arg(long)]
     client_bin: Option<PathBuf>,
-    /// Build the server with the `libopus` feature (bundled libopus, needs cmake) so the
-    /// door's codecs run on libopus instead of the pure-Rust backend.
-    #[arg(long)]
-    libopus: bool,
+    /// The server's Opus backend: `libopus` (the default build's, compiled with the `cc`
+    /// crate) or `pure` (opus-rs). Chosen at run time, so one build measures both.
+    #[arg(long, value_parser = ["libopus", "pure"], default_value = "libopus")]
+    opus: String,
     /// WebRTC sessions on the VIP door (`voxgate-client load webrtc`) instead of Xiaozhi
     /// devices: each streams the WAV once and hears the reply (`--seconds` is not used).
     #[arg(long)]
@@ -58,14 +91,22 @@ pub(crate) struct Args {
 /// Goals from the issue.
 const CPU_GOAL_PERCENT: f64 = 1.0;
 const MEMORY_GOAL_KB: f64 = 200.0;
+/// The load generator's own budget: a tenth of a core per 1,000 sessions.
+const CLIENT_GOAL_PERCENT_PER_1000: f64 = 10.0;
 
 struct Sample {
     at: Instant,
     cpu_ticks: u64,
     rss_kb: u64,
+    threads: u64,
+    /// The whole machine's ticks then, to tell what else ran meanwhile.
+    machine: Option<MachineTicks>,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    if args.sessions.is_empty() {
+        bail!("--sessions needs at least one size");
+    }
     if !args.webrtc && args.seconds as f64 <= args.ramp + 2.0 {
         bail!("--seconds must exceed --ramp by more than 2 s, so all sessions overlap");
     }
@@ -79,9 +120,6 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             "-p",
             "voxgate-client",
         ]);
-        if args.libopus {
-            build.args(["--features", "voxgate-server-bin/libopus"]);
-        }
         util::run(&mut build)?;
     }
     let (server_bin, client_bin, wav) = util::release_inputs(
@@ -90,53 +128,248 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         args.wav.as_ref(),
     );
     let ticks_per_second = clock_ticks()?;
+    let backend = args.opus.as_str();
 
-    let backend = if args.libopus { "libopus" } else { "pure" };
-    let (mut server, addr) = start_server(&server_bin, backend, args.webrtc)?;
-    let result = if args.webrtc {
-        measure_webrtc(args, &client_bin, &wav, &server, addr, ticks_per_second)
-    } else {
-        measure(args, &client_bin, &wav, &server, addr, ticks_per_second)
+    if args.webrtc {
+        for &sessions in &args.sessions {
+            let (mut server, addr) = start_server(&server_bin, backend, true, &[], None)?;
+            let result = measure_webrtc(
+                args,
+                sessions,
+                &client_bin,
+                &wav,
+                &server,
+                addr,
+                ticks_per_second,
+            );
+            // Our own child, by handle.
+            let _ = server.kill();
+            let _ = server.wait();
+            result?;
+        }
+        return Ok(());
+    }
+
+    let delays = FakeDelays {
+        asr: Duration::from_millis(args.asr_delay_ms),
+        llm_first_token: Duration::from_millis(args.llm_delay_ms),
+        tts_first_byte: Duration::from_millis(args.tts_delay_ms),
     };
-    // Our own child, by handle.
-    let _ = server.kill();
-    let _ = server.wait();
-    result
+    let fakes = FakeProviders::spawn(delays).context("starting the fake providers")?;
+    let base = fakes.base_url();
+    eprintln!(
+        "fake providers at {base} (delays: ASR {} ms, LLM first token {} ms, TTS first byte {} ms)",
+        args.asr_delay_ms, args.llm_delay_ms, args.tts_delay_ms
+    );
+    let env = [
+        ("VOXGATE_ASR_BASE_URL", base.clone()),
+        ("VOXGATE_LLM_BASE_URL", base.clone()),
+        ("VOXGATE_TTS_BASE_URL", base),
+    ];
+    let mut rows = Vec::new();
+    for &sessions in &args.sessions {
+        let before = fakes.counts();
+        let (mut server, addr) = start_server(
+            &server_bin,
+            backend,
+            false,
+            &env,
+            args.server_cpus.as_deref(),
+        )?;
+        let result = measure(args, sessions, &client_bin, &server, addr, ticks_per_second);
+        let _ = server.kill();
+        let _ = server.wait();
+        let after = fakes.counts();
+        eprintln!(
+            "   fake providers: {} transcriptions, {} completions, {} syntheses, {} bad requests",
+            after.asr - before.asr,
+            after.llm - before.llm,
+            after.tts - before.tts,
+            after.bad_requests - before.bad_requests
+        );
+        match result {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                eprintln!("== load: {sessions} sessions failed: {e:#}");
+                rows.push(Row::failed(sessions));
+            }
+        }
+    }
+    fakes.stop();
+    println!("{}", table(&rows));
+    if rows.iter().any(|r| r.failed) {
+        bail!("some runs failed (see above)");
+    }
+    Ok(())
 }
 
+/// One line of the table.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Row {
+    sessions: usize,
+    failed: bool,
+    server_cpu_percent: f64,
+    rss_kb_peak: u64,
+    threads: u64,
+    turns_done_percent: Option<f64>,
+    tts_start_p50: Option<f64>,
+    tts_start_p99: Option<f64>,
+    first_audio_p50: Option<f64>,
+    first_audio_p99: Option<f64>,
+    cut: u64,
+    unanswered: u64,
+    client_cpu_percent: Option<f64>,
+}
+
+impl Row {
+    fn failed(sessions: usize) -> Self {
+        Self {
+            sessions,
+            failed: true,
+            ..Self::default()
+        }
+    }
+
+    /// The row of one run: the server's figures and the client's summary.
+    fn new(sessions: usize, server: &ServerFigures, client: &serde_json::Value) -> Self {
+        let f = |k: &str| client[k].as_f64();
+        let n = |k: &str| client[k].as_u64().unwrap_or(0);
+        Self {
+            sessions,
+            failed: false,
+            server_cpu_percent: server.cpu_percent,
+            rss_kb_peak: server.rss_kb_peak,
+            threads: server.threads,
+            turns_done_percent: f("turns_done_percent"),
+            tts_start_p50: f("tts_start_latency_ms_p50"),
+            tts_start_p99: f("tts_start_latency_ms_p99"),
+            first_audio_p50: f("first_audio_latency_ms_p50"),
+            first_audio_p99: f("first_audio_latency_ms_p99"),
+            // An unfinished answer counts as unanswered here: the device heard no end of it.
+            cut: n("cut"),
+            unanswered: n("unanswered") + n("unfinished") + n("lost"),
+            client_cpu_percent: f("client_cpu_percent_of_one_core"),
+        }
+    }
+}
+
+/// The table of `rows`, as Markdown.
+fn table(rows: &[Row]) -> String {
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+    let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {} ms", ms(a), ms(b));
+    let mut out = String::from(
+        "| sessions | server CPU (% of one core) | RSS | threads | turns done | end of speech → `tts start` p50 / p99 | → first audio p50 / p99 | cut | unanswered | client CPU (% of one core) |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        if r.failed {
+            out.push_str(&format!("| {} | failed | | | | | | | | |\n", r.sessions));
+            continue;
+        }
+        out.push_str(&format!(
+            "| {} | {:.1} % | {:.0} MB | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.sessions,
+            r.server_cpu_percent,
+            r.rss_kb_peak as f64 / 1024.0,
+            r.threads,
+            r.turns_done_percent
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.1} %")),
+            pair(r.tts_start_p50, r.tts_start_p99),
+            pair(r.first_audio_p50, r.first_audio_p99),
+            r.cut,
+            r.unanswered,
+            r.client_cpu_percent
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.1} %")),
+        ));
+    }
+    out
+}
+
+/// The server's figures over the steady window.
+struct ServerFigures {
+    cpu_percent: f64,
+    rss_kb_peak: u64,
+    threads: u64,
+}
+
+/// A command for `program`, pinned to `cpus` (`taskset -c` syntax) when given: through
+/// `taskset` when it is installed (it execs the program, so the pid is the program's), else
+/// the returned CPU set is applied by [`spawn`] (the child inherits the spawning thread's
+/// affinity).
+fn pinned(program: &Path, cpus: Option<&str>) -> anyhow::Result<(Command, Option<CpuSet>)> {
+    let Some(cpus) = cpus else {
+        return Ok((Command::new(program), None));
+    };
+    if util::output(Command::new("taskset").arg("--version")).is_ok() {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", cpus]).arg(program);
+        return Ok((cmd, None));
+    }
+    Ok((Command::new(program), Some(cpu_set(cpus)?)))
+}
+
+/// The CPUs of a `taskset -c` list: `0`, `0,2`, `1-3`.
+fn cpu_set(list: &str) -> anyhow::Result<CpuSet> {
+    let mut set = CpuSet::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let lo: usize = lo
+            .trim()
+            .parse()
+            .with_context(|| format!("CPU list {list}"))?;
+        let hi: usize = hi
+            .trim()
+            .parse()
+            .with_context(|| format!("CPU list {list}"))?;
+        for cpu in lo..=hi {
+            set.set(cpu).with_context(|| format!("CPU {cpu}"))?;
+        }
+    }
+    Ok(set)
+}
+
+/// Spawns `cmd`, with this thread pinned to `affinity` meanwhile so the child starts pinned.
+fn spawn(cmd: &mut Command, affinity: Option<CpuSet>) -> anyhow::Result<Child> {
+    let Some(set) = affinity else {
+        return cmd.spawn().context("spawning");
+    };
+    let me = Pid::from_raw(0);
+    let before = sched_getaffinity(me).context("sched_getaffinity")?;
+    sched_setaffinity(me, &set).context("sched_setaffinity")?;
+    let child = cmd.spawn().context("spawning");
+    sched_setaffinity(me, &before).context("sched_setaffinity")?;
+    child
+}
+
+/// One Xiaozhi run of `sessions` devices against `server`: prints its verdicts, writes its full
+/// report to `target/load/xiaozhi-N.json` and returns its table row.
 fn measure(
     args: &Args,
+    sessions: usize,
     client_bin: &Path,
-    wav: &Path,
     server: &Child,
     addr: SocketAddr,
     ticks_per_second: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Row> {
     let pid = server.id();
     std::thread::sleep(Duration::from_millis(500));
     let baseline = sample(pid)?;
     let url = format!("ws://{addr}/xiaozhi/v1/");
-    let mut client_cmd = Command::new(client_bin);
-    client_cmd.args([
-        "load",
-        "xiaozhi",
-        &url,
-        "--sessions",
-        &args.sessions.to_string(),
-        "--seconds",
-        &args.seconds.to_string(),
-        "--ramp",
-        &args.ramp.to_string(),
-        "--wav",
-    ]);
-    client_cmd.arg(wav);
+    let (mut client_cmd, affinity) = pinned(client_bin, args.client_cpus.as_deref())?;
+    client_cmd
+        .args(["load", "xiaozhi", &url])
+        .args(["--sessions", &sessions.to_string()])
+        .args(["--seconds", &args.seconds.to_string()])
+        .args(["--ramp", &args.ramp.to_string()])
+        .args(["--answer-timeout", &args.answer_timeout.to_string()])
+        .args(["--threads", &args.client_threads.to_string()]);
+    if let Some(wav) = &args.wav {
+        client_cmd.arg("--wav").arg(wav);
+    }
     eprintln!("$ {}", util::describe(&client_cmd));
     let started = Instant::now();
-    let mut client = client_cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting voxgate-client")?;
+    client_cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut client = spawn(&mut client_cmd, affinity).context("starting voxgate-client")?;
 
     let window_start = started + Duration::from_secs_f64(args.ramp + 1.0);
     let window_end = started + Duration::from_secs(args.seconds) - Duration::from_millis(500);
@@ -173,6 +406,7 @@ fn measure(
     );
     let dropped = dropped_up + dropped_down;
     let active_after = metric(addr, "voxgate_sessions_active").unwrap_or(-1.0);
+    let server_latencies = mean_latencies(&metrics_text);
 
     // CPU over the window where every session is up.
     let in_window: Vec<&Sample> = samples
@@ -182,23 +416,45 @@ fn measure(
     let (Some(first), Some(last)) = (in_window.first(), in_window.last()) else {
         bail!("no samples in the steady window (is --seconds long enough?)");
     };
-    let n = args.sessions.max(1) as f64;
+    let n = sessions.max(1) as f64;
     let wall = last.at.duration_since(first.at).as_secs_f64().max(0.001);
     let cpu_seconds = (last.cpu_ticks - first.cpu_ticks) as f64 / ticks_per_second as f64;
     let cpu_total_percent = cpu_seconds / wall * 100.0;
     let cpu_per_session = cpu_total_percent / n;
     let peak_rss = in_window.iter().map(|s| s.rss_kb).max().unwrap_or(0);
     let mean_rss = in_window.iter().map(|s| s.rss_kb).sum::<u64>() as f64 / in_window.len() as f64;
+    let threads = in_window.iter().map(|s| s.threads).max().unwrap_or(0);
     let kb_per_session = (mean_rss - baseline.rss_kb as f64) / n;
     let peak_kb_per_session = (peak_rss as f64 - baseline.rss_kb as f64) / n;
     let whole_cpu = (after.cpu_ticks - baseline.cpu_ticks) as f64 / ticks_per_second as f64;
+    // The whole machine over the window: how busy all its cores were, and how much the
+    // hypervisor gave to other guests (other processes and steal make runs differ).
+    let (machine_busy, steal) = match (first.machine, last.machine) {
+        (Some(a), Some(b)) => {
+            let total = (b.total - a.total).max(1) as f64;
+            (
+                100.0 * (b.busy - a.busy) as f64 / total,
+                100.0 * (b.steal - a.steal) as f64 / total,
+            )
+        }
+        _ => (0.0, 0.0),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
 
     let client_late = summary["late_frames"].as_u64().unwrap_or(0);
     let report = serde_json::json!({
-        "sessions": args.sessions,
+        "sessions": sessions,
         "seconds": args.seconds,
         "ramp_seconds": args.ramp,
         "steady_window_seconds": wall,
+        "machine_busy_percent_of_all_cores": machine_busy,
+        "machine_steal_percent": steal,
+        "cores": cores,
+        "provider_delays_ms": {
+            "asr": args.asr_delay_ms,
+            "llm_first_token": args.llm_delay_ms,
+            "tts_first_byte": args.tts_delay_ms,
+        },
         "server": {
             "cpu_percent_of_one_core_total": cpu_total_percent,
             "cpu_percent_of_one_core_per_session": cpu_per_session,
@@ -209,27 +465,41 @@ fn measure(
             "rss_kb_after": after.rss_kb,
             "kb_per_session_mean": kb_per_session,
             "kb_per_session_peak": peak_kb_per_session,
+            "threads_peak": threads,
             "sessions_active_mid_window": active_during,
             "sessions_active_after": active_after,
             "dropped_frames_total": dropped,
             "dropped_frames_uplink": dropped_up,
             "dropped_frames_downlink": dropped_down,
-            "opus_backend": if args.libopus { "libopus" } else { "pure" },
+            "mean_latency_ms": server_latencies.iter().cloned().collect::<serde_json::Map<_, _>>(),
+            "opus_backend": args.opus,
+            "cpus": args.server_cpus,
         },
         "client": summary,
     });
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    let dir = util::target_dir().join("load");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("xiaozhi-{sessions}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+    let num = |k: &str| summary[k].as_u64().unwrap_or(0);
+    let ms = |k: &str| {
+        summary[k]
+            .as_f64()
+            .map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
+    };
     eprintln!(
-        "== load: {} sessions x {} s (steady window {wall:.1} s)",
-        args.sessions, args.seconds
+        "== load: {sessions} sessions x {} s (steady window {wall:.1} s); report in {}",
+        args.seconds,
+        path.display()
     );
     eprintln!(
         "   server CPU per session: {cpu_per_session:.3} % of one core (total {cpu_total_percent:.1} %) [goal < {CPU_GOAL_PERCENT} %: {}]",
         verdict(cpu_per_session < CPU_GOAL_PERCENT)
     );
     eprintln!(
-        "   server memory per session: {kb_per_session:.0} KB mean, {peak_kb_per_session:.0} KB peak (RSS {} -> {peak_rss} KB) [goal < {MEMORY_GOAL_KB} KB: {}]",
+        "   server memory per session: {kb_per_session:.0} KB mean, {peak_kb_per_session:.0} KB peak (RSS {} -> {peak_rss} KB), {threads} threads [goal < {MEMORY_GOAL_KB} KB: {}]",
         baseline.rss_kb,
         verdict(peak_kb_per_session < MEMORY_GOAL_KB)
     );
@@ -239,20 +509,104 @@ fn measure(
         verdict(dropped == 0.0 && client_late == 0)
     );
     eprintln!(
-        "   turns {} (min per session {}), frames sent {}, reply frames {}, sessions with errors {}",
-        summary["turns"],
-        summary["min_turns"],
-        summary["frames_sent"],
-        summary["reply_frames"],
-        summary["sessions_with_errors"]
+        "   bursts {}: answered {} ({} %), cut {}, unanswered {}, unfinished {}, lost {}; turns {} (min per session {}), sessions with errors {}",
+        num("bursts"),
+        num("answered"),
+        summary["turns_done_percent"],
+        num("cut"),
+        num("unanswered"),
+        num("unfinished"),
+        num("lost"),
+        num("turns"),
+        num("min_turns"),
+        num("sessions_with_errors")
     );
-    Ok(())
+    eprintln!(
+        "   end of speech -> tts start p50 {} / p99 {} / max {} ms; -> first audio p50 {} / p99 {} / max {} ms",
+        ms("tts_start_latency_ms_p50"),
+        ms("tts_start_latency_ms_p99"),
+        ms("tts_start_latency_ms_max"),
+        ms("first_audio_latency_ms_p50"),
+        ms("first_audio_latency_ms_p99"),
+        ms("first_audio_latency_ms_max"),
+    );
+    let client_cpu = summary["client_cpu_percent_of_one_core"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let per_1000 = summary["client_cpu_percent_per_1000_sessions"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let seconds = |k: &str| summary[k].as_f64().unwrap_or(0.0);
+    let user_share = seconds("client_cpu_user_seconds") / seconds("client_cpu_seconds").max(0.01);
+    eprintln!(
+        "   load generator: {client_cpu:.1} % of one core, {per_1000:.1} % per 1,000 sessions ({:.0} % of it in its own code, the rest in the kernel's TCP) [goal <= {CLIENT_GOAL_PERCENT_PER_1000} %: {}]",
+        user_share * 100.0,
+        verdict(per_1000 <= CLIENT_GOAL_PERCENT_PER_1000)
+    );
+    eprintln!(
+        "   machine over the window: {machine_busy:.0} % of {cores} cores busy (everything: server, client, fakes, other processes), {steal:.1} % stolen by the hypervisor"
+    );
+    if !server_latencies.is_empty() {
+        let list: Vec<String> = server_latencies
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0} ms", v.as_f64().unwrap_or(0.0)))
+            .collect();
+        eprintln!("   server's own mean latencies: {}", list.join(", "));
+    }
+    let server_figures = ServerFigures {
+        cpu_percent: cpu_total_percent,
+        rss_kb_peak: peak_rss,
+        threads,
+    };
+    Ok(Row::new(sessions, &server_figures, &summary))
+}
+
+/// Mean latencies the server's `/metrics` has, in ms: every `*latency*_seconds` summary
+/// (`_sum` / `_count`) per label set, e.g. `voxgate_provider_latency_seconds{provider="llm"}`.
+fn mean_latencies(text: &str) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (name, labels) = series
+            .split_once('{')
+            .map_or((series, ""), |(n, l)| (n, l.trim_end_matches('}')));
+        let Some(base) = name.strip_suffix("_seconds_sum") else {
+            continue;
+        };
+        if !base.contains("latency") {
+            continue;
+        }
+        let count_series = if labels.is_empty() {
+            format!("{base}_seconds_count")
+        } else {
+            format!("{base}_seconds_count{{{labels}}}")
+        };
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&count_series)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        let Ok(sum) = value.parse::<f64>() else {
+            continue;
+        };
+        if count > 0.0 {
+            let key = if labels.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{base}{{{labels}}}")
+            };
+            out.push((key, serde_json::json!(sum / count * 1000.0)));
+        }
+    }
+    out
 }
 
 /// The WebRTC run: the client's own summary (it samples the server's CPU and memory), the
 /// server's late frames, and the whole machine's busiest second (client and server share it).
 fn measure_webrtc(
     args: &Args,
+    sessions: usize,
     client_bin: &Path,
     wav: &Path,
     server: &Child,
@@ -263,7 +617,7 @@ fn measure_webrtc(
     let mut client_cmd = Command::new(client_bin);
     client_cmd
         .args(["load", "webrtc", &format!("http://{addr}")])
-        .args(["--sessions", &args.sessions.to_string()])
+        .args(["--sessions", &sessions.to_string()])
         .args(["--ramp", &args.ramp.to_string()])
         .args(["--server-pid", &server.id().to_string()])
         .arg("--wav")
@@ -306,9 +660,9 @@ fn measure_webrtc(
     let server_late = sum_metric(&metrics_text, "voxgate_webrtc_late_frames_total", "");
     let dropped = sum_metric(&metrics_text, "voxgate_webrtc_dropped_datagrams_total", "");
     let report = serde_json::json!({
-        "sessions": args.sessions,
+        "sessions": sessions,
         "ramp_seconds": args.ramp,
-        "opus_backend": if args.libopus { "libopus" } else { "pure" },
+        "opus_backend": args.opus,
         "machine_busiest_second_percent_of_all_cores": busiest,
         "cores": cores,
         "server_late_frames": server_late,
@@ -323,7 +677,7 @@ fn measure_webrtc(
     let server_cpu = &summary["server"];
     eprintln!(
         "== load --webrtc: {} sessions, {} ok, {} lost packets",
-        args.sessions,
+        sessions,
         n("sessions_ok"),
         n("lost_packets")
     );
@@ -334,7 +688,7 @@ fn measure_webrtc(
         n("max_delay_ms"),
         n("long_gaps"),
         n("max_gap_ms"),
-        verdict(n("late_packets") == 0 && n("sessions_ok") == args.sessions as u64)
+        verdict(n("late_packets") == 0 && n("sessions_ok") == sessions as u64)
     );
     eprintln!(
         "   server CPU {:.1} s over the run ({:.0} % of one core), peak {:.0} KB per session; machine at its busiest {busiest:.0} % of {cores:.0} cores",
@@ -398,15 +752,19 @@ fn machine_ticks() -> anyhow::Result<MachineTicks> {
     })
 }
 
-/// Starts the release server on a free loopback port; returns it and the address it logged.
-/// For WebRTC the synthesizer is the `tone` provider: the embedded one runs an `espeak-ng`
-/// process per sentence, whose CPU is not the server's and would crowd the machine.
+/// Starts the release server on a free loopback port, with `env` set and pinned to `cpus`;
+/// returns it and the address it logged. For WebRTC the synthesizer is the `tone` provider:
+/// the embedded one runs an `espeak-ng` process per sentence, whose CPU is not the server's
+/// and would crowd the machine.
 fn start_server(
     bin: &Path,
     opus_backend: &str,
     webrtc: bool,
+    env: &[(&str, String)],
+    cpus: Option<&str>,
 ) -> anyhow::Result<(Child, SocketAddr)> {
-    let mut cmd = Command::new(bin);
+    let (mut cmd, affinity) = pinned(bin, cpus)?;
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     if webrtc {
         cmd.env("VOXGATE_TTS_PROVIDER", "tone");
     }
@@ -423,9 +781,8 @@ fn start_server(
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     eprintln!("$ {}", util::describe(&cmd));
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut child =
+        spawn(&mut cmd, affinity).with_context(|| format!("starting {}", bin.display()))?;
     let stderr = child.stderr.take().context("server stderr")?;
     let (tx, rx) = mpsc::channel();
     // Keep draining the server's log so it never blocks on a full pipe.
@@ -470,16 +827,20 @@ fn sample(pid: u32) -> anyhow::Result<Sample> {
     let cpu_ticks = field(14) + field(15);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .context("reading /proc/PID/status")?;
-    let rss_kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
     Ok(Sample {
         at,
         cpu_ticks,
-        rss_kb,
+        rss_kb: field("VmRSS:"),
+        threads: field("Threads:"),
+        machine: machine_ticks().ok(),
     })
 }
 
@@ -518,6 +879,60 @@ fn sum_metric(text: &str, name: &str, labels: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_follow_taskset() {
+        let set = cpu_set("0, 2-3").unwrap();
+        assert!(set.is_set(0).unwrap() && set.is_set(2).unwrap() && set.is_set(3).unwrap());
+        assert!(!set.is_set(1).unwrap());
+        assert!(cpu_set("one").is_err());
+    }
+
+    #[test]
+    fn latency_summaries_become_means() {
+        let text = "# TYPE voxgate_provider_latency_seconds summary\n\
+                    voxgate_provider_latency_seconds_sum{provider=\"llm\"} 0.5\n\
+                    voxgate_provider_latency_seconds_count{provider=\"llm\"} 4\n\
+                    voxgate_provider_latency_seconds_sum{provider=\"asr\"} 0\n\
+                    voxgate_provider_latency_seconds_count{provider=\"asr\"} 0\n\
+                    voxgate_turn_latency_seconds_sum 3\nvoxgate_turn_latency_seconds_count 6\n\
+                    voxgate_other_seconds_sum 1\nvoxgate_other_seconds_count 1\n";
+        let means = mean_latencies(text);
+        assert_eq!(
+            means,
+            [
+                (
+                    "voxgate_provider_latency{provider=\"llm\"}".to_owned(),
+                    serde_json::json!(125.0)
+                ),
+                ("voxgate_turn_latency".to_owned(), serde_json::json!(500.0)),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_size() {
+        let client = serde_json::json!({
+            "turns_done_percent": 100.0,
+            "tts_start_latency_ms_p50": 584.2, "tts_start_latency_ms_p99": 588.0,
+            "first_audio_latency_ms_p50": 600.0, "first_audio_latency_ms_p99": 640.4,
+            "cut": 1, "unanswered": 2, "unfinished": 1, "lost": 0,
+            "client_cpu_percent_of_one_core": 0.35,
+        });
+        let server = ServerFigures {
+            cpu_percent: 8.94,
+            rss_kb_peak: 25 * 1024,
+            threads: 2,
+        };
+        let t = table(&[Row::new(35, &server, &client), Row::failed(600)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert_eq!(
+            lines[2],
+            "| 35 | 8.9 % | 25 MB | 2 | 100.0 % | 584 / 588 ms | 600 / 640 ms | 1 | 3 | 0.3 % |"
+        );
+        assert!(lines[3].starts_with("| 600 | failed |"));
+    }
 
     #[test]
     fn metrics_are_summed_over_labels() {

@@ -36,7 +36,7 @@ pub(crate) fn release_inputs(
             .cloned()
             .unwrap_or_else(|| target.join("release/voxgate-client")),
         wav.cloned()
-            .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/speech.wav")),
+            .unwrap_or_else(|| root.join("crates/voxgate-audio/tests/fixtures/question.wav")),
     )
 }
 

@@ -258,18 +258,28 @@ pub struct LoadArgs {
     /// Concurrent sessions.
     #[arg(long, default_value_t = 10)]
     pub sessions: usize,
-    /// Seconds each session streams.
+    /// Seconds during which sessions start bursts (the bursts in flight then finish).
     #[arg(long, default_value_t = 30)]
     pub seconds: u64,
-    /// Speech to stream (looped).
+    /// The speech of a burst (default: the built-in 2.09 s question).
     #[arg(long, value_name = "FILE")]
-    pub wav: PathBuf,
+    pub wav: Option<PathBuf>,
+    /// Seconds of silence streamed after the speech.
+    #[arg(long, default_value_t = 2.0)]
+    pub silence: f64,
+    /// Seconds after a burst without `tts start` (or after an answer's last message without
+    /// `tts stop`) before it counts as unanswered (unfinished) and the next burst starts.
+    #[arg(long, default_value_t = 10.0)]
+    pub answer_timeout: f64,
     /// Seconds over which the sessions start.
     #[arg(long, default_value_t = 5.0)]
     pub ramp: f64,
     /// Binary protocol version.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub protocol_version: u8,
+    /// Runtime threads (1: a single-threaded runtime, the cheapest).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
 }
 
 /// `voxgate-client chaos` (run by `cargo xtask chaos`, which starts the server with limits).
@@ -451,13 +461,41 @@ impl From<&LoadArgs> for LoadOptions {
             sessions: a.sessions,
             seconds: a.seconds,
             wav: a.wav.clone(),
-            ramp: Duration::try_from_secs_f64(a.ramp).unwrap_or(Duration::from_secs(5)),
+            silence: secs(a.silence, 2),
+            answer_timeout: secs(a.answer_timeout, 10),
+            ramp: secs(a.ramp, 5),
             protocol_version: a.protocol_version,
         }
     }
 }
 
 impl Cli {
+    /// The runtime the command runs on: the Xiaozhi load on `--threads` (one by default: a
+    /// single-threaded runtime, so the load generator costs as little as it can), everything
+    /// else multi-threaded.
+    ///
+    /// # Errors
+    /// When the runtime cannot start.
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        match &self.command {
+            // Sockets and timers only: no signal or process driver to poll at every turn.
+            Command::Load(LoadCommand::Xiaozhi(a)) if a.threads <= 1 => {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .enable_time()
+                    .build()
+            }
+            Command::Load(LoadCommand::Xiaozhi(a)) => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(usize::from(a.threads))
+                .enable_io()
+                .enable_time()
+                .build(),
+            _ => tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build(),
+        }
+    }
+
     /// Runs the command, printing events on stdout.
     ///
     /// # Errors
@@ -554,8 +592,35 @@ mod tests {
     }
 
     #[test]
-    fn load_needs_a_wav() {
-        assert!(parse(&["load", "xiaozhi", "ws://h/"]).is_err());
+    fn load_defaults_to_the_built_in_question_on_one_thread() {
+        let cli = parse(&["load", "xiaozhi", "ws://h/"]).unwrap();
+        let Command::Load(LoadCommand::Xiaozhi(a)) = &cli.command else {
+            panic!()
+        };
+        let o = LoadOptions::from(a);
+        assert_eq!(o.wav, None);
+        assert_eq!(o.silence, Duration::from_secs(2));
+        assert_eq!(o.answer_timeout, Duration::from_secs(10));
+        assert_eq!(a.threads, 1);
+        assert!(parse(&["load", "xiaozhi", "ws://h/", "--threads", "0"]).is_err());
+        let cli = parse(&[
+            "load",
+            "xiaozhi",
+            "ws://h/",
+            "--answer-timeout",
+            "2.5",
+            "--silence",
+            "1",
+            "--threads",
+            "2",
+        ])
+        .unwrap();
+        let Command::Load(LoadCommand::Xiaozhi(a)) = &cli.command else {
+            panic!()
+        };
+        let o = LoadOptions::from(a);
+        assert_eq!(o.answer_timeout, Duration::from_millis(2500));
+        assert_eq!(o.silence, Duration::from_secs(1));
         let cli = parse(&[
             "load",
             "xiaozhi",

@@ -1,12 +1,34 @@
-//! Load generation: many Xiaozhi devices from one process, each streaming real Opus at real
-//! time through the server's agent, counting what was sent, what came back and how late.
+//! Load generation: many Xiaozhi devices from one process, each speaking in bursts at real
+//! time and timing the server's answers.
 //!
-//! Each session plays the firmware's auto mode in a loop: `listen start auto`, stream the WAV
-//! (encoded once, plus a second of silence so the server's VAD ends the utterance) frame by
-//! frame every 60 ms until the reply starts (`tts start`), then receive the reply until
-//! `tts stop`, and listen again, until the time is up.
+//! Each session plays the firmware's auto mode: hello, `listen start auto`, then a **burst**:
+//! the WAV (by default a 2.09 s spoken question with a 140 ms pause after "Hello.") and 2 s of
+//! silence, as 60 ms Opus frames at real time. The frames are encoded once and shared by every
+//! session. Per burst the session records:
+//!
+//! - **end of speech**: the end of the last voiced frame (RMS above a tenth of the loudest
+//!   frame's, as the WebRTC load does) — frame `i` goes out at `start + i × 60 ms` and its
+//!   audio ends one frame later;
+//! - end of speech → `tts start`, and → the first binary (audio) frame after it;
+//! - a **cut** utterance: `tts start` before the voiced part was all sent (the server ended the
+//!   turn at a pause and answered half a question);
+//! - an **unanswered** burst: no `tts start` within `answer_timeout` after the burst's last
+//!   frame.
+//!
+//! Like the device, the session stops sending at `tts start`, and after `tts stop` sends
+//! `listen start` and the next burst at once: open loop, the bursts wait on nothing but the
+//! server's answers (and the timeout when there is none). After `seconds` no new burst starts;
+//! the bursts in flight finish (answer or timeout), so every burst is judged.
+//!
+//! It is meant to be cheap, so a few thousand sessions fit in one core: one runtime thread by
+//! default, prebuilt WebSocket messages (a frame is a reference-counted `Bytes` clone), one
+//! reusable timer per session with every burst starting on a shared 10 ms grid (so sends to
+//! all sessions share the runtime's wake-ups), small read buffers, and reply audio only
+//! counted, never decoded. The summary says
+//! what the client itself cost (`client_cpu_percent_of_one_core`, from `/proc/self/stat`).
 
 use std::path::PathBuf;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,18 +37,29 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde::Serialize;
 use tokio::time::{Instant, sleep_until};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 use voxgate_xiaozhi::control::{DeviceMessage, Listen, ListenMode, ServerMessage, TtsState};
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
-use crate::audio::{self, Pacing, Playback};
+use crate::audio::{self, Playback};
+use crate::chaos::voiced_frames;
+use crate::webrtc::load::percentile;
 use crate::ws;
 use crate::xiaozhi::{self, UPLINK_FRAME, UPLINK_RATE};
+
+/// The default burst's speech: "Hello." a 140 ms pause, "What will the weather be like
+/// tomorrow?" (espeak-ng, 16 kHz mono, 2.09 s; `crates/voxgate-audio/tests/fixtures/
+/// question.wav`, made by `make-fixtures.sh` there), built in so the command needs no file.
+pub const DEFAULT_WAV: &[u8] =
+    include_bytes!("../../../crates/voxgate-audio/tests/fixtures/question.wav");
 
 /// Uplink frames sent later than this after their slot count as late sends (client overload).
 const SEND_SLACK: Duration = Duration::from_millis(30);
 /// Downlink frames later than this after their playback slot count as late (audible gaps).
 const PLAY_SLACK: Duration = Duration::from_millis(30);
+/// How long a session waits for the server's hello.
+const HELLO_WAIT: Duration = Duration::from_secs(10);
 
 /// What load to generate.
 #[derive(Debug, Clone)]
@@ -35,14 +68,194 @@ pub struct LoadOptions {
     pub url: String,
     /// Concurrent sessions.
     pub sessions: usize,
-    /// How long each session streams.
+    /// How long sessions start bursts; the bursts in flight then finish.
     pub seconds: u64,
-    /// The speech to stream, looped.
-    pub wav: PathBuf,
+    /// The speech of a burst ([`DEFAULT_WAV`] when `None`).
+    pub wav: Option<PathBuf>,
+    /// Silence streamed after the speech, so the server's VAD ends the utterance.
+    pub silence: Duration,
+    /// A burst with no `tts start` this long after its last frame is unanswered; an answer
+    /// with no `tts stop` this long after its last message is unfinished.
+    pub answer_timeout: Duration,
     /// Sessions start spread over this long, so connections do not all land at once.
     pub ramp: Duration,
     /// Binary protocol version.
     pub protocol_version: u8,
+}
+
+impl LoadOptions {
+    /// `sessions` devices on `url` for `seconds` with the default burst, a 5 s ramp and a
+    /// 10 s answer timeout.
+    #[must_use]
+    pub fn new(url: impl Into<String>, sessions: usize, seconds: u64) -> Self {
+        Self {
+            url: url.into(),
+            sessions,
+            seconds,
+            wav: None,
+            silence: Duration::from_secs(2),
+            answer_timeout: Duration::from_secs(10),
+            ramp: Duration::from_secs(5),
+            protocol_version: 1,
+        }
+    }
+}
+
+/// A burst's timing, as offsets from its first frame's slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BurstPlan {
+    /// The index of the last voiced frame (`None`: the WAV is silent).
+    pub last_voiced: Option<usize>,
+    /// End of speech: the end of the last voiced frame's slot.
+    pub speech_end: Duration,
+    /// The whole burst, speech and silence.
+    pub len: Duration,
+    /// See [`LoadOptions::answer_timeout`].
+    pub answer_timeout: Duration,
+}
+
+impl BurstPlan {
+    /// The plan of a burst whose frames are `voiced` or not, `frame` long each.
+    #[must_use]
+    pub fn new(voiced: &[bool], frame: Duration, answer_timeout: Duration) -> Self {
+        let last_voiced = voiced.iter().rposition(|v| *v);
+        let n = |k: usize| u32::try_from(k).unwrap_or(u32::MAX);
+        Self {
+            last_voiced,
+            speech_end: frame * n(last_voiced.map_or(0, |i| i + 1)),
+            len: frame * n(voiced.len()),
+            answer_timeout,
+        }
+    }
+}
+
+/// How a burst ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// `tts start` after the end of speech, and `tts stop` after it.
+    Answered {
+        /// End of speech → `tts start`.
+        to_tts_start: Duration,
+        /// End of speech → the first audio frame (`None`: the reply had no audio).
+        to_first_audio: Option<Duration>,
+    },
+    /// `tts start` before the voiced part was all sent.
+    Cut,
+    /// No `tts start` within the answer timeout after the burst.
+    Unanswered,
+    /// An answer began but no `tts stop` came within the answer timeout of its last message.
+    Unfinished {
+        /// The answer began before the speech was all sent.
+        cut: bool,
+    },
+    /// The session failed while the burst was in flight.
+    Lost,
+}
+
+/// One burst's bookkeeping. It is fed what happened, as offsets from the burst's start, and
+/// decides the [`Outcome`]; it reads no clock, so it is tested with made-up times.
+#[derive(Debug, Clone, Copy)]
+pub struct BurstTracker {
+    plan: BurstPlan,
+    /// When the last voiced frame went out.
+    voiced_sent: Option<Duration>,
+    tts_start: Option<Duration>,
+    first_audio: Option<Duration>,
+    /// The answer's latest message (`tts start`, audio, other `tts` states).
+    last_reply: Option<Duration>,
+}
+
+impl BurstTracker {
+    /// A burst just starting.
+    #[must_use]
+    pub fn new(plan: BurstPlan) -> Self {
+        Self {
+            plan,
+            voiced_sent: None,
+            tts_start: None,
+            first_audio: None,
+            last_reply: None,
+        }
+    }
+
+    /// Frame `index` went out at `at`.
+    pub fn frame_sent(&mut self, index: usize, at: Duration) {
+        if Some(index) == self.plan.last_voiced {
+            self.voiced_sent = Some(at);
+        }
+    }
+
+    /// Whether the last voiced frame has gone out (a silent WAV has none to send).
+    #[must_use]
+    pub fn speech_sent(&self) -> bool {
+        self.voiced_sent.is_some() || self.plan.last_voiced.is_none()
+    }
+
+    /// `tts start` arrived at `at` (a repeat is ignored).
+    pub fn tts_start(&mut self, at: Duration) {
+        if self.tts_start.is_none() {
+            self.tts_start = Some(at);
+        }
+        self.last_reply = Some(at);
+    }
+
+    /// Whether the answer has begun.
+    #[must_use]
+    pub fn answering(&self) -> bool {
+        self.tts_start.is_some()
+    }
+
+    /// Another message of the answer (an audio frame when `audio`) arrived at `at`.
+    pub fn reply(&mut self, at: Duration, audio: bool) {
+        if self.tts_start.is_some() {
+            if audio && self.first_audio.is_none() {
+                self.first_audio = Some(at);
+            }
+            self.last_reply = Some(at);
+        }
+    }
+
+    fn cut(&self) -> bool {
+        match (self.tts_start, self.plan.last_voiced) {
+            (Some(_), None) => false,
+            (Some(start), Some(_)) => self.voiced_sent.is_none_or(|sent| start < sent),
+            (None, _) => false,
+        }
+    }
+
+    /// `tts stop` arrived: the burst's outcome (`None` when no answer had begun: a stray stop).
+    #[must_use]
+    pub fn tts_stop(&self) -> Option<Outcome> {
+        let start = self.tts_start?;
+        if self.cut() {
+            return Some(Outcome::Cut);
+        }
+        let end = self.plan.speech_end;
+        Some(Outcome::Answered {
+            to_tts_start: start.saturating_sub(end),
+            to_first_audio: self.first_audio.map(|a| a.saturating_sub(end)),
+        })
+    }
+
+    /// When the burst is given up if nothing more arrives: the answer timeout after the burst
+    /// (no answer yet) or after the answer's last message.
+    #[must_use]
+    pub fn deadline(&self) -> Duration {
+        match self.last_reply {
+            Some(last) => last + self.plan.answer_timeout,
+            None => self.plan.len + self.plan.answer_timeout,
+        }
+    }
+
+    /// The outcome when [`deadline`](Self::deadline) passed.
+    #[must_use]
+    pub fn expired(&self) -> Outcome {
+        if self.answering() {
+            Outcome::Unfinished { cut: self.cut() }
+        } else {
+            Outcome::Unanswered
+        }
+    }
 }
 
 /// Counters of one session.
@@ -54,16 +267,64 @@ pub struct SessionStats {
     pub frames_sent: u64,
     /// Frames sent more than 30 ms after their slot (the client fell behind).
     pub late_sends: u64,
-    /// Opus frames received.
+    /// Binary (audio) frames received.
     pub reply_frames: u64,
     /// Received frames that arrived after their playback slot (gaps a listener would hear).
     pub late_frames: u64,
     /// The worst lateness, in milliseconds.
     pub max_late_ms: u64,
-    /// Replies completed (`tts stop`).
+    /// `tts stop`s received.
     pub turns: u64,
+    /// Bursts judged.
+    pub bursts: u64,
+    /// Bursts answered after the end of speech and finished.
+    pub answered: u64,
+    /// Bursts answered before the speech was all sent.
+    pub cut: u64,
+    /// Bursts with no answer in time.
+    pub unanswered: u64,
+    /// Answers with no `tts stop` in time.
+    pub unfinished: u64,
+    /// Bursts in flight when the session failed.
+    pub lost: u64,
+    /// Answers that finished without a single audio frame.
+    pub silent_answers: u64,
+    /// End of speech → `tts start` per answered burst, in microseconds.
+    #[serde(skip)]
+    pub tts_start_us: Vec<u32>,
+    /// End of speech → first audio frame per answered burst, in microseconds.
+    #[serde(skip)]
+    pub first_audio_us: Vec<u32>,
     /// What went wrong, if anything.
     pub error: Option<String>,
+}
+
+impl SessionStats {
+    /// Counts a burst's outcome.
+    pub fn record(&mut self, outcome: Outcome) {
+        let us = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+        self.bursts += 1;
+        match outcome {
+            Outcome::Answered {
+                to_tts_start,
+                to_first_audio,
+            } => {
+                self.answered += 1;
+                self.tts_start_us.push(us(to_tts_start));
+                match to_first_audio {
+                    Some(d) => self.first_audio_us.push(us(d)),
+                    None => self.silent_answers += 1,
+                }
+            }
+            Outcome::Cut => self.cut += 1,
+            Outcome::Unanswered => self.unanswered += 1,
+            Outcome::Unfinished { cut } => {
+                self.unfinished += 1;
+                self.cut += u64::from(cut);
+            }
+            Outcome::Lost => self.lost += 1,
+        }
+    }
 }
 
 /// The totals printed at the end.
@@ -73,26 +334,76 @@ pub struct LoadSummary {
     pub sessions: usize,
     /// Sessions whose hello was answered.
     pub connected: usize,
-    /// Seconds each session streamed.
+    /// Seconds during which sessions started bursts.
     pub seconds: u64,
+    /// The speech of a burst, seconds (the WAV).
+    pub speech_seconds: f64,
+    /// A whole burst (speech and silence), seconds.
+    pub burst_seconds: f64,
+    /// Bursts judged, all sessions.
+    pub bursts: u64,
+    /// Bursts answered after the end of speech, with `tts stop`.
+    pub answered: u64,
+    /// Answered bursts as a share of all bursts, percent.
+    pub turns_done_percent: f64,
+    /// Cut utterances: `tts start` before the burst's speech was all sent.
+    pub cut: u64,
+    /// Bursts with no `tts start` within the answer timeout.
+    pub unanswered: u64,
+    /// Answers with no `tts stop` within the answer timeout of their last message.
+    pub unfinished: u64,
+    /// Bursts in flight when their session failed.
+    pub lost: u64,
+    /// Answers with no audio frame.
+    pub silent_answers: u64,
+    /// End of speech → `tts start`, median, ms.
+    pub tts_start_latency_ms_p50: Option<f64>,
+    /// 99th percentile, ms.
+    pub tts_start_latency_ms_p99: Option<f64>,
+    /// The worst, ms.
+    pub tts_start_latency_ms_max: Option<f64>,
+    /// End of speech → first audio frame, median, ms.
+    pub first_audio_latency_ms_p50: Option<f64>,
+    /// 99th percentile, ms.
+    pub first_audio_latency_ms_p99: Option<f64>,
+    /// The worst, ms.
+    pub first_audio_latency_ms_max: Option<f64>,
     /// Opus frames sent, all sessions.
     pub frames_sent: u64,
-    /// Frames sent late by the client.
+    /// Frames sent late by the client (> 30 ms after their slot).
     pub late_sends: u64,
-    /// Opus frames received, all sessions.
+    /// Audio frames received, all sessions.
     pub reply_frames: u64,
-    /// Received frames late for playback (client-side dropped/late frames).
+    /// Received frames late for playback (> 30 ms after their slot).
     pub late_frames: u64,
-    /// The worst lateness of any frame, in milliseconds.
+    /// The worst lateness of any received frame, ms.
     pub max_late_ms: u64,
-    /// Replies completed, all sessions.
+    /// `tts stop`s received, all sessions.
     pub turns: u64,
-    /// The fewest replies any connected session got.
+    /// The fewest `tts stop`s any connected session got.
     pub min_turns: u64,
     /// Sessions that ended with an error.
     pub sessions_with_errors: usize,
     /// Up to ten distinct errors.
     pub errors: Vec<String>,
+    /// Wall time from the first session's start to the last one's end, seconds.
+    pub wall_seconds: f64,
+    /// CPU time the client process used over that time (user + system), seconds.
+    pub client_cpu_seconds: f64,
+    /// Of it, in the client's own code (user).
+    pub client_cpu_user_seconds: f64,
+    /// Of it, in the kernel (system): mostly TCP, one send per frame; on loopback the
+    /// receiving side's protocol work runs in the sender's system call too.
+    pub client_cpu_system_seconds: f64,
+    /// The same as a share of one core, percent.
+    pub client_cpu_percent_of_one_core: f64,
+    /// The same per 1,000 sessions (the client's goal: at most 10 %).
+    pub client_cpu_percent_per_1000_sessions: f64,
+}
+
+/// A percentile of microsecond samples, in milliseconds to 0.1.
+fn ms(sorted: &[u64], p: usize) -> Option<f64> {
+    percentile(sorted, p).map(|us| (us as f64 / 100.0).round() / 10.0)
 }
 
 impl LoadSummary {
@@ -105,6 +416,8 @@ impl LoadSummary {
             min_turns: u64::MAX,
             ..Self::default()
         };
+        let mut to_start = Vec::new();
+        let mut to_audio = Vec::new();
         for st in stats {
             s.connected += usize::from(st.connected);
             s.frames_sent += st.frames_sent;
@@ -113,6 +426,15 @@ impl LoadSummary {
             s.late_frames += st.late_frames;
             s.max_late_ms = s.max_late_ms.max(st.max_late_ms);
             s.turns += st.turns;
+            s.bursts += st.bursts;
+            s.answered += st.answered;
+            s.cut += st.cut;
+            s.unanswered += st.unanswered;
+            s.unfinished += st.unfinished;
+            s.lost += st.lost;
+            s.silent_answers += st.silent_answers;
+            to_start.extend(st.tts_start_us.iter().map(|&v| u64::from(v)));
+            to_audio.extend(st.first_audio_us.iter().map(|&v| u64::from(v)));
             if st.connected {
                 s.min_turns = s.min_turns.min(st.turns);
             }
@@ -126,8 +448,120 @@ impl LoadSummary {
         if s.min_turns == u64::MAX {
             s.min_turns = 0;
         }
+        if s.bursts > 0 {
+            s.turns_done_percent = (s.answered as f64 * 1000.0 / s.bursts as f64).round() / 10.0;
+        }
+        to_start.sort_unstable();
+        to_audio.sort_unstable();
+        s.tts_start_latency_ms_p50 = ms(&to_start, 50);
+        s.tts_start_latency_ms_p99 = ms(&to_start, 99);
+        s.tts_start_latency_ms_max = ms(&to_start, 100);
+        s.first_audio_latency_ms_p50 = ms(&to_audio, 50);
+        s.first_audio_latency_ms_p99 = ms(&to_audio, 99);
+        s.first_audio_latency_ms_max = ms(&to_audio, 100);
         s
     }
+}
+
+/// The burst every session streams: framed Opus packets (speech then silence), which are
+/// voiced, and the timing plan.
+#[derive(Debug, Clone)]
+pub struct Burst {
+    /// One prebuilt binary frame per 60 ms.
+    pub frames: Vec<Bytes>,
+    /// Per frame: whether it carries speech.
+    pub voiced: Vec<bool>,
+    /// The timing.
+    pub plan: BurstPlan,
+    /// The speech alone, seconds.
+    pub speech_seconds: f64,
+}
+
+impl Burst {
+    /// Encodes `samples` (16 kHz mono) and `silence` after them for `version`'s framing.
+    ///
+    /// # Errors
+    /// An encoder failure.
+    pub fn new(
+        samples: &[f32],
+        silence: Duration,
+        version: ProtocolVersion,
+        answer_timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let codec = FrameCodec::new(version);
+        let frame_len = audio::frame_samples(UPLINK_RATE, UPLINK_FRAME);
+        // The speech padded to whole frames, then whole frames of silence.
+        let speech_frames = samples.len().div_ceil(frame_len.max(1));
+        let silence_frames =
+            usize::try_from(silence.as_micros().div_ceil(UPLINK_FRAME.as_micros())).unwrap_or(0);
+        let mut all = samples.to_vec();
+        all.resize((speech_frames + silence_frames) * frame_len, 0.0);
+        let mut voiced = voiced_frames(samples, frame_len);
+        voiced.resize(speech_frames + silence_frames, false);
+        let mut frames = Vec::with_capacity(voiced.len());
+        for packet in xiaozhi::encode_opus(&all)? {
+            let mut buf = Vec::new();
+            codec
+                .encode(&Frame::opus(&packet), &mut buf)
+                .context("framing")?;
+            frames.push(Bytes::from(buf));
+        }
+        anyhow::ensure!(
+            frames.len() == voiced.len(),
+            "{} Opus frames but {} analysed",
+            frames.len(),
+            voiced.len()
+        );
+        Ok(Self {
+            plan: BurstPlan::new(&voiced, UPLINK_FRAME, answer_timeout),
+            frames,
+            voiced,
+            speech_seconds: samples.len() as f64 / f64::from(UPLINK_RATE),
+        })
+    }
+
+    /// The burst of `opts`: its WAV (or the built-in question) and silence.
+    ///
+    /// # Errors
+    /// An unreadable WAV or an encoder failure.
+    pub fn for_options(opts: &LoadOptions) -> anyhow::Result<Self> {
+        let version = ProtocolVersion::from_number(u64::from(opts.protocol_version))
+            .context("protocol version")?;
+        let samples = match &opts.wav {
+            Some(path) => audio::load_wav(path, UPLINK_RATE)?,
+            None => {
+                let wav = voxgate_audio::wav::read_wav(DEFAULT_WAV).context("built-in WAV")?;
+                audio::resample(&wav.to_mono(), wav.sample_rate, UPLINK_RATE)?
+            }
+        };
+        Self::new(&samples, opts.silence, version, opts.answer_timeout)
+    }
+}
+
+/// The user and system CPU time of this process so far, seconds, from `/proc/self/stat`
+/// (Linux; zero elsewhere).
+fn own_cpu_seconds(ticks_per_second: u64) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return (0.0, 0.0);
+    };
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| -> u64 { fields.get(n - 3).and_then(|f| f.parse().ok()).unwrap_or(0) };
+    let tick = ticks_per_second.max(1) as f64;
+    (field(14) as f64 / tick, field(15) as f64 / tick)
+}
+
+/// Clock ticks per second of `/proc/PID/stat` (`getconf CLK_TCK`, 100 on every Linux we run).
+fn clock_ticks() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
 }
 
 /// Runs the load and returns the summary.
@@ -137,32 +571,32 @@ impl LoadSummary {
 pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
     let version = ProtocolVersion::from_number(u64::from(opts.protocol_version))
         .context("protocol version")?;
-    let codec = FrameCodec::new(version);
-    let mut samples = audio::load_wav(&opts.wav, UPLINK_RATE)?;
-    samples.extend(std::iter::repeat_n(0.0, UPLINK_RATE as usize));
-    let mut frames = Vec::new();
-    for packet in xiaozhi::encode_opus(&samples)? {
-        let mut buf = Vec::new();
-        codec
-            .encode(&Frame::opus(&packet), &mut buf)
-            .context("framing")?;
-        frames.push(Bytes::from(buf));
-    }
-    let frames = Arc::new(frames);
+    let burst = Burst::for_options(opts)?;
+    let ticks = clock_ticks();
     let n = opts.sessions.max(1);
     let step = opts.ramp / u32::try_from(n).unwrap_or(u32::MAX);
+    let cpu_before = own_cpu_seconds(ticks);
     let start = Instant::now();
+    let fleet = Arc::new(Fleet {
+        url: opts.url.clone(),
+        version,
+        burst,
+        epoch: start,
+    });
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        let frames = Arc::clone(&frames);
-        let url = opts.url.clone();
+        let fleet = Arc::clone(&fleet);
         let begin = start + step * u32::try_from(i).unwrap_or(u32::MAX);
         let end = begin + Duration::from_secs(opts.seconds);
         tasks.push(tokio::spawn(async move {
             sleep_until(begin).await;
             let mut stats = SessionStats::default();
-            if let Err(e) = session(i, &url, version, &frames, end, &mut stats).await {
+            let mut in_flight = false;
+            if let Err(e) = session(i, &fleet, end, &mut stats, &mut in_flight).await {
                 stats.error = Some(format!("{e:#}"));
+                if in_flight {
+                    stats.record(Outcome::Lost);
+                }
             }
             stats
         }));
@@ -174,17 +608,68 @@ pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
             ..SessionStats::default()
         }));
     }
-    Ok(LoadSummary::from_sessions(opts.seconds, &stats))
+    let wall = start.elapsed().as_secs_f64();
+    let cpu_after = own_cpu_seconds(ticks);
+    let user = (cpu_after.0 - cpu_before.0).max(0.0);
+    let system = (cpu_after.1 - cpu_before.1).max(0.0);
+    let cpu = user + system;
+    let mut summary = LoadSummary::from_sessions(opts.seconds, &stats);
+    summary.speech_seconds = (fleet.burst.speech_seconds * 1000.0).round() / 1000.0;
+    summary.burst_seconds = (fleet.burst.plan.len.as_secs_f64() * 1000.0).round() / 1000.0;
+    summary.wall_seconds = (wall * 10.0).round() / 10.0;
+    summary.client_cpu_seconds = (cpu * 100.0).round() / 100.0;
+    summary.client_cpu_user_seconds = (user * 100.0).round() / 100.0;
+    summary.client_cpu_system_seconds = (system * 100.0).round() / 100.0;
+    if wall > 0.0 {
+        let percent = cpu / wall * 100.0;
+        summary.client_cpu_percent_of_one_core = (percent * 100.0).round() / 100.0;
+        summary.client_cpu_percent_per_1000_sessions =
+            (percent * 1000.0 / n as f64 * 100.0).round() / 100.0;
+    }
+    Ok(summary)
 }
 
+/// The `listen start auto` of `session_id`, built once per session.
+fn listen_message(session_id: &str) -> Message {
+    let mut msg = Listen::start(ListenMode::Auto);
+    msg.session_id = Some(session_id.to_owned());
+    Message::Text(Utf8Bytes::from(DeviceMessage::from(msg).to_json()))
+}
+
+/// What every session shares.
+struct Fleet {
+    url: String,
+    version: ProtocolVersion,
+    burst: Burst,
+    /// The grid bursts start on (see [`TICK`]).
+    epoch: Instant,
+}
+
+/// Bursts start on a grid of this step from the run's start, so every frame slot of every
+/// session falls on it too (60 ms is a multiple) and the runtime wakes at most 100 times a
+/// second to send, however many sessions: waking costs more than sending on a virtual machine
+/// (a context switch out of idle each time), and 35 sessions on their own slots woke it 600
+/// times a second. A burst starts at most this much after `tts stop`.
+const TICK: Duration = Duration::from_millis(10);
+
+/// The first point of the grid at or after `now`.
+fn on_grid(epoch: Instant, now: Instant) -> Instant {
+    let since = now.saturating_duration_since(epoch).as_nanos();
+    let tick = TICK.as_nanos();
+    let steps = u64::try_from(since.div_ceil(tick)).unwrap_or(u64::MAX / 2);
+    epoch + Duration::from_nanos(steps.saturating_mul(u64::try_from(tick).unwrap_or(1)))
+}
+
+/// One device until `end`: bursts and answers. `in_flight` tells the caller whether a burst
+/// was under way when an error ended the session.
 async fn session(
     index: usize,
-    url: &str,
-    version: ProtocolVersion,
-    frames: &[Bytes],
+    fleet: &Fleet,
     end: Instant,
     stats: &mut SessionStats,
+    in_flight: &mut bool,
 ) -> anyhow::Result<()> {
+    let (version, burst) = (fleet.version, &fleet.burst);
     let device_id = format!(
         "02:00:00:{:02x}:{:02x}:{:02x}",
         (index >> 16) & 0xff,
@@ -193,69 +678,115 @@ async fn session(
     );
     let client_id = format!("0b0c0d0e-0000-4000-8000-{index:012}");
     let headers = xiaozhi::upgrade_headers(&device_id, &client_id, None, version);
-    let mut ws = ws::connect(url, &headers, Duration::from_secs(10)).await?;
+    // Replies are small frames; tungstenite zeroes its whole read buffer on every read, so a
+    // small one is most of the difference between a cheap session and an expensive one.
+    let config = WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .max_message_size(Some(1 << 20))
+        .max_frame_size(Some(1 << 20));
+    let mut ws = ws::connect_with(&fleet.url, &headers, HELLO_WAIT, config).await?;
     ws.send(Message::Text(xiaozhi::hello(version, false).into()))
         .await?;
-    let codec = FrameCodec::new(version);
-    let mut session_id = String::new();
-    let mut playback = Playback::new(Duration::from_millis(60), PLAY_SLACK);
-    // Streaming: the pacing of the current listen and the next frame (index into `frames`).
-    let mut streaming: Option<(Pacing, u64)> = None;
-    let hello_by = Instant::now() + Duration::from_secs(10);
+    let mut playback = Playback::new(UPLINK_FRAME, PLAY_SLACK);
+    let mut listen = None;
+    // The burst in flight: its first frame's slot, the next frame to send (none once the
+    // answer began or the frames ran out), and its bookkeeping.
+    let mut current: Option<(Instant, Option<usize>, BurstTracker)> = None;
+    let hello_by = Instant::now() + HELLO_WAIT;
+    let mut timer = pin!(sleep_until(hello_by));
     loop {
-        let next = streaming.map(|(p, i)| p.due(i));
-        let limit = if stats.connected {
-            end
-        } else {
-            hello_by.min(end)
+        // The one timer: the next frame's slot, else the burst's deadline, else the hello's.
+        let wake = match &current {
+            Some((start, Some(i), _)) => *start + slot(*i),
+            Some((start, None, tracker)) => *start + tracker.deadline(),
+            None if listen.is_none() => hello_by,
+            None => break,
         };
+        if timer.deadline() != wake {
+            timer.as_mut().reset(wake);
+        }
         tokio::select! {
-            () = sleep_until(limit) => {
-                if !stats.connected { anyhow::bail!("no hello"); }
-                break;
-            }
-            () = sleep_until(next.unwrap_or(limit)), if next.is_some() => {
-                let Some((pacing, i)) = streaming.as_mut() else { continue };
-                let len = u64::try_from(frames.len()).unwrap_or(1).max(1);
-                let frame = frames[usize::try_from(*i % len).unwrap_or(0)].clone();
-                if pacing.lateness(*i, Instant::now()) > SEND_SLACK {
-                    stats.late_sends += 1;
+            () = timer.as_mut() => {
+                let Some((start, next, tracker)) = current.as_mut() else {
+                    anyhow::bail!("no hello within {HELLO_WAIT:?}");
+                };
+                let now = Instant::now();
+                if let Some(i) = *next {
+                    if now.saturating_duration_since(*start + slot(i)) > SEND_SLACK {
+                        stats.late_sends += 1;
+                    }
+                    ws.send(Message::Binary(burst.frames[i].clone()))
+                        .await
+                        .context("sending audio")?;
+                    stats.frames_sent += 1;
+                    tracker.frame_sent(i, now.saturating_duration_since(*start));
+                    *next = Some(i + 1).filter(|&k| k < burst.frames.len());
+                } else if now >= *start + tracker.deadline() {
+                    stats.record(tracker.expired());
+                    current = None;
+                    *in_flight = false;
+                    if let Some(listen) = &listen
+                        && now < end
+                    {
+                        current = Some(start_burst(&mut ws, listen, fleet).await?);
+                        *in_flight = true;
+                    }
                 }
-                ws.send(Message::Binary(frame)).await.context("sending audio")?;
-                stats.frames_sent += 1;
-                *i += 1;
             }
             msg = ws.next() => match msg {
-                Some(Ok(Message::Binary(b))) => {
-                    if codec.decode(&b).is_ok() {
-                        stats.reply_frames += 1;
-                        playback.frame(Instant::now());
+                Some(Ok(Message::Binary(_))) => {
+                    let now = Instant::now();
+                    stats.reply_frames += 1;
+                    playback.frame(now);
+                    if let Some((start, _, tracker)) = current.as_mut() {
+                        tracker.reply(now.saturating_duration_since(*start), true);
                     }
                 }
-                Some(Ok(Message::Text(t))) => match ServerMessage::from_slice(t.as_bytes()) {
-                    Ok(ServerMessage::Hello(h)) => {
-                        session_id = h.session_id;
-                        let ms = u64::from(h.audio_params.frame_duration.max(1));
-                        playback = Playback::new(Duration::from_millis(ms), PLAY_SLACK);
-                        stats.connected = true;
-                        listen(&mut ws, &session_id).await?;
-                        streaming = Some((Pacing::new(Instant::now(), UPLINK_FRAME), 0));
-                    }
-                    Ok(ServerMessage::Tts(tts)) => match tts.state {
-                        // The device stops the microphone while it speaks (auto mode).
-                        TtsState::Start => streaming = None,
-                        TtsState::Stop => {
-                            playback.stop();
-                            stats.turns += 1;
-                            if Instant::now() < end {
-                                listen(&mut ws, &session_id).await?;
-                                streaming = Some((Pacing::new(Instant::now(), UPLINK_FRAME), 0));
+                Some(Ok(Message::Text(t))) => {
+                    let now = Instant::now();
+                    match ServerMessage::from_slice(t.as_bytes()) {
+                        Ok(ServerMessage::Hello(h)) if listen.is_none() => {
+                            let ms = u64::from(h.audio_params.frame_duration.max(1));
+                            playback = Playback::new(Duration::from_millis(ms), PLAY_SLACK);
+                            stats.connected = true;
+                            let msg = listen_message(&h.session_id);
+                            current = Some(start_burst(&mut ws, &msg, fleet).await?);
+                            listen = Some(msg);
+                            *in_flight = true;
+                        }
+                        Ok(ServerMessage::Tts(tts)) => {
+                            let Some((start, next, tracker)) = current.as_mut() else {
+                                continue;
+                            };
+                            let at = now.saturating_duration_since(*start);
+                            match tts.state {
+                                // The device stops the microphone while it speaks (auto mode).
+                                TtsState::Start => {
+                                    tracker.tts_start(at);
+                                    *next = None;
+                                }
+                                TtsState::Stop => {
+                                    playback.stop();
+                                    stats.turns += 1;
+                                    let Some(outcome) = tracker.tts_stop() else {
+                                        continue;
+                                    };
+                                    stats.record(outcome);
+                                    current = None;
+                                    *in_flight = false;
+                                    if let Some(listen) = &listen
+                                        && now < end
+                                    {
+                                        current = Some(start_burst(&mut ws, listen, fleet).await?);
+                                        *in_flight = true;
+                                    }
+                                }
+                                _ => tracker.reply(at, false),
                             }
                         }
                         _ => {}
-                    },
-                    _ => {}
-                },
+                    }
+                }
                 Some(Ok(Message::Close(_))) | None => anyhow::bail!("server closed the session"),
                 Some(Err(e)) => return Err(e).context("receiving"),
                 Some(Ok(_)) => {}
@@ -264,58 +795,225 @@ async fn session(
     }
     stats.late_frames = playback.late;
     stats.max_late_ms = u64::try_from(playback.max_late.as_millis()).unwrap_or(u64::MAX);
-    let _ = ws.close(None).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), ws.close(None)).await;
     Ok(())
 }
 
-async fn listen(ws: &mut ws::Ws, session_id: &str) -> anyhow::Result<()> {
-    let mut msg = Listen::start(ListenMode::Auto);
-    msg.session_id = Some(session_id.to_owned());
-    ws.send(Message::Text(DeviceMessage::from(msg).to_json().into()))
-        .await
-        .context("sending listen")
+/// The offset of frame `i`'s slot from its burst's start.
+fn slot(i: usize) -> Duration {
+    UPLINK_FRAME * u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+/// Sends `listen start` and begins a burst at the next point of the grid.
+async fn start_burst(
+    ws: &mut ws::Ws,
+    listen: &Message,
+    fleet: &Fleet,
+) -> anyhow::Result<(Instant, Option<usize>, BurstTracker)> {
+    ws.send(listen.clone()).await.context("sending listen")?;
+    let burst = &fleet.burst;
+    let first = (!burst.frames.is_empty()).then_some(0);
+    let start = on_grid(fleet.epoch, Instant::now());
+    Ok((start, first, BurstTracker::new(burst.plan)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    /// 10 voiced frames of 60 ms (the last one, index 9, ends at 600 ms), then 10 silent:
+    /// the burst lasts 1.2 s; 5 s answer timeout.
+    fn plan() -> BurstPlan {
+        let mut voiced = vec![true; 10];
+        voiced[4] = false; // a pause inside the speech does not move its end
+        voiced.extend([false; 10]);
+        BurstPlan::new(&voiced, MS(60), MS(5000))
+    }
+
+    /// A tracker whose frames went out on time up to (not including) `upto`.
+    fn sent(upto: usize) -> BurstTracker {
+        let mut t = BurstTracker::new(plan());
+        for i in 0..upto {
+            t.frame_sent(i, MS(60 * i as u64 + 2));
+        }
+        t
+    }
+
     #[test]
-    fn summary_adds_up_and_keeps_distinct_errors() {
-        let a = SessionStats {
+    fn bursts_start_on_the_grid() {
+        let epoch = Instant::now();
+        assert_eq!(on_grid(epoch, epoch), epoch);
+        assert_eq!(on_grid(epoch, epoch + MS(1)), epoch + MS(10));
+        assert_eq!(on_grid(epoch, epoch + MS(20)), epoch + MS(20));
+        assert_eq!(
+            on_grid(epoch, epoch + Duration::from_micros(20_001)),
+            epoch + MS(30)
+        );
+    }
+
+    #[test]
+    fn the_plan_ends_speech_at_the_last_voiced_frame() {
+        let p = plan();
+        assert_eq!(p.last_voiced, Some(9));
+        assert_eq!(p.speech_end, MS(600));
+        assert_eq!(p.len, MS(1200));
+        let silent = BurstPlan::new(&[false; 3], MS(60), MS(1));
+        assert_eq!((silent.last_voiced, silent.speech_end), (None, MS(0)));
+    }
+
+    #[test]
+    fn an_answer_after_the_speech_is_timed_from_its_end() {
+        let mut t = sent(15);
+        // Stopped streaming at tts start (frame 15 on), answered 450 ms after the speech.
+        t.tts_start(MS(1050));
+        t.reply(MS(1060), false); // sentence_start
+        t.reply(MS(1100), true);
+        t.reply(MS(1160), true);
+        assert_eq!(
+            t.tts_stop(),
+            Some(Outcome::Answered {
+                to_tts_start: MS(450),
+                to_first_audio: Some(MS(500)),
+            })
+        );
+        // An answer without audio.
+        let mut t = sent(20);
+        t.tts_start(MS(1300));
+        assert_eq!(
+            t.tts_stop(),
+            Some(Outcome::Answered {
+                to_tts_start: MS(700),
+                to_first_audio: None,
+            })
+        );
+    }
+
+    #[test]
+    fn an_answer_before_the_speech_was_sent_is_a_cut() {
+        // The VAD ended the turn at the pause (frame 4): the answer comes while frame 7 is
+        // the latest sent.
+        let mut t = sent(8);
+        t.tts_start(MS(470));
+        t.reply(MS(500), true);
+        assert_eq!(t.tts_stop(), Some(Outcome::Cut));
+        // Arriving between the last voiced frame's send and its slot's end is not a cut.
+        let mut t = sent(10);
+        t.tts_start(MS(590));
+        assert_eq!(
+            t.tts_stop(),
+            Some(Outcome::Answered {
+                to_tts_start: MS(0),
+                to_first_audio: None
+            })
+        );
+    }
+
+    #[test]
+    fn silence_after_the_burst_is_unanswered_at_the_timeout() {
+        let t = sent(20);
+        assert_eq!(t.deadline(), MS(1200 + 5000));
+        assert_eq!(t.expired(), Outcome::Unanswered);
+        // A stray tts stop without a start decides nothing.
+        assert_eq!(t.tts_stop(), None);
+    }
+
+    #[test]
+    fn an_answer_that_never_stops_is_unfinished_after_its_last_message() {
+        let mut t = sent(12);
+        t.tts_start(MS(900));
+        t.reply(MS(1000), true);
+        t.reply(MS(2000), true);
+        assert_eq!(t.deadline(), MS(2000 + 5000));
+        assert_eq!(t.expired(), Outcome::Unfinished { cut: false });
+        let mut t = sent(3);
+        t.tts_start(MS(200));
+        assert_eq!(t.deadline(), MS(5200));
+        assert_eq!(t.expired(), Outcome::Unfinished { cut: true });
+        // Audio before any tts start is not the answer's.
+        let mut t = sent(20);
+        t.reply(MS(1500), true);
+        assert_eq!(t.deadline(), MS(6200));
+    }
+
+    #[test]
+    fn outcomes_add_up_to_percentiles_and_shares() {
+        let mut a = SessionStats {
             connected: true,
+            turns: 3,
             frames_sent: 10,
-            reply_frames: 5,
-            turns: 2,
+            ..SessionStats::default()
+        };
+        for ms in [500, 600, 700] {
+            a.record(Outcome::Answered {
+                to_tts_start: MS(ms),
+                to_first_audio: Some(MS(ms + 40)),
+            });
+        }
+        a.record(Outcome::Cut);
+        let mut b = SessionStats {
+            connected: true,
+            turns: 1,
             late_frames: 1,
             max_late_ms: 40,
             ..SessionStats::default()
         };
-        let b = SessionStats {
-            connected: true,
-            frames_sent: 7,
-            reply_frames: 3,
-            turns: 1,
-            ..SessionStats::default()
-        };
+        b.record(Outcome::Answered {
+            to_tts_start: MS(800),
+            to_first_audio: None,
+        });
+        b.record(Outcome::Unanswered);
+        b.record(Outcome::Unfinished { cut: true });
         let c = SessionStats {
             error: Some("refused".into()),
             ..SessionStats::default()
         };
-        let d = SessionStats {
-            error: Some("refused".into()),
-            ..SessionStats::default()
-        };
+        let mut d = c.clone();
+        d.record(Outcome::Lost);
         let s = LoadSummary::from_sessions(30, &[a, b, c, d]);
-        assert_eq!(
-            (s.sessions, s.connected, s.frames_sent, s.reply_frames),
-            (4, 2, 17, 8)
-        );
+        assert_eq!((s.sessions, s.connected, s.frames_sent), (4, 2, 10));
+        assert_eq!((s.bursts, s.answered, s.cut, s.unanswered), (8, 4, 2, 1));
+        assert_eq!((s.unfinished, s.lost, s.silent_answers), (1, 1, 1));
+        assert_eq!(s.turns_done_percent, 50.0);
+        assert_eq!(s.tts_start_latency_ms_p50, Some(600.0));
+        assert_eq!(s.tts_start_latency_ms_p99, Some(800.0));
+        assert_eq!(s.tts_start_latency_ms_max, Some(800.0));
+        assert_eq!(s.first_audio_latency_ms_p50, Some(640.0));
+        assert_eq!(s.first_audio_latency_ms_max, Some(740.0));
         assert_eq!(
             (s.turns, s.min_turns, s.late_frames, s.max_late_ms),
-            (3, 1, 1, 40)
+            (4, 1, 1, 40)
         );
         assert_eq!((s.sessions_with_errors, s.errors.len()), (2, 1));
-        assert_eq!(LoadSummary::from_sessions(1, &[]).min_turns, 0);
+        let empty = LoadSummary::from_sessions(1, &[]);
+        assert_eq!((empty.min_turns, empty.turns_done_percent), (0, 0.0));
+        assert_eq!(empty.tts_start_latency_ms_p50, None);
+    }
+
+    #[test]
+    fn the_built_in_question_is_one_utterance_with_a_short_pause() {
+        let burst = Burst::for_options(&LoadOptions::new("ws://h/", 1, 1)).unwrap();
+        assert!(
+            (2.0..2.2).contains(&burst.speech_seconds),
+            "{}",
+            burst.speech_seconds
+        );
+        // 35 frames of speech (2.1 s), 34 of silence (2.04 s).
+        assert_eq!(burst.frames.len(), 69);
+        assert_eq!(burst.plan.len, MS(69 * 60));
+        let last = burst.plan.last_voiced.unwrap();
+        assert!((33..35).contains(&last), "{last}");
+        // "Hello." then at most 3 unvoiced 60 ms frames (the pause is 140 ms), then the rest.
+        let first_gap = burst.voiced.iter().position(|v| !v).unwrap();
+        let gap = burst.voiced[first_gap..].iter().position(|v| *v).unwrap();
+        assert!(first_gap >= 5 && gap <= 3, "{:?}", burst.voiced);
+        assert!(
+            burst.voiced[first_gap + gap..=last]
+                .iter()
+                .filter(|v| !**v)
+                .count()
+                <= 2
+        );
     }
 }

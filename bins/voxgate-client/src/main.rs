@@ -6,7 +6,7 @@
 //! voxgate-client retell URL [--text T]...
 //! voxgate-client gemini URL [--text T]... [--wav FILE] [--save-reply FILE]
 //! voxgate-client webrtc URL [--wav FILE] [--save-reply FILE] [--text T]... [--gemini]
-//! voxgate-client load xiaozhi URL --sessions N --seconds S --wav FILE
+//! voxgate-client load xiaozhi URL [--sessions N] [--seconds S] [--wav FILE] [--threads T]
 //! voxgate-client load webrtc URL --sessions N --wav FILE [--server-pid PID]
 //! voxgate-client chaos 127.0.0.1:PORT --wav FILE [--sessions N] [--attempts M] ...
 //! ```
@@ -19,10 +19,7 @@ use voxgate_client::cli::Cli;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match cli.runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("voxgate-client: cannot start the runtime: {e}");

@@ -24,6 +24,25 @@ pub async fn connect(
     headers: &[(&'static str, String)],
     timeout: Duration,
 ) -> anyhow::Result<Ws> {
+    // Replies and transcripts can be large (Retell sends whole transcripts, Gemini clients
+    // whole WAV files): allow frames of a few MiB.
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(16 << 20))
+        .max_frame_size(Some(16 << 20));
+    connect_with(url, headers, timeout, config).await
+}
+
+/// Opens `url` as [`connect`] does, with `config` (the load generator's sessions take small
+/// read buffers: tungstenite zeroes its whole read buffer, 128 KiB by default, on every read).
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_with(
+    url: &str,
+    headers: &[(&'static str, String)],
+    timeout: Duration,
+    config: WebSocketConfig,
+) -> anyhow::Result<Ws> {
     let mut request = url
         .into_client_request()
         .with_context(|| format!("bad WebSocket URL {}", redact(url)))?;
@@ -31,11 +50,6 @@ pub async fn connect(
         let value = HeaderValue::from_str(value).with_context(|| format!("bad {name} header"))?;
         request.headers_mut().insert(*name, value);
     }
-    // Replies and transcripts can be large (Retell sends whole transcripts, Gemini clients
-    // whole WAV files): allow frames of a few MiB.
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(16 << 20))
-        .max_frame_size(Some(16 << 20));
     let connecting = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
     match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok((ws, _response))) => Ok(ws),

@@ -18,12 +18,20 @@
 //! ```
 //!
 //! Counts are per thread, so tests running in parallel in the same binary do not see each
-//! other's allocations. Allocations made by C code through its own `malloc` (libopus) are
-//! invisible to a Rust global allocator.
+//! other's allocations. libopus (voxgate-opus-sys) allocates its state through Rust's
+//! allocator, so its allocations are counted too; other C code calling `malloc` is not.
+//!
+//! With the `fake-providers` feature, [`fake_providers`] serves zero-delay (or delayed)
+//! OpenAI-compatible ASR, LLM and TTS endpoints in-process, so a real turn (recognition, a
+//! streamed completion, streamed speech) runs without a model: `cargo xtask load` and the load
+//! generator's end-to-end test use them.
 
 // The one place in the workspace that needs `unsafe`: a `GlobalAlloc` impl cannot be written
 // without it. Every method forwards to `System` unchanged.
 #![allow(unsafe_code, reason = "GlobalAlloc is an unsafe trait")]
+
+#[cfg(feature = "fake-providers")]
+pub mod fake_providers;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
