@@ -91,6 +91,8 @@ pub(crate) struct Args {
 /// Goals from the issue.
 const CPU_GOAL_PERCENT: f64 = 1.0;
 const MEMORY_GOAL_KB: f64 = 200.0;
+/// The server's own share of a turn, p99 (issue goal): decision to first audio frame.
+const SERVER_ADDED_GOAL_MS: f64 = 5.0;
 /// The load generator's own budget: a tenth of a core per 1,000 sessions.
 const CLIENT_GOAL_PERCENT_PER_1000: f64 = 10.0;
 
@@ -219,6 +221,7 @@ struct Row {
     cut: u64,
     unanswered: u64,
     client_cpu_percent: Option<f64>,
+    server_added_p99: Option<f64>,
 }
 
 impl Row {
@@ -249,6 +252,7 @@ impl Row {
             cut: n("cut"),
             unanswered: n("unanswered") + n("unfinished") + n("lost"),
             client_cpu_percent: f("client_cpu_percent_of_one_core"),
+            server_added_p99: server.server_added_p99,
         }
     }
 }
@@ -258,16 +262,16 @@ fn table(rows: &[Row]) -> String {
     let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
     let pair = |a: Option<f64>, b: Option<f64>| format!("{} / {} ms", ms(a), ms(b));
     let mut out = String::from(
-        "| sessions | server CPU (% of one core) | RSS | threads | turns done | end of speech → `tts start` p50 / p99 | → first audio p50 / p99 | cut | unanswered | client CPU (% of one core) |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| sessions | server CPU (% of one core) | RSS | threads | turns done | end of speech → `tts start` p50 / p99 | → first audio p50 / p99 | server-added p99 | cut | unanswered | client CPU (% of one core) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         if r.failed {
-            out.push_str(&format!("| {} | failed | | | | | | | | |\n", r.sessions));
+            out.push_str(&format!("| {} | failed | | | | | | | | | |\n", r.sessions));
             continue;
         }
         out.push_str(&format!(
-            "| {} | {:.1} % | {:.0} MB | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {:.1} % | {:.0} MB | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.sessions,
             r.server_cpu_percent,
             r.rss_kb_peak as f64 / 1024.0,
@@ -276,6 +280,8 @@ fn table(rows: &[Row]) -> String {
                 .map_or_else(|| "-".to_owned(), |v| format!("{v:.1} %")),
             pair(r.tts_start_p50, r.tts_start_p99),
             pair(r.first_audio_p50, r.first_audio_p99),
+            r.server_added_p99
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.1} ms")),
             r.cut,
             r.unanswered,
             r.client_cpu_percent
@@ -290,6 +296,8 @@ struct ServerFigures {
     cpu_percent: f64,
     rss_kb_peak: u64,
     threads: u64,
+    /// The server's own share of a turn (`voxgate_turn_server_added_seconds`), p99 in ms.
+    server_added_p99: Option<f64>,
 }
 
 /// A command for `program`, pinned to `cpus` (`taskset -c` syntax) when given: through
@@ -407,6 +415,13 @@ fn measure(
     let dropped = dropped_up + dropped_down;
     let active_after = metric(addr, "voxgate_sessions_active").unwrap_or(-1.0);
     let server_latencies = mean_latencies(&metrics_text);
+    let added = histogram(
+        &metrics_text,
+        "voxgate_turn_server_added_seconds",
+        "door=\"xiaozhi\"",
+    );
+    let added_ms = |q: f64| histogram_quantile(&added, q).map(|s| s * 1000.0);
+    let added_p99 = added_ms(0.99);
 
     // CPU over the window where every session is up.
     let in_window: Vec<&Sample> = samples
@@ -472,6 +487,8 @@ fn measure(
             "dropped_frames_uplink": dropped_up,
             "dropped_frames_downlink": dropped_down,
             "mean_latency_ms": server_latencies.iter().cloned().collect::<serde_json::Map<_, _>>(),
+            "server_added_ms_p50": added_ms(0.5),
+            "server_added_ms_p99": added_p99,
             "opus_backend": args.opus,
             "cpus": args.server_cpus,
         },
@@ -553,12 +570,79 @@ fn measure(
             .collect();
         eprintln!("   server's own mean latencies: {}", list.join(", "));
     }
+    if let Some(p99) = added_p99 {
+        let within = share_within(&added, SERVER_ADDED_GOAL_MS / 1000.0).unwrap_or(0.0);
+        eprintln!(
+            "   server-added (turn decision -> first reply audio frame written, provider waits excluded): p50 {:.1} / p99 {p99:.1} ms, {:.2} % of {} turns within {SERVER_ADDED_GOAL_MS} ms [goal p99 < {SERVER_ADDED_GOAL_MS} ms: {}]",
+            added_ms(0.5).unwrap_or(0.0),
+            within * 100.0,
+            added.last().map_or(0.0, |b| b.1),
+            verdict(within >= 0.99)
+        );
+    }
     let server_figures = ServerFigures {
         cpu_percent: cpu_total_percent,
         rss_kb_peak: peak_rss,
         threads,
+        server_added_p99: added_p99,
     };
     Ok(Row::new(sessions, &server_figures, &summary))
+}
+
+/// A histogram's cumulative buckets in `/metrics` for one label set: `(le, count)` in
+/// order, `+Inf` last as `f64::INFINITY`.
+fn histogram(text: &str, name: &str, labels: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{{labels},le=\"");
+    let mut out: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// The `q` quantile of cumulative buckets, interpolated linearly inside its bucket (as
+/// Prometheus' `histogram_quantile`); the last finite bound when it falls in `+Inf`. `None`
+/// without observations.
+fn histogram_quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut below = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(below.0);
+            }
+            let inside = count - below.1;
+            let frac = if inside > 0.0 {
+                (rank - below.1) / inside
+            } else {
+                1.0
+            };
+            return Some(below.0 + (le - below.0) * frac);
+        }
+        below = (le, count);
+    }
+    Some(below.0)
+}
+
+/// The share of observations at or below `bound` (a bucket bound), exact.
+fn share_within(buckets: &[(f64, f64)], bound: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    let at = buckets.iter().find(|b| (b.0 - bound).abs() < 1e-12)?.1;
+    (total > 0.0).then(|| at / total)
 }
 
 /// Mean latencies the server's `/metrics` has, in ms: every `*latency*_seconds` summary
@@ -881,6 +965,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn histogram_quantiles_interpolate_inside_buckets() {
+        let text = "# TYPE x histogram\n\
+            x_bucket{door=\"xiaozhi\",le=\"0.001\"} 50\n\
+            x_bucket{door=\"xiaozhi\",le=\"0.005\"} 99\n\
+            x_bucket{door=\"xiaozhi\",le=\"+Inf\"} 100\n\
+            x_bucket{door=\"vip\",le=\"+Inf\"} 7\n\
+            x_sum{door=\"xiaozhi\"} 0.2\n";
+        let b = histogram(text, "x", "door=\"xiaozhi\"");
+        assert_eq!(b, [(0.001, 50.0), (0.005, 99.0), (f64::INFINITY, 100.0)]);
+        assert_eq!(histogram_quantile(&b, 0.5), Some(0.001));
+        assert!((histogram_quantile(&b, 0.25).unwrap() - 0.0005).abs() < 1e-12);
+        assert!((histogram_quantile(&b, 0.99).unwrap() - 0.005).abs() < 1e-12);
+        // Past the last finite bound: that bound.
+        assert_eq!(histogram_quantile(&b, 1.0), Some(0.005));
+        assert_eq!(share_within(&b, 0.005), Some(0.99));
+        assert_eq!(histogram_quantile(&[(f64::INFINITY, 0.0)], 0.5), None);
+    }
+
+    #[test]
     fn cpu_lists_follow_taskset() {
         let set = cpu_set("0, 2-3").unwrap();
         assert!(set.is_set(0).unwrap() && set.is_set(2).unwrap() && set.is_set(3).unwrap());
@@ -923,13 +1026,14 @@ mod tests {
             cpu_percent: 8.94,
             rss_kb_peak: 25 * 1024,
             threads: 2,
+            server_added_p99: Some(1.23),
         };
         let t = table(&[Row::new(35, &server, &client), Row::failed(600)]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 4, "{t}");
         assert_eq!(
             lines[2],
-            "| 35 | 8.9 % | 25 MB | 2 | 100.0 % | 584 / 588 ms | 600 / 640 ms | 1 | 3 | 0.3 % |"
+            "| 35 | 8.9 % | 25 MB | 2 | 100.0 % | 584 / 588 ms | 600 / 640 ms | 1.2 ms | 1 | 3 | 0.3 % |"
         );
         assert!(lines[3].starts_with("| 600 | failed |"));
     }

@@ -207,6 +207,59 @@ pub struct Metrics {
     webrtc_late_frames: AtomicU64,
     /// WebRTC datagrams dropped because their connection was behind.
     webrtc_dropped_datagrams: AtomicU64,
+    /// Per door: the server's own time from a turn's decision to its first reply audio
+    /// frame written, provider waits excluded.
+    server_added: [Histogram; DOORS],
+}
+
+/// Upper bounds of the server-added latency buckets, in microseconds: fine below 10 ms,
+/// where the server's share should be, and coarse above to see an overloaded one.
+const SERVER_ADDED_BUCKETS_MICROS: [u64; 14] = [
+    250, 500, 1_000, 2_000, 3_000, 5_000, 7_500, 10_000, 20_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
+
+/// A Prometheus histogram of durations over [`SERVER_ADDED_BUCKETS_MICROS`]: one relaxed
+/// add per observation into its bucket (not cumulative; summed when rendered).
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; SERVER_ADDED_BUCKETS_MICROS.len()],
+    /// Observations above the last bound.
+    over: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        match SERVER_ADDED_BUCKETS_MICROS
+            .iter()
+            .position(|&b| micros <= b)
+        {
+            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
+            None => self.over.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Renders the `_bucket`, `_sum` and `_count` lines with `labels` (`door="x"`).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (bound, bucket) in SERVER_ADDED_BUCKETS_MICROS.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            #[allow(clippy::cast_precision_loss, reason = "bucket bounds are small")]
+            let le = *bound as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += self.over.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+        #[allow(clippy::cast_precision_loss, reason = "seconds for display")]
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {cumulative}"
+        );
+    }
 }
 
 /// Keeps a session counted as active until dropped.
@@ -248,6 +301,12 @@ impl Metrics {
             metrics: self,
             door,
         }
+    }
+
+    /// Records the server's own share of a turn's latency: decision to first reply audio
+    /// frame written, provider waits excluded.
+    pub fn server_added(&self, door: Door, d: Duration) {
+        self.server_added[door.index()].observe(d);
     }
 
     /// Counts a finished response.
@@ -429,6 +488,19 @@ impl Metrics {
              # TYPE voxgate_scheduling_delay_seconds gauge\n\
              voxgate_scheduling_delay_seconds {delay}"
         );
+        let _ = writeln!(
+            out,
+            "# HELP voxgate_turn_server_added_seconds The server's own time from a turn's end \
+             decision to its first reply audio frame written, provider waits excluded.\n\
+             # TYPE voxgate_turn_server_added_seconds histogram"
+        );
+        for door in Door::ALL {
+            self.server_added[door.index()].render(
+                &mut out,
+                "voxgate_turn_server_added_seconds",
+                &format!("door=\"{}\"", door.label()),
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP voxgate_provider_latency_seconds Time to the first answer of a provider request.\n\

@@ -302,6 +302,27 @@ pub(crate) struct McpTools {
     pub(crate) timeout: Duration,
 }
 
+/// A provider event and when its task received it from the provider: the session loop may
+/// take it later, and that wait is the server's, not the provider's.
+#[derive(Debug)]
+pub(crate) struct Arrived {
+    /// The event.
+    pub(crate) event: ProviderEvent,
+    /// When the provider task had it.
+    pub(crate) at: Instant,
+}
+
+/// The sending half of a runner's event channel: stamps each event as it is sent.
+#[derive(Debug, Clone)]
+struct EventTx(mpsc::Sender<Arrived>);
+
+impl EventTx {
+    async fn send(&self, event: ProviderEvent) -> Result<(), ()> {
+        let at = Instant::now();
+        self.0.send(Arrived { event, at }).await.map_err(|_| ())
+    }
+}
+
 /// Runs the engine's provider requests as tasks and cancels them on request. Every event goes
 /// back through one bounded channel; dropping the runner aborts all work in flight, so a
 /// disconnect frees everything.
@@ -309,7 +330,7 @@ pub(crate) struct McpTools {
 pub(crate) struct Runner {
     providers: Providers,
     metrics: Arc<Metrics>,
-    tx: mpsc::Sender<ProviderEvent>,
+    tx: EventTx,
     tasks: HashMap<RequestId, AbortHandle>,
     /// Runs `CallTool` requests; without it they fail at once.
     mcp: Option<McpTools>,
@@ -331,7 +352,7 @@ impl Runner {
     pub(crate) fn new(
         providers: Providers,
         metrics: Arc<Metrics>,
-    ) -> (Self, mpsc::Receiver<ProviderEvent>) {
+    ) -> (Self, mpsc::Receiver<Arrived>) {
         // A runner serves one conversation: stateful brains (an ACP agent) get their own handle.
         Self::for_conversation(providers.for_conversation(), metrics)
     }
@@ -342,13 +363,13 @@ impl Runner {
     pub(crate) fn for_conversation(
         providers: Providers,
         metrics: Arc<Metrics>,
-    ) -> (Self, mpsc::Receiver<ProviderEvent>) {
+    ) -> (Self, mpsc::Receiver<Arrived>) {
         let (tx, rx) = mpsc::channel(256);
         (
             Self {
                 providers,
                 metrics,
-                tx,
+                tx: EventTx(tx),
                 tasks: HashMap::new(),
                 mcp: None,
             },
@@ -649,7 +670,8 @@ mod tests {
             let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
                 .await
                 .unwrap()
-                .unwrap();
+                .unwrap()
+                .event;
             assert_eq!(ev.id(), RequestId(7));
             runner.finished(&ev);
             match ev {
@@ -683,7 +705,8 @@ mod tests {
         let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .event;
         assert!(
             matches!(
                 &ev,

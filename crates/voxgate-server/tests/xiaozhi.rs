@@ -1139,3 +1139,65 @@ async fn a_failing_model_shows_an_error_face_and_stops() {
     dev.until_tts_stop().await;
     server.stop().await;
 }
+
+/// The server-added latency histogram: a spoken turn through delayed fake providers (LLM
+/// first token 150 ms, TTS first byte 200 ms) is timed from its decision to its first reply
+/// audio frame written, and the provider waits are not in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_added_latency_leaves_the_providers_out() {
+    use voxgate_test_support::fake_providers::{FakeDelays, FakeProviders};
+    let fakes = FakeProviders::start(FakeDelays {
+        asr: Duration::ZERO,
+        llm_first_token: Duration::from_millis(150),
+        tts_first_byte: Duration::from_millis(200),
+    })
+    .await
+    .unwrap();
+    let base = fakes.base_url();
+    let config = Config::from_toml(&format!(
+        "[asr]\nbase_url = \"{base}\"\n[llm]\nbase_url = \"{base}\"\n[tts]\nbase_url = \"{base}\"\n"
+    ))
+    .unwrap();
+    let server =
+        Running::start_with(config.clone(), Providers::from_config(&config).unwrap()).await;
+    let mut dev = Device::connect(server.addr, ProtocolVersion::V1).await;
+    dev.hello(ProtocolVersion::V1, false).await;
+    dev.listen_start("auto").await;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../voxgate-audio/tests/fixtures/question.wav"
+    );
+    let question = voxgate_audio::wav::read_wav(&std::fs::read(path).unwrap())
+        .unwrap()
+        .to_mono_i16();
+    for p in opus_packets(&question, 1200) {
+        dev.send_opus(&p).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let evs = dev.until_tts_stop().await;
+    assert_eq!(labels(&evs)[0], "stt");
+    assert!(!audio_frames(&evs).is_empty());
+    let text = server.metrics.render();
+    let value = |name: &str, labels: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{{labels}}} ")))
+            .unwrap_or_else(|| panic!("{name} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // After the decision the turn waited for both providers (their own latency figures)...
+    let llm = value("voxgate_provider_latency_seconds_sum", "provider=\"llm\"");
+    let tts = value("voxgate_provider_latency_seconds_sum", "provider=\"tts\"");
+    assert!(llm >= 0.15 && tts >= 0.2, "llm {llm} s, tts {tts} s");
+    // ...but the server's own share, one turn timed, holds none of it.
+    let door = "door=\"xiaozhi\"";
+    assert_eq!(value("voxgate_turn_server_added_seconds_count", door), 1.0);
+    let added = value("voxgate_turn_server_added_seconds_sum", door);
+    assert!(added < 0.1, "server-added {added} s");
+    assert!(
+        text.contains("voxgate_turn_server_added_seconds_bucket{door=\"xiaozhi\",le=\"+Inf\"} 1"),
+        "{text}"
+    );
+    server.stop().await;
+    fakes.stop();
+}

@@ -216,7 +216,7 @@ impl TurnRun {
         &mut self,
         engine: &mut Engine,
         ctx: &TurnContext<'_>,
-        mut provider_rx: mpsc::Receiver<voxgate_engine::ProviderEvent>,
+        mut provider_rx: mpsc::Receiver<crate::providers::Arrived>,
     ) {
         loop {
             while let Some(out) = engine.poll_output() {
@@ -234,7 +234,7 @@ impl TurnRun {
                 .map(tokio::time::Instant::from_std)
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                Some(event) = provider_rx.recv() => {
+                Some(crate::providers::Arrived { event, .. }) = provider_rx.recv() => {
                     self.runner.finished(&event);
                     let _ = engine.handle_input(Instant::now(), Input::Provider(event));
                 }

@@ -37,8 +37,11 @@ use voxgate_engine::{ProviderEvent, ProviderRequest};
 use voxgate_providers::Tts;
 
 use crate::metrics::{Direction, Door, Metrics};
-use crate::providers::{McpTools, Providers, Runner};
+use crate::providers::{Arrived, McpTools, Providers, Runner};
+
+mod turn_timer;
 use crate::webrtc::{Endpoint, MediaEvent, PeerCommand, PeerHandle, PeerOptions};
+use turn_timer::{FirstAudio, Step, Trigger, TurnTimer};
 
 /// WebSocket close codes the doors use (RFC 6455 section 7.4.1).
 pub(crate) mod close_code {
@@ -139,6 +142,8 @@ pub(crate) struct Out {
     tts: Option<Arc<dyn Tts>>,
     media: Vec<MediaCommand>,
     close: Option<CloseRequest>,
+    /// A user turn's end was decided in this step (the server-added latency starts).
+    decided: bool,
 }
 
 impl std::fmt::Debug for Out {
@@ -176,6 +181,12 @@ impl Out {
     /// Work for the providers (or the cancellation of some).
     pub(crate) fn provider(&mut self, request: ProviderRequest) {
         self.requests.push(request);
+    }
+
+    /// Marks the end of a user turn: the time to the first reply audio frame written
+    /// (`send_droppable`), provider waits excluded, goes to the server-added histogram.
+    pub(crate) fn turn_decided(&mut self) {
+        self.decided = true;
     }
 
     /// Nothing was asked.
@@ -427,7 +438,8 @@ enum FromReader<M> {
 
 /// What the writer sends.
 enum ToWriter {
-    Frame(Message),
+    /// A frame, and the timing of a turn when it is the turn's first reply audio.
+    Frame(Message, Option<FirstAudio>),
     Close(CloseRequest),
 }
 
@@ -445,7 +457,7 @@ enum End {
 /// What woke the session loop.
 enum Wake<M, E> {
     Client(Option<FromReader<M>>),
-    Provider(ProviderEvent),
+    Provider(Arrived),
     Event(Option<E>),
     Room(mpsc::OwnedPermit<ToWriter>),
     Media(Option<MediaEvent>),
@@ -512,7 +524,13 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
         Arc::clone(&cx.metrics),
         door,
     ));
-    let writer = tokio::spawn(write(sink, out_rx, cx.limits.write_timeout));
+    let writer = tokio::spawn(write(
+        sink,
+        out_rx,
+        cx.limits.write_timeout,
+        Arc::clone(&cx.metrics),
+        door,
+    ));
     let end = drive(translator, &cx, in_rx, out_tx, None, start, last_seen).await;
     // The writer ends by itself: its queue is closed and every write is bounded.
     let _ = writer.await;
@@ -552,8 +570,8 @@ async fn write_peer(
     let bounded = timeout.unwrap_or(Duration::from_secs(3600));
     while let Some(item) = rx.recv().await {
         let command = match item {
-            ToWriter::Frame(Message::Text(t)) => PeerCommand::Data(t.to_string()),
-            ToWriter::Frame(_) => continue,
+            ToWriter::Frame(Message::Text(t), _) => PeerCommand::Data(t.to_string()),
+            ToWriter::Frame(..) => continue,
             ToWriter::Close(_) => PeerCommand::Close,
         };
         let close = matches!(command, PeerCommand::Close);
@@ -597,6 +615,8 @@ async fn drive<T: Translator>(
         last_seen,
         last_message: start,
         next_ping: cx.limits.ping_interval.map(|i| start + i),
+        turn: TurnTimer::default(),
+        first_audio: None,
         draining: None,
     };
     let end = session.run(in_rx, provider_rx, cx.shutdown.clone()).await;
@@ -676,11 +696,13 @@ async fn write(
     mut sink: futures::stream::SplitSink<WebSocket, Message>,
     mut rx: mpsc::Receiver<ToWriter>,
     timeout: Option<Duration>,
+    metrics: Arc<Metrics>,
+    door: Door,
 ) {
     let bounded = |d: Option<Duration>| d.unwrap_or(Duration::from_secs(3600));
     while let Some(item) = rx.recv().await {
-        let msg = match item {
-            ToWriter::Frame(m) => m,
+        let (msg, first) = match item {
+            ToWriter::Frame(m, first) => (m, first),
             ToWriter::Close(c) => {
                 let frame = CloseFrame {
                     code: c.code,
@@ -693,7 +715,11 @@ async fn write(
             }
         };
         match tokio::time::timeout(bounded(timeout), sink.send(msg)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => {
+                if let Some(first) = first {
+                    metrics.server_added(door, first.server_added(Instant::now()));
+                }
+            }
             // The peer is gone or does not read: nothing more can be sent.
             Ok(Err(_)) | Err(_) => return,
         }
@@ -728,6 +754,10 @@ struct Loop<T: Translator> {
     /// When the client last sent a data message (idle timeout).
     last_message: Instant,
     next_ping: Option<Instant>,
+    /// The turn between its decision and its first reply audio frame.
+    turn: TurnTimer,
+    /// The timing the next reply audio frame queued carries.
+    first_audio: Option<FirstAudio>,
     /// Shutting down: the deadline by which the session closes with 1001.
     draining: Option<Instant>,
     /// The MCP hub whose tools the door offers, its change notices and the scope.
@@ -742,7 +772,7 @@ impl<T: Translator> Loop<T> {
     async fn run(
         &mut self,
         mut in_rx: mpsc::Receiver<FromReader<T::In>>,
-        mut provider_rx: mpsc::Receiver<ProviderEvent>,
+        mut provider_rx: mpsc::Receiver<Arrived>,
         mut shutdown: watch::Receiver<bool>,
     ) -> End {
         if *shutdown.borrow() {
@@ -786,6 +816,10 @@ impl<T: Translator> Loop<T> {
             };
             let now = Instant::now();
             let mut out = Out::new();
+            let mut trigger = Trigger {
+                at: now,
+                answer_to: None,
+            };
             match wake {
                 Wake::Client(None) => return End::PeerGone,
                 Wake::Client(Some(FromReader::Closed)) => return End::PeerClosed,
@@ -797,7 +831,11 @@ impl<T: Translator> Loop<T> {
                     self.last_message = now;
                     self.t.on_client(now, m, &mut out);
                 }
-                Wake::Provider(event) => {
+                Wake::Provider(Arrived { event, at }) => {
+                    trigger = Trigger {
+                        at,
+                        answer_to: Some(event.id()),
+                    };
                     self.runner.finished(&event);
                     self.t.on_provider(now, event, &mut out);
                 }
@@ -810,6 +848,7 @@ impl<T: Translator> Loop<T> {
                     self.pump_overflow();
                 }
                 Wake::Timer => {
+                    trigger.at = deadline.min(now);
                     if let Some(end) = self.timers(now, &mut out) {
                         return end;
                     }
@@ -826,6 +865,18 @@ impl<T: Translator> Loop<T> {
                     self.draining = Some(now + self.limits.shutdown_grace);
                 }
                 Wake::WriterGone => return End::SlowReader,
+            }
+            let step = Step {
+                decided: out.decided,
+                requests: &out.requests,
+                audio_frames: out
+                    .frames
+                    .iter()
+                    .filter(|(_, droppable)| *droppable)
+                    .count(),
+            };
+            if let Some(first) = self.turn.step(trigger, now, &step) {
+                self.first_audio = Some(first);
             }
             if let Some(end) = self.apply(out) {
                 return end;
@@ -886,7 +937,7 @@ impl<T: Translator> Loop<T> {
             if now.saturating_duration_since(seen) > interval * MISSED_PONGS {
                 return Some(End::DeadPeer);
             }
-            self.queue(ToWriter::Frame(Message::Ping(Bytes::new())), false);
+            self.queue(ToWriter::Frame(Message::Ping(Bytes::new()), None), false);
             self.next_ping = Some(now + interval);
         }
         if self.t.poll_timeout().is_some_and(|t| t <= now) {
@@ -903,6 +954,7 @@ impl<T: Translator> Loop<T> {
             tts,
             media,
             close,
+            decided: _,
         } = out;
         let mut answers = Out::new();
         for command in media {
@@ -915,7 +967,12 @@ impl<T: Translator> Loop<T> {
             self.runner.start(r);
         }
         for (frame, droppable) in frames {
-            self.queue(ToWriter::Frame(to_message(frame)), droppable);
+            let first = if droppable {
+                self.first_audio.take()
+            } else {
+                None
+            };
+            self.queue(ToWriter::Frame(to_message(frame), first), droppable);
         }
         if self.overflow.len() > MAX_OVERFLOW {
             return Some(End::SlowReader);

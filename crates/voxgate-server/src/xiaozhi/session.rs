@@ -576,6 +576,7 @@ impl XiaozhiDoor {
                 }
             }
             ClientEvent::UserTranscription { text, .. } => {
+                out.turn_decided();
                 // With no recognizer configured the transcript is NoAsr's marker: the model
                 // is told, the device's screen is not.
                 let shown = without_no_asr_markers(&text);
