@@ -55,11 +55,13 @@ pub(crate) const MAX_HELD_EVENTS: usize = 4096;
 pub struct SpeculationStats {
     /// Speculations started: pauses whose utterance so far was sent for recognition.
     pub started: u64,
-    /// Speculations whose generation became the reply (the turn ended at that pause).
+    /// Speculations the real pipeline took work from: the pause was the end of the
+    /// utterance, so at least its recognition was used (and its generation too when the
+    /// transcript came before the turn ended and the context did not change).
     pub adopted: u64,
-    /// Speculations that ended without their generation becoming the reply: the user went on
-    /// speaking, the context changed, the generation failed or called a tool, the session
-    /// closed. Together with `adopted` this counts every speculation that is over.
+    /// Speculations none of whose work was used: the user went on speaking within the pause,
+    /// the recognition failed, the session closed. Once over, every speculation counts as
+    /// adopted or discarded.
     pub discarded: u64,
     /// Speculative provider requests sent (recognitions, generations, syntheses).
     pub requests: u64,
@@ -127,6 +129,8 @@ struct Spec {
     tts_text: String,
     /// The user turn it was made for is over: no generation starts any more.
     turn_over: bool,
+    /// The real pipeline took some of its work.
+    adopted: bool,
 }
 
 /// What a provider event is, seen from here.
@@ -206,6 +210,7 @@ impl Speculator {
             tts: Part::Idle,
             tts_text: String::new(),
             turn_over: false,
+            adopted: false,
         });
     }
 
@@ -219,7 +224,7 @@ impl Speculator {
         for part in [&mut spec.asr, &mut spec.llm, &mut spec.tts] {
             self.drop_part(part);
         }
-        if !matches!(spec.llm, Part::Adopted) {
+        if !spec.adopted {
             self.stats.discarded += 1;
         }
     }
@@ -317,9 +322,13 @@ impl Speculator {
         }
     }
 
-    /// Takes over a running part for real request `real`: its held answers are replayed under
-    /// `real`, and later ones are re-tagged while it runs.
-    fn adopt_part(&mut self, pending: Pending, real: RequestId) {
+    /// Takes over a running part of `spec` for real request `real`: its held answers are
+    /// replayed under `real`, and later ones are re-tagged while it runs.
+    fn adopt_part(&mut self, spec: &mut Spec, pending: Pending, real: RequestId) {
+        if !spec.adopted {
+            spec.adopted = true;
+            self.stats.adopted += 1;
+        }
         self.stats.requests_adopted += 1;
         if !pending.finished {
             self.aliases.push((real, pending.id));
@@ -339,15 +348,19 @@ impl Speculator {
             self.discard();
             return false;
         }
+        if !matches!(spec.asr, Part::Running(_)) {
+            // Gone (it failed): the real request goes out.
+            return false;
+        }
         let Part::Running(pending) = mem::replace(&mut spec.asr, Part::Adopted) else {
-            // Gone (it failed): the real request goes out; the rest may still be adopted.
-            if matches!(spec.asr, Part::Adopted) {
-                spec.asr = Part::Gone;
-            }
             return false;
         };
         spec.asr_real = Some(real);
-        self.adopt_part(pending, real);
+        let mut spec = self.spec.take();
+        if let Some(s) = &mut spec {
+            self.adopt_part(s, pending, real);
+        }
+        self.spec = spec;
         true
     }
 
@@ -447,8 +460,7 @@ impl Speculator {
                     // The real reply asks for its own sentences from here on.
                     spec.tts = Part::Gone;
                 }
-                self.stats.adopted += 1;
-                self.adopt_part(pending, *id);
+                self.adopt_part(spec, pending, *id);
                 true
             }
             ProviderRequest::Synthesize { id, text, .. } => {
@@ -462,7 +474,7 @@ impl Speculator {
                 let Part::Running(pending) = mem::replace(&mut spec.tts, Part::Adopted) else {
                     return false;
                 };
-                self.adopt_part(pending, *id);
+                self.adopt_part(spec, pending, *id);
                 true
             }
             _ => false,
