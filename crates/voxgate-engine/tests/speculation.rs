@@ -812,3 +812,41 @@ proptest! {
         prop_assert!(s.requests_adopted + s.requests_cancelled <= s.requests);
     }
 }
+
+#[test]
+fn a_reply_with_a_face_adopts_its_first_sentence() {
+    let mut w = World::new(
+        EngineConfig {
+            emotion: Some(voxgate_engine::emotion::EmojiPolicy::faces()),
+            ..config(true)
+        },
+        Fakes::new(20, 20, 20),
+    );
+    w.fakes.script = Box::new(|_| {
+        ["😊", " Sure", " thing.", " It will be sunny."]
+            .into_iter()
+            .map(|d| ProviderEventKind::Delta(d.into()))
+            .collect()
+    });
+    w.silence(200);
+    w.speak(&question_rest());
+    w.silence(1500);
+    assert_eq!(
+        (w.fakes.transcribes(), w.fakes.generates()),
+        (1, 1),
+        "{:#?}",
+        w.fakes.sent
+    );
+    assert_eq!(w.fakes.synthesized(), ["Sure thing.", "It will be sunny."]);
+    let events = w.d.client_events();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, ClientEvent::Emotion { .. }))
+            .count(),
+        1
+    );
+    assert_eq!(sentences(&events), ["Sure thing.", "It will be sunny."]);
+    let stats = w.d.engine.speculation_stats();
+    assert_eq!((stats.requests, stats.requests_adopted), (3, 3));
+}

@@ -60,6 +60,7 @@
 //!
 //! [engine]                       # engine timing for every door (docs/engine.md)
 //! endpoint_delay_ms = 500        # silence after speech before a finished turn ends
+//! speculate = true               # start answering at pauses; adopted if the pause ends the turn
 //!
 //! [xiaozhi.engine]               # per door, over [engine]; also realtime, gemini, ...
 //! greeting = "Hi there!"
@@ -88,6 +89,7 @@
 //! | `VOXGATE_HEADER_TIMEOUT_SECS`, `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
 //! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
+//! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //!
 //! Setting a section's `*_BASE_URL` (which infers `provider = "openai"` with the default model
