@@ -56,6 +56,14 @@ pub(crate) struct Args {
     /// The fake synthesizer's delay before its first audio byte, ms.
     #[arg(long, default_value_t = 0)]
     tts_delay_ms: u64,
+    /// Speculative generation at pauses on the Xiaozhi door (its `speculate` key, through
+    /// `VOXGATE_XIAOZHI_ENGINE_SPECULATE`); off unless given.
+    #[arg(long)]
+    speculate: bool,
+    /// The Xiaozhi door's endpoint delay, ms (its `endpoint_delay_ms`, through
+    /// `VOXGATE_XIAOZHI_ENGINE_ENDPOINT_DELAY_MS`); default: the door's own (100).
+    #[arg(long, value_name = "MS")]
+    endpoint_delay_ms: Option<u64>,
     /// Seconds after a burst without an answer before the client counts it unanswered.
     #[arg(long, default_value_t = 10.0)]
     answer_timeout: f64,
@@ -163,11 +171,24 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         "fake providers at {base} (delays: ASR {} ms, LLM first token {} ms, TTS first byte {} ms)",
         args.asr_delay_ms, args.llm_delay_ms, args.tts_delay_ms
     );
-    let env = [
+    let mut env = vec![
         ("VOXGATE_ASR_BASE_URL", base.clone()),
         ("VOXGATE_LLM_BASE_URL", base.clone()),
         ("VOXGATE_TTS_BASE_URL", base),
+        (
+            "VOXGATE_XIAOZHI_ENGINE_SPECULATE",
+            args.speculate.to_string(),
+        ),
     ];
+    if let Some(ms) = args.endpoint_delay_ms {
+        env.push(("VOXGATE_XIAOZHI_ENGINE_ENDPOINT_DELAY_MS", ms.to_string()));
+    }
+    eprintln!(
+        "Xiaozhi door: speculation {}, endpoint delay {}",
+        if args.speculate { "on" } else { "off" },
+        args.endpoint_delay_ms
+            .map_or_else(|| "default".to_owned(), |ms| format!("{ms} ms"))
+    );
     let mut rows = Vec::new();
     for &sessions in &args.sessions {
         let before = fakes.counts();
@@ -183,10 +204,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let _ = server.wait();
         let after = fakes.counts();
         eprintln!(
-            "   fake providers: {} transcriptions, {} completions, {} syntheses, {} bad requests",
+            "   fake providers: {} transcriptions, {} completions, {} syntheses answered; \
+             cancelled by the server: {} transcriptions, {} completions, {} syntheses; {} bad \
+             requests",
             after.asr - before.asr,
             after.llm - before.llm,
             after.tts - before.tts,
+            after.asr_cancelled - before.asr_cancelled,
+            after.llm_cancelled - before.llm_cancelled,
+            after.tts_cancelled - before.tts_cancelled,
             after.bad_requests - before.bad_requests
         );
         match result {
@@ -414,6 +440,17 @@ fn measure(
     );
     let dropped = dropped_up + dropped_down;
     let active_after = metric(addr, "voxgate_sessions_active").unwrap_or(-1.0);
+    let speculation = |name: &str, outcome: &str| {
+        sum_metric(&metrics_text, name, &format!("outcome=\"{outcome}\""))
+    };
+    let speculations = serde_json::json!({
+        "started": speculation("voxgate_speculations_total", "started"),
+        "adopted": speculation("voxgate_speculations_total", "adopted"),
+        "discarded": speculation("voxgate_speculations_total", "discarded"),
+        "requests_sent": speculation("voxgate_speculative_requests_total", "sent"),
+        "requests_adopted": speculation("voxgate_speculative_requests_total", "adopted"),
+        "requests_cancelled": speculation("voxgate_speculative_requests_total", "cancelled"),
+    });
     let server_latencies = mean_latencies(&metrics_text);
     let added = histogram(
         &metrics_text,
@@ -470,6 +507,9 @@ fn measure(
             "llm_first_token": args.llm_delay_ms,
             "tts_first_byte": args.tts_delay_ms,
         },
+        "speculate": args.speculate,
+        "endpoint_delay_ms": args.endpoint_delay_ms,
+        "speculations": speculations,
         "server": {
             "cpu_percent_of_one_core_total": cpu_total_percent,
             "cpu_percent_of_one_core_per_session": cpu_per_session,
@@ -559,6 +599,15 @@ fn measure(
         "   load generator: {client_cpu:.1} % of one core, {per_1000:.1} % per 1,000 sessions ({:.0} % of it in its own code, the rest in the kernel's TCP) [goal <= {CLIENT_GOAL_PERCENT_PER_1000} %: {}]",
         user_share * 100.0,
         verdict(per_1000 <= CLIENT_GOAL_PERCENT_PER_1000)
+    );
+    eprintln!(
+        "   speculation: {} started, {} adopted, {} discarded; speculative requests {} sent, {} adopted, {} cancelled",
+        speculations["started"],
+        speculations["adopted"],
+        speculations["discarded"],
+        speculations["requests_sent"],
+        speculations["requests_adopted"],
+        speculations["requests_cancelled"],
     );
     eprintln!(
         "   machine over the window: {machine_busy:.0} % of {cores} cores busy (everything: server, client, fakes, other processes), {steal:.1} % stolen by the hypervisor"

@@ -19,6 +19,10 @@ pub(crate) enum CaptureEvent {
     SpeechStarted,
     /// Speech ended; the utterance at 16 kHz, from the backbuffer to the end of speech.
     SpeechEnded(Vec<i16>),
+    /// The VAD has heard the speculation pause inside an utterance (see
+    /// [`crate::Speculation::after_silence`]): the utterance so far at 16 kHz, for speculative
+    /// recognition. At most once per `SPEECH_ENDING` stretch, only when speculation is on.
+    Paused(Vec<i16>),
 }
 
 #[derive(Debug)]
@@ -43,6 +47,12 @@ pub(crate) struct Capture {
     /// Input samples processed before the VAD was last reset: VAD positions are relative to
     /// it, reported positions absolute.
     offset: u64,
+    /// Speculation: input samples of non-speech inside an utterance before
+    /// [`CaptureEvent::Paused`] (`None`: speculation is off).
+    pause_after: Option<u64>,
+    /// VAD-relative position where the current `SPEECH_ENDING` stretch's non-speech began,
+    /// while no `Paused` was reported for it.
+    pause_from: Option<u64>,
 }
 
 impl Capture {
@@ -51,6 +61,7 @@ impl Capture {
         rate: u32,
         max_samples: usize,
         telemetry: bool,
+        pause_after: Option<std::time::Duration>,
     ) -> Result<Self, VadError> {
         let mut vad = Vad::new(config, rate)?;
         vad.set_frame_telemetry(telemetry);
@@ -69,6 +80,10 @@ impl Capture {
             state: VadState::Silence,
             position: 0,
             offset: 0,
+            pause_after: pause_after.map(|d| {
+                u64::try_from(d.as_micros() * u128::from(rate) / 1_000_000).unwrap_or(u64::MAX)
+            }),
+            pause_from: None,
         })
     }
 
@@ -93,6 +108,9 @@ impl Capture {
                 VadOutput::Frame(f) => self.events.push_back(CaptureEvent::Frame(f)),
                 VadOutput::Transition(t) => {
                     self.state = t.to;
+                    self.pause_from = (t.to == VadState::SpeechEnding && self.capturing)
+                        .then_some(t.onset)
+                        .filter(|_| self.pause_after.is_some());
                     self.events.push_back(CaptureEvent::Transition(
                         t.from,
                         t.to,
@@ -123,6 +141,26 @@ impl Capture {
                 _ => {}
             }
         }
+        self.check_pause();
+    }
+
+    /// Reports [`CaptureEvent::Paused`] once the VAD's latest frame is far enough into a
+    /// `SPEECH_ENDING` stretch. The VAD judged everything from the stretch's start to that
+    /// frame non-speech; the few samples after it (less than a frame) are judged later, and
+    /// speech there takes the VAD back to `SPEECH`, which voids the speculation.
+    fn check_pause(&mut self) {
+        let (Some(from), Some(after)) = (self.pause_from, self.pause_after) else {
+            return;
+        };
+        let Some(frame) = self.vad.last_frame() else {
+            return;
+        };
+        if self.state != VadState::SpeechEnding || frame.end.saturating_sub(from) < after {
+            return;
+        }
+        self.pause_from = None;
+        let audio = self.to_16k(&self.buf);
+        self.events.push_back(CaptureEvent::Paused(audio));
     }
 
     fn append(&mut self, samples: &[f32]) {
@@ -145,9 +183,17 @@ impl Capture {
         if self.rate == MODEL_RATE {
             return samples;
         }
+        self.to_16k(&samples)
+    }
+
+    /// A copy of `samples` (at the input rate) at 16 kHz.
+    fn to_16k(&self, samples: &[i16]) -> Vec<i16> {
+        if self.rate == MODEL_RATE {
+            return samples.to_vec();
+        }
         match Resampler::new(self.rate, MODEL_RATE) {
             Ok(mut r) => {
-                let input: Vec<f32> = samples.into_iter().map(i16_to_f32).collect();
+                let input: Vec<f32> = samples.iter().copied().map(i16_to_f32).collect();
                 let mut out = Vec::with_capacity(input.len() * 16_000 / self.rate as usize);
                 r.process(&input, &mut out);
                 r.flush(&mut out);
@@ -163,6 +209,7 @@ impl Capture {
     /// Ends the stream (the input format changes): the VAD returns to silence and an
     /// utterance in progress ends here, as if its speech had stopped.
     pub(crate) fn finish(&mut self) {
+        self.pause_from = None;
         if self.state != VadState::Silence {
             self.events.push_back(CaptureEvent::Transition(
                 self.state,

@@ -29,6 +29,48 @@ pub const DEFAULT_MAX_CONTEXT_CHARS: usize = 32_000;
 /// characters) that still keeps far more exchanges than the model is given.
 pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = 100;
 
+/// Default [`Speculation::after_silence`]: 64 ms, four VAD frames. The gaps between words
+/// (stop consonants, breaths) are up to three frames of non-speech in the VAD fixtures
+/// (`question.wav` has three of 16 to 32 ms besides its 128 ms pause after "Hello.",
+/// `speech.wav` four of 16 to 48 ms): speculating at the first non-speech frame would start
+/// (and throw away) a recognition at each of them, for 48 ms of latency saved.
+pub const DEFAULT_SPECULATE_AFTER: Duration = Duration::from_millis(64);
+
+/// Speculative (preemptive) generation at a pause in the user's speech, like LiveKit's
+/// preemptive generation. Off by default: every pause that does not end the turn costs a
+/// recognition, and when the recognizer answers within the pause a generation (and a first
+/// sentence's synthesis) too, all thrown away.
+///
+/// When the VAD has heard [`Speculation::after_silence`] of non-speech inside an utterance
+/// (its `SPEECH_ENDING` state, before `vad_stop_ms` ends the utterance), the engine sends the
+/// utterance so far for recognition; with its transcript, a generation with the context the
+/// turn would get (history plus this user text, nothing committed); with the reply's first
+/// sentence, its synthesis. All answers are held back. When the real pipeline then asks for
+/// exactly the same work (the same utterance with only non-speech after the snapshot, an
+/// identical context and tools, the same sentence) it takes the held answers instead of
+/// asking again, so the reply starts as soon as the turn ends. Anything it does not take is
+/// cancelled at the provider and never reaches the client or history. The turn ends exactly
+/// as without speculation. See `docs/engine.md` ("Speculation") for measured figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// Speculate at pauses. Default false.
+    pub enabled: bool,
+    /// Non-speech the VAD must hear inside an utterance, counted from the start of its first
+    /// non-speech frame, before speculation starts; at most one 16 ms frame means at the
+    /// VAD's `SPEECH` to `SPEECH_ENDING` transition itself. A value at or beyond the VAD's
+    /// stop duration never speculates. Default [`DEFAULT_SPECULATE_AFTER`].
+    pub after_silence: Duration,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            after_silence: DEFAULT_SPECULATE_AFTER,
+        }
+    }
+}
+
 /// Configuration of an [`crate::Engine`]. Plain data: build it with struct update syntax over
 /// [`EngineConfig::default`].
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +127,8 @@ pub struct EngineConfig {
     /// client has to answer an invocation (default 10 s) and the fallback sentence said when
     /// an action fails or times out (`{action}` and `{reason}` are replaced).
     pub actions: ActionConfig,
+    /// Speculative generation at pauses (off by default, see [`Speculation`]).
+    pub speculation: Speculation,
 }
 
 impl Default for EngineConfig {
@@ -107,6 +151,7 @@ impl Default for EngineConfig {
             max_context_chars: DEFAULT_MAX_CONTEXT_CHARS,
             max_history_messages: DEFAULT_MAX_HISTORY_MESSAGES,
             actions: ActionConfig::default(),
+            speculation: Speculation::default(),
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::history::{ChatMessage, Content};
 use crate::provider::{ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
 use crate::record::{Record, Said};
 use crate::reply::{Reply, Routed, Tts};
+use crate::speculation::{GenerationKey, Held, Routing, SpeculationStats, Speculator};
 use crate::tools::{Dispatch, Tools, ToolsEvent};
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
@@ -58,7 +59,18 @@ pub struct Engine {
     /// A reply's generation held until a just-connected device has listed its tools (or
     /// [`crate::tools::FIRST_LISTING_WAIT`] passed), so the first turn sees them.
     held: Option<HeldGeneration>,
+    /// Speculative work at pauses and the adopted requests still running
+    /// ([`crate::Speculation`]).
+    spec: Speculator,
+    /// Utterances the VAD has started, numbering them so a speculative recognition is only
+    /// adopted for the utterance it was taken from.
+    utterances: u64,
 }
+
+/// The turn of speculative requests ([`ProviderRequest::Generate`] and
+/// [`ProviderRequest::Synthesize`] sent at a pause, before the user's turn has ended): no
+/// response exists yet. The turn machine never numbers a turn 0.
+pub const SPECULATIVE_TURN: TurnId = TurnId(0);
 
 /// A `Generate` request waiting for the device's tools; the tools are read when it goes out.
 #[derive(Debug)]
@@ -101,6 +113,8 @@ impl Engine {
             stale_events: 0,
             closed: false,
             held: None,
+            spec: Speculator::new(),
+            utterances: 0,
         })
     }
 
@@ -140,6 +154,13 @@ impl Engine {
         self.turn.stats()
     }
 
+    /// Counters of speculative work ([`crate::Speculation`]): speculations started, adopted
+    /// and discarded, speculative requests sent, adopted and cancelled.
+    #[must_use]
+    pub fn speculation_stats(&self) -> SpeculationStats {
+        self.spec.stats()
+    }
+
     /// The next output, if any. Drain after every `handle_*` call.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
@@ -169,6 +190,7 @@ impl Engine {
         self.actions.handle_timeout(now);
         self.pump_actions(now);
         self.release_held(now);
+        self.settle(now);
     }
 
     /// Feeds mono audio at the configured input rate without copying it into an [`Input`].
@@ -179,6 +201,7 @@ impl Engine {
         self.enable_transcripts(now);
         self.capture.process(samples);
         self.capture_events(now);
+        self.settle(now);
     }
 
     /// Feeds mono 16-bit audio at the configured input rate.
@@ -189,6 +212,7 @@ impl Engine {
         self.enable_transcripts(now);
         self.capture.process_i16(samples);
         self.capture_events(now);
+        self.settle(now);
     }
 
     /// Sets the trigger mode of the audio fed from now on (realtime `UserInput.mode`), before
@@ -206,6 +230,7 @@ impl Engine {
         }
         self.feed_internal(now, TurnInput::SpeechTrigger(mode));
         self.pump(now);
+        self.settle(now);
     }
 
     /// Feeds one input at time `now`.
@@ -341,6 +366,7 @@ impl Engine {
             }
             Input::Provider(event) => self.provider_event(now, event),
         }
+        self.settle(now);
         Ok(())
     }
 
@@ -403,6 +429,8 @@ impl Engine {
                 .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
         }
         self.actions.close();
+        self.spec.close();
+        self.send_spec_cancels();
         self.closed = true;
     }
 
@@ -416,8 +444,33 @@ impl Engine {
         crate::record::next_id(&mut self.next_request)
     }
 
+    /// Sends a request of the real pipeline: a generation or synthesis that speculative work
+    /// already did is adopted instead of sent, and a cancel of adopted work reaches the
+    /// speculative request the provider knows.
     fn provider(&mut self, request: ProviderRequest) {
+        let request = match request {
+            ProviderRequest::Cancel { id } => ProviderRequest::Cancel {
+                id: self.spec.cancel_target(id),
+            },
+            r @ (ProviderRequest::Generate { .. } | ProviderRequest::Synthesize { .. }) => {
+                let adopted = self.spec.adopt(&r);
+                self.send_spec_cancels();
+                if adopted {
+                    return;
+                }
+                r
+            }
+            r => r,
+        };
         self.outputs.push_back(Output::Provider(request));
+    }
+
+    /// Cancels at the provider the speculative work that can no longer be adopted.
+    fn send_spec_cancels(&mut self) {
+        for id in self.spec.take_cancels() {
+            self.outputs
+                .push_back(Output::Provider(ProviderRequest::Cancel { id }));
+        }
     }
 
     /// Feeds the turn machine and acts on what it says. A full queue of waiting inputs is
@@ -492,6 +545,11 @@ impl Engine {
         match event {
             CaptureEvent::Transition(from, to, position, behind) => {
                 self.client(ClientEvent::VadState { from, to, position });
+                if (from, to) == (VadState::SpeechEnding, VadState::Speech) {
+                    // The pause was part of the utterance: what was speculated is not it.
+                    self.spec.discard();
+                    self.send_spec_cancels();
+                }
                 match (from, to) {
                     // From Speech only when the stream ends mid-utterance (`Capture::finish`).
                     (VadState::SpeechEnding | VadState::Speech, VadState::Silence) => {
@@ -521,6 +579,11 @@ impl Engine {
                 state: f.state,
             }),
             CaptureEvent::SpeechStarted => {
+                // The user goes on (a new utterance): the turn will not be what was
+                // speculated.
+                self.utterances += 1;
+                self.spec.discard();
+                self.send_spec_cancels();
                 self.feed_internal(now, TurnInput::SpeechStarted);
                 self.pump(now);
             }
@@ -534,11 +597,31 @@ impl Engine {
                     Vec::new()
                 };
                 self.record.transcribe(id, kept);
-                self.provider(ProviderRequest::Transcribe {
-                    id,
-                    audio,
-                    sample_rate: voxgate_audio::vad::MODEL_RATE,
-                });
+                let adopted = self.spec.adopt_transcription(id, self.utterances);
+                self.send_spec_cancels();
+                if !adopted {
+                    self.provider(ProviderRequest::Transcribe {
+                        id,
+                        audio,
+                        sample_rate: voxgate_audio::vad::MODEL_RATE,
+                    });
+                }
+            }
+            CaptureEvent::Paused(audio) => {
+                // Speculate only for the user's own turn (not over a reply that speech may
+                // interrupt): its context is then what history holds now.
+                if self.turn.state() != State::Listening {
+                    return;
+                }
+                let id = self.request();
+                self.spec.start(id, self.utterances);
+                self.send_spec_cancels();
+                self.outputs
+                    .push_back(Output::Provider(ProviderRequest::Transcribe {
+                        id,
+                        audio,
+                        sample_rate: voxgate_audio::vad::MODEL_RATE,
+                    }));
             }
         }
     }
@@ -557,6 +640,11 @@ impl Engine {
     }
 
     fn on_turn_output(&mut self, now: Instant, out: TurnOutput) {
+        if matches!(out, TurnOutput::UserTurn(_) | TurnOutput::UserTurnDiscarded) {
+            // The user turn being speculated for ends here: no generation starts for it any
+            // more (the real one, if any, follows at once).
+            self.spec.turn_over();
+        }
         match out {
             TurnOutput::UserTurn(u) if u.source == UserSource::Speech => {
                 let event = self.record.user_speech(
@@ -743,9 +831,131 @@ impl Engine {
 }
 
 impl Engine {
+    // ---- speculation ---------------------------------------------------------------------
+
+    /// Ends every entry point: routes the answers of speculative work the real pipeline just
+    /// adopted (as if the provider had answered at once), then starts or drops speculative
+    /// work as the turn now stands, until nothing is left to replay.
+    fn settle(&mut self, now: Instant) {
+        loop {
+            while let Some(event) = self.spec.pop_replay() {
+                self.provider_event(now, event);
+            }
+            if !self.spec.active() {
+                return;
+            }
+            self.spec.settle_adopted();
+            if self.turn.state() != State::Listening {
+                if self.held.is_some() {
+                    // The real generation waits for the device's tools: it may still adopt.
+                    self.spec.turn_over();
+                } else {
+                    self.spec.drop_generation();
+                }
+            } else {
+                self.speculate_generation(now);
+            }
+            self.spec.tidy();
+            self.send_spec_cancels();
+            if self.closed {
+                return;
+            }
+            let Some(event) = self.spec.pop_replay() else {
+                return;
+            };
+            self.provider_event(now, event);
+        }
+    }
+
+    /// Starts the speculative generation once its transcript is in and the turn's text can
+    /// be predicted: the context is the one the real turn would get if it ended now.
+    fn speculate_generation(&mut self, now: Instant) {
+        let Some((transcript, asr_real)) = self.spec.generation_due() else {
+            return;
+        };
+        // Earlier parts of the turn still being transcribed would change its text: wait.
+        if self.record.transcribing_other_than(asr_real) {
+            return;
+        }
+        let transcript = transcript.to_owned();
+        let replies = self.turn.speech_trigger() != TriggerMode::NoTrigger;
+        let Some((words, typed)) = self.turn.open_user_turn_text() else {
+            return;
+        };
+        // The adopted recognition's words are in the turn machine once the record applied
+        // them.
+        let applied = asr_real.is_some_and(|id| !self.record.has_transcription(id));
+        let text = if applied {
+            words
+        } else {
+            join_words(&words, &transcript)
+        };
+        if text.is_empty() || typed || !replies {
+            // Nothing to answer, or typed text in the turn (its own messages), or a turn
+            // committed without a reply: no generation would match.
+            self.spec.skip_generation();
+            return;
+        }
+        if self.tools.awaiting_first_listing(now).is_some() {
+            // The real generation waits for the device's tools, which would change them.
+            return;
+        }
+        let reserve = self.actions.narrated_chars();
+        let mut messages = self.record.context_with_user(
+            now,
+            &text,
+            &self.config.system_prompt,
+            self.config.max_context_chars,
+            reserve,
+        );
+        self.actions.add_narrated(&mut messages);
+        let tools = self.llm_tools();
+        let temperature = self.config.temperature;
+        let id = self.request();
+        let shadow = self.config.output_audio.map(|_| {
+            let mut shadow = Reply::new(&self.config);
+            shadow.begin(SPECULATIVE_TURN, Some(id));
+            shadow
+        });
+        self.spec.start_generation(
+            id,
+            GenerationKey {
+                messages: messages.clone(),
+                tools: tools.clone(),
+                temperature,
+            },
+            shadow,
+        );
+        self.outputs
+            .push_back(Output::Provider(ProviderRequest::Generate {
+                id,
+                turn: SPECULATIVE_TURN,
+                messages,
+                tools,
+                temperature,
+            }));
+    }
+
     // ---- provider events -----------------------------------------------------------------
 
     fn provider_event(&mut self, now: Instant, event: ProviderEvent) {
+        let event = match self.spec.route(event, self.config.emotion.as_ref()) {
+            Routing::Real(event) | Routing::Other(event) => event,
+            Routing::Held(held) => {
+                if let Held::FirstSentence(text) = held {
+                    let id = self.request();
+                    self.spec.start_synthesis(id, text.clone());
+                    self.outputs
+                        .push_back(Output::Provider(ProviderRequest::Synthesize {
+                            id,
+                            turn: SPECULATIVE_TURN,
+                            text,
+                        }));
+                }
+                self.send_spec_cancels();
+                return;
+            }
+        };
         let id = event.id();
         if self.record.awaits_transcript(id) {
             self.asr_event(now, event);
@@ -1058,5 +1268,24 @@ impl Engine {
 fn new_capture(config: &EngineConfig, rate: u32) -> Result<Capture, voxgate_audio::vad::VadError> {
     let max_samples = usize::try_from(config.max_utterance.as_millis() * u128::from(rate) / 1000)
         .unwrap_or(usize::MAX);
-    Capture::new(config.vad, rate, max_samples, config.vad_frame_telemetry)
+    let pause = config
+        .speculation
+        .enabled
+        .then_some(config.speculation.after_silence);
+    Capture::new(
+        config.vad,
+        rate,
+        max_samples,
+        config.vad_frame_telemetry,
+        pause,
+    )
+}
+
+/// `words` followed by `more` as the turn machine joins final transcripts.
+fn join_words(words: &str, more: &str) -> String {
+    match (words.is_empty(), more.is_empty()) {
+        (true, _) => more.to_owned(),
+        (false, true) => words.to_owned(),
+        (false, false) => format!("{words} {more}"),
+    }
 }

@@ -367,6 +367,61 @@ impl History {
     /// marked here: the caller records the left-out messages with [`History::mark_truncated`]
     /// when they leave the context for good.
     pub(crate) fn context(&self, system_prompt: &str, max_chars: usize, reserve: usize) -> Context {
+        self.context_of(
+            self.messages.iter().enumerate(),
+            system_prompt,
+            max_chars,
+            reserve,
+        )
+    }
+
+    /// The context a reply would get if a spoken user turn saying `text` were committed now
+    /// (history's message limit applied as [`History::push`] would), without changing
+    /// anything: the speculative generation's context, which must equal the real one for the
+    /// speculative work to be adopted (see `crate::speculation`).
+    pub(crate) fn context_with_user(
+        &self,
+        now: Instant,
+        text: &str,
+        system_prompt: &str,
+        max_chars: usize,
+        reserve: usize,
+    ) -> Vec<ContextMessage> {
+        let mut user = ChatMessage::new(Role::User, None, now);
+        user.content.push(Content::InputAudio(AudioData {
+            samples: Vec::new(),
+            sample_rate: voxgate_audio::vad::MODEL_RATE,
+            transcription: text.to_owned(),
+        }));
+        // `push` drops the oldest finished messages beyond the limit: skip those.
+        let mut drop = if self.limit > 0 {
+            (self.messages.len() + 1).saturating_sub(self.limit)
+        } else {
+            0
+        };
+        let all = self
+            .messages
+            .iter()
+            .chain(std::iter::once(&user))
+            .enumerate()
+            .filter(move |(_, m)| {
+                if drop > 0 && m.delivery != DeliveryStatus::InProgress {
+                    drop -= 1;
+                    return false;
+                }
+                true
+            });
+        self.context_of(all, system_prompt, max_chars, reserve)
+            .messages
+    }
+
+    fn context_of<'a>(
+        &self,
+        messages: impl Iterator<Item = (usize, &'a ChatMessage)>,
+        system_prompt: &str,
+        max_chars: usize,
+        reserve: usize,
+    ) -> Context {
         /// Messages of one exchange, their context and its size.
         struct Exchange {
             indices: Vec<usize>,
@@ -374,7 +429,7 @@ impl History {
             chars: usize,
         }
         let mut exchanges: Vec<Exchange> = Vec::new();
-        for (i, m) in self.messages.iter().enumerate() {
+        for (i, m) in messages {
             if m.ephemeral || m.truncated_at_response_turn.is_some() {
                 continue;
             }

@@ -32,7 +32,12 @@
 //!   invocations die with the reply that made them ([`ClientEvent::ActionCancelled`]);
 //! - the record machine holds the transcriptions in flight (applied in request order), the
 //!   utterances heard for the user turn, the [`history`] and the queries and exports waiting
-//!   for answers.
+//!   for answers;
+//! - the speculation machine ([`Speculation`], off by default) holds the work started at a
+//!   pause in speech (recognition of the utterance so far, the generation it would get, its
+//!   first sentence's synthesis) until the real pipeline asks for exactly the same work and
+//!   adopts it, or cancels it at the provider; nothing of it reaches the client or history
+//!   otherwise ([`Engine::speculation_stats`] counts it).
 //!
 //! Every per-session queue is bounded ([`EngineConfig::max_history_messages`],
 //! [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`], [`voxgate_turn::MAX_QUEUED_INPUTS`],
@@ -124,16 +129,19 @@ pub mod provider;
 mod record;
 mod reply;
 pub mod sentence;
+mod speculation;
 mod tools;
 mod types;
 
 pub use config::{
-    DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, EngineConfig, OutputAudio,
+    DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, DEFAULT_SPECULATE_AFTER, EngineConfig,
+    OutputAudio, Speculation,
 };
-pub use engine::Engine;
+pub use engine::{Engine, SPECULATIVE_TURN};
 pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
 pub use record::{MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
+pub use speculation::SpeculationStats;
 pub use types::ServerToolDefinition;
 pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,

@@ -90,7 +90,8 @@ pub enum ProviderRequest {
     Generate {
         /// Tag for the answers.
         id: RequestId,
-        /// The response this generates.
+        /// The response this generates ([`crate::SPECULATIVE_TURN`] for speculative work,
+        /// which has no response yet).
         turn: TurnId,
         /// The context, system prompt first.
         messages: Vec<ContextMessage>,
@@ -112,7 +113,7 @@ pub enum ProviderRequest {
     Synthesize {
         /// Tag for the answers.
         id: RequestId,
-        /// The response it belongs to.
+        /// The response it belongs to ([`crate::SPECULATIVE_TURN`] for speculative work).
         turn: TurnId,
         /// The sentence, emoji stripped.
         text: String,
@@ -207,6 +208,31 @@ pub enum ProviderEvent {
 }
 
 impl ProviderEvent {
+    /// The same event for request `id` (speculative work adopted under the real request's id).
+    pub(crate) fn with_id(mut self, new: RequestId) -> Self {
+        match &mut self {
+            Self::Transcript { id, .. }
+            | Self::TextDelta { id, .. }
+            | Self::ToolCall { id, .. }
+            | Self::Audio { id, .. }
+            | Self::ToolOutput { id, .. }
+            | Self::Done { id }
+            | Self::Failed { id, .. } => *id = new,
+        }
+        self
+    }
+
+    /// Nothing more comes for the request after this event.
+    pub(crate) fn is_last(&self) -> bool {
+        matches!(
+            self,
+            Self::Transcript { .. }
+                | Self::ToolOutput { .. }
+                | Self::Done { .. }
+                | Self::Failed { .. }
+        )
+    }
+
     /// The request this event answers.
     #[must_use]
     pub fn id(&self) -> RequestId {

@@ -126,6 +126,31 @@ impl Record {
         });
     }
 
+    /// Whether a transcription other than `except` is in flight (or waits for earlier ones).
+    pub(crate) fn transcribing_other_than(&self, except: Option<RequestId>) -> bool {
+        self.asr.iter().any(|a| Some(a.id) != except)
+    }
+
+    /// Whether transcription `id` has not been applied yet (in flight, or its result waits for
+    /// earlier ones).
+    pub(crate) fn has_transcription(&self, id: RequestId) -> bool {
+        self.asr.iter().any(|a| a.id == id)
+    }
+
+    /// The LLM context a reply would get if a spoken user turn saying `text` were committed
+    /// now ([`crate::history::History::context_with_user`]); nothing changes.
+    pub(crate) fn context_with_user(
+        &self,
+        now: Instant,
+        text: &str,
+        system_prompt: &str,
+        max_chars: usize,
+        reserve: usize,
+    ) -> Vec<ContextMessage> {
+        self.history
+            .context_with_user(now, text, system_prompt, max_chars, reserve)
+    }
+
     /// Whether `id` is a transcription still waiting for its result.
     pub(crate) fn awaits_transcript(&self, id: RequestId) -> bool {
         self.asr.iter().any(|a| a.id == id && a.result.is_none())

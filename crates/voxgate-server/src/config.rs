@@ -60,6 +60,7 @@
 //!
 //! [engine]                       # engine timing for every door (docs/engine.md)
 //! endpoint_delay_ms = 500        # silence after speech before a finished turn ends
+//! speculate = true               # start answering at pauses; adopted if the pause ends the turn
 //!
 //! [xiaozhi.engine]               # per door, over [engine]; also realtime, gemini, ...
 //! greeting = "Hi there!"
@@ -88,6 +89,7 @@
 //! | `VOXGATE_HEADER_TIMEOUT_SECS`, `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
 //! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
+//! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //!
 //! Setting a section's `*_BASE_URL` (which infers `provider = "openai"` with the default model
@@ -541,7 +543,15 @@ impl Config {
         self.webrtc.apply_env(&var)?;
         self.vip.apply_env(&var)?;
         self.limits.apply_env(&var)?;
-        self.engine.apply_env(&var)?;
+        self.engine.apply_env(&engine::SERVER_ENV, &var)?;
+        self.xiaozhi.engine.apply_env(&engine::XIAOZHI_ENV, &var)?;
+        self.realtime
+            .engine
+            .apply_env(&engine::REALTIME_ENV, &var)?;
+        self.gemini.engine.apply_env(&engine::GEMINI_ENV, &var)?;
+        self.retell.engine.apply_env(&engine::RETELL_ENV, &var)?;
+        self.vip.engine.apply_env(&engine::VIP_ENV, &var)?;
+        self.bridge.engine.apply_env(&engine::BRIDGE_ENV, &var)?;
         AcpBrainConfig::apply_env(&mut self.acp, vars);
         providers::apply_env(&mut self.llm, &mut self.asr, &mut self.tts, vars)?;
         self.check()
@@ -567,6 +577,31 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// Marks the engine section of every door whose recognizer is none (`NoAsr`: no `[asr]`
+    /// and no `[<door>.asr]`), so speculation stays off there: it would speculate on a
+    /// placeholder transcript. For a server whose providers come from this configuration
+    /// ([`crate::Server::bind`]).
+    pub(crate) fn mark_recognizers(&mut self) {
+        let server = matches!(self.asr_plan().map(|p| p.spec), Ok(AsrSpec::None) | Err(_));
+        let none = |door: &str, providers: &DoorProviders| match providers
+            .get(door)
+            .and_then(|d| d.asr.as_ref())
+        {
+            Some(a) => matches!(
+                a.resolve(&format!("{door}.asr")).map(|p| p.spec),
+                Ok(AsrSpec::None) | Err(_)
+            ),
+            None => server,
+        };
+        let p = &self.door_providers;
+        self.xiaozhi.engine.no_recognizer = none("xiaozhi", p);
+        self.realtime.engine.no_recognizer = none("realtime", p);
+        self.gemini.engine.no_recognizer = none("gemini", p);
+        self.retell.engine.no_recognizer = none("retell", p);
+        self.vip.engine.no_recognizer = none("vip", p);
+        self.bridge.engine.no_recognizer = none("bridge", p);
     }
 
     /// Checks `[engine]` and every door's `engine` section.

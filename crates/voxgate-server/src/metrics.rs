@@ -210,6 +210,10 @@ pub struct Metrics {
     /// Per door: the server's own time from a turn's decision to its first reply audio
     /// frame written, provider waits excluded.
     server_added: [Histogram; DOORS],
+    /// Speculations by outcome ([`SPECULATION_OUTCOMES`]), then door.
+    speculations: [[AtomicU64; DOORS]; 3],
+    /// Speculative provider requests by outcome ([`SPECULATIVE_REQUEST_OUTCOMES`]), then door.
+    speculative_requests: [[AtomicU64; DOORS]; 3],
 }
 
 /// Upper bounds of the server-added latency buckets, in microseconds: fine below 10 ms,
@@ -262,6 +266,14 @@ impl Histogram {
     }
 }
 
+/// The `outcome` labels of `voxgate_speculations_total`: pauses speculated at, speculations
+/// the real pipeline took work from, speculations none of whose work was used.
+pub const SPECULATION_OUTCOMES: [&str; 3] = ["started", "adopted", "discarded"];
+
+/// The `outcome` labels of `voxgate_speculative_requests_total`: speculative provider
+/// requests sent, adopted by the real pipeline, cancelled at the provider.
+pub const SPECULATIVE_REQUEST_OUTCOMES: [&str; 3] = ["sent", "adopted", "cancelled"];
+
 /// Keeps a session counted as active until dropped.
 #[derive(Debug)]
 pub struct SessionGuard<'a> {
@@ -307,6 +319,33 @@ impl Metrics {
     /// frame written, provider waits excluded.
     pub fn server_added(&self, door: Door, d: Duration) {
         self.server_added[door.index()].observe(d);
+    }
+
+    /// Adds a session's new speculation counts (the difference since its last report).
+    pub fn speculation(&self, door: Door, new: &voxgate_engine::SpeculationStats) {
+        let d = door.index();
+        for (i, n) in [new.started, new.adopted, new.discarded]
+            .into_iter()
+            .enumerate()
+        {
+            if n > 0 {
+                self.speculations[i][d].fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        let requests = [new.requests, new.requests_adopted, new.requests_cancelled];
+        for (i, n) in requests.into_iter().enumerate() {
+            if n > 0 {
+                self.speculative_requests[i][d].fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Speculations at one door with one outcome (an index into [`SPECULATION_OUTCOMES`]).
+    #[must_use]
+    pub fn speculations(&self, door: Door, outcome: usize) -> u64 {
+        self.speculations
+            .get(outcome)
+            .map_or(0, |v| v[door.index()].load(Ordering::Relaxed))
     }
 
     /// Counts a finished response.
@@ -463,6 +502,35 @@ impl Metrics {
                 );
             }
         }
+        for (name, help, outcomes, values) in [
+            (
+                "voxgate_speculations_total",
+                "Speculative generation at pauses in speech, by door and outcome: started, \
+                 adopted (the real pipeline used its work), discarded (none of it was used: \
+                 the user went on).",
+                SPECULATION_OUTCOMES,
+                &self.speculations,
+            ),
+            (
+                "voxgate_speculative_requests_total",
+                "Provider requests made by speculation, by door and outcome: sent, adopted \
+                 by the real pipeline, cancelled at the provider.",
+                SPECULATIVE_REQUEST_OUTCOMES,
+                &self.speculative_requests,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for door in Door::ALL {
+                for (i, outcome) in outcomes.iter().enumerate() {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{door=\"{}\",outcome=\"{outcome}\"}} {}",
+                        door.label(),
+                        values[i][door.index()].load(Ordering::Relaxed)
+                    );
+                }
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP voxgate_sessions_refused_total Sessions refused before the WebSocket \
@@ -588,6 +656,12 @@ mod tests {
             m.turn(Door::Realtime);
             m.dropped(Door::Realtime, Direction::Downlink, 3);
             m.latency(ProviderKind::Tts, Duration::from_millis(250));
+            let mut s = voxgate_engine::SpeculationStats::default();
+            s.started = 2;
+            s.discarded = 1;
+            s.requests = 3;
+            s.requests_cancelled = 2;
+            m.speculation(Door::Xiaozhi, &s);
         }
         assert_eq!(m.active_sessions(Door::Realtime), 0);
         let text = m.render();
@@ -599,6 +673,10 @@ mod tests {
             "voxgate_dropped_frames_total{door=\"realtime\",direction=\"uplink\"} 0",
             "voxgate_provider_latency_seconds_sum{provider=\"tts\"} 0.25",
             "voxgate_provider_latency_seconds_count{provider=\"tts\"} 1",
+            "voxgate_speculations_total{door=\"xiaozhi\",outcome=\"started\"} 2",
+            "voxgate_speculations_total{door=\"xiaozhi\",outcome=\"adopted\"} 0",
+            "voxgate_speculative_requests_total{door=\"xiaozhi\",outcome=\"cancelled\"} 2",
+            "voxgate_speculative_requests_total{door=\"realtime\",outcome=\"cancelled\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

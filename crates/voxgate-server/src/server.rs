@@ -175,8 +175,10 @@ impl Server {
     ///
     /// # Errors
     /// [`ServerError::Bind`] or [`ServerError::Provider`].
-    pub async fn bind(config: Config) -> Result<Self, ServerError> {
+    pub async fn bind(mut config: Config) -> Result<Self, ServerError> {
         let providers = Providers::from_config(&config)?;
+        // The recognizers are the configuration's: speculation stays off where there is none.
+        config.mark_recognizers();
         Self::bind_with(config, providers).await
     }
 

@@ -12,7 +12,15 @@
 //! | `POST /v1/audio/speech` | JSON with `input`, `voice`, `model`, `response_format: "pcm"` | the TTS delay, then one second of speech-like 24 kHz 16-bit mono PCM, streamed in 100 ms chunks |
 //!
 //! A request of the wrong shape gets `400` with an OpenAI-style error body and is counted in
-//! [`FakeCounts::bad_requests`], so a test sees when the server's wire format drifts.
+//! [`FakeCounts::bad_requests`], so a test sees when the server's wire format drifts. A
+//! request whose client hangs up before the whole answer went out (the server cancelled it)
+//! is counted in [`FakeCounts::asr_cancelled`], [`FakeCounts::llm_cancelled`] or
+//! [`FakeCounts::tts_cancelled`].
+//!
+//! With [`FakeOptions::short_below`], what the recognizer hears depends on the audio's length
+//! (a short utterance is [`SHORT_TRANSCRIPT`]) and the model answers that transcript with
+//! [`SHORT_REPLY`], so a test can tell a reply to part of an utterance (a speculative one, at
+//! a pause) from the reply to the whole.
 //!
 //! Everything the fakes send is built once; a request costs a few small writes. The delays
 //! are sleeps, so many requests wait at once without threads.
@@ -46,6 +54,12 @@ pub const REPLY_CHUNKS: [&str; 8] = [
     " breeze.",
 ];
 
+/// What the fake recognizer hears in audio shorter than [`FakeOptions::short_below`].
+pub const SHORT_TRANSCRIPT: &str = "Hello.";
+
+/// The fake model's reply to [`SHORT_TRANSCRIPT`] (with [`FakeOptions::short_below`]).
+pub const SHORT_REPLY: &str = "Hi there, how can I help?";
+
 /// The fake synthesizer's rate (OpenAI's `pcm` format).
 pub const SPEECH_RATE: u32 = 24_000;
 
@@ -69,6 +83,16 @@ pub struct FakeDelays {
     pub tts_first_byte: Duration,
 }
 
+/// Everything the fakes can be asked to do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FakeOptions {
+    /// How long each fake waits before its first output.
+    pub delays: FakeDelays,
+    /// Audio shorter than this is heard as [`SHORT_TRANSCRIPT`], which the model answers with
+    /// [`SHORT_REPLY`]; longer audio is [`TRANSCRIPT`]. `None`: everything is [`TRANSCRIPT`].
+    pub short_below: Option<Duration>,
+}
+
 /// Requests served so far, per endpoint.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FakeCounts {
@@ -80,6 +104,12 @@ pub struct FakeCounts {
     pub tts: u64,
     /// Requests refused for their shape (a `400`).
     pub bad_requests: u64,
+    /// `/audio/transcriptions` requests whose client hung up before the answer.
+    pub asr_cancelled: u64,
+    /// `/chat/completions` requests whose client hung up before the whole stream.
+    pub llm_cancelled: u64,
+    /// `/audio/speech` requests whose client hung up before the whole stream.
+    pub tts_cancelled: u64,
 }
 
 #[derive(Default)]
@@ -88,10 +118,54 @@ struct Counters {
     llm: AtomicU64,
     tts: AtomicU64,
     bad: AtomicU64,
+    /// Per endpoint, [`Endpoint`] order.
+    cancelled: [AtomicU64; 3],
+}
+
+/// Which fake a request is for.
+#[derive(Debug, Clone, Copy)]
+enum Endpoint {
+    Asr = 0,
+    Llm = 1,
+    Tts = 2,
+}
+
+/// Counts its request as cancelled when dropped before [`Answered::done`]: the handler (or
+/// the response stream) was dropped because the client went away.
+struct Answered {
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+    done: bool,
+}
+
+impl Answered {
+    fn new(shared: &Arc<Shared>, endpoint: Endpoint) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            endpoint,
+            done: false,
+        }
+    }
+
+    fn done(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.counters.cancelled[self.endpoint as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 struct Shared {
     delays: FakeDelays,
+    short_below: Option<Duration>,
+    /// The event stream answering [`SHORT_TRANSCRIPT`].
+    short_sse: Vec<Bytes>,
+    short_transcript: Bytes,
     counters: Counters,
     /// The whole event stream of a completion, one element per event.
     sse: Vec<Bytes>,
@@ -124,9 +198,21 @@ impl FakeProviders {
     /// # Errors
     /// When no port can be bound.
     pub async fn start(delays: FakeDelays) -> io::Result<Self> {
+        Self::start_with(FakeOptions {
+            delays,
+            ..FakeOptions::default()
+        })
+        .await
+    }
+
+    /// Like [`FakeProviders::start`], with every option.
+    ///
+    /// # Errors
+    /// When no port can be bound.
+    pub async fn start_with(options: FakeOptions) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::new(delays));
+        let shared = Arc::new(Shared::new(options));
         let (stop, stopped) = oneshot::channel();
         let app = router(Arc::clone(&shared));
         tokio::spawn(async move {
@@ -150,6 +236,17 @@ impl FakeProviders {
     /// # Errors
     /// When the runtime or the thread cannot start, or no port can be bound.
     pub fn spawn(delays: FakeDelays) -> io::Result<Self> {
+        Self::spawn_with(FakeOptions {
+            delays,
+            ..FakeOptions::default()
+        })
+    }
+
+    /// Like [`FakeProviders::spawn`], with every option.
+    ///
+    /// # Errors
+    /// As [`FakeProviders::spawn`].
+    pub fn spawn_with(options: FakeOptions) -> io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -158,7 +255,7 @@ impl FakeProviders {
             .name("fake-providers".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    match Self::start(delays).await {
+                    match Self::start_with(options).await {
                         Ok(mut fakes) => {
                             let stop = fakes.stop.take();
                             let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -214,6 +311,9 @@ impl FakeProviders {
             llm: c.llm.load(Ordering::Relaxed),
             tts: c.tts.load(Ordering::Relaxed),
             bad_requests: c.bad.load(Ordering::Relaxed),
+            asr_cancelled: c.cancelled[Endpoint::Asr as usize].load(Ordering::Relaxed),
+            llm_cancelled: c.cancelled[Endpoint::Llm as usize].load(Ordering::Relaxed),
+            tts_cancelled: c.cancelled[Endpoint::Tts as usize].load(Ordering::Relaxed),
         }
     }
 
@@ -239,7 +339,8 @@ impl Drop for FakeProviders {
 }
 
 impl Shared {
-    fn new(delays: FakeDelays) -> Self {
+    fn new(options: FakeOptions) -> Self {
+        let delays = options.delays;
         let chunk = |delta: serde_json::Value, finish: Option<&str>| {
             let c = serde_json::json!({
                 "id": "chatcmpl-fake",
@@ -250,17 +351,22 @@ impl Shared {
             });
             Bytes::from(format!("data: {c}\n\n"))
         };
-        let mut sse = vec![chunk(
-            serde_json::json!({"role": "assistant", "content": ""}),
-            None,
-        )];
-        sse.extend(
-            REPLY_CHUNKS
-                .iter()
-                .map(|t| chunk(serde_json::json!({"content": t}), None)),
-        );
-        sse.push(chunk(serde_json::json!({}), Some("stop")));
-        sse.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        let stream = |deltas: &[&str]| {
+            let mut sse = vec![chunk(
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            )];
+            sse.extend(
+                deltas
+                    .iter()
+                    .map(|t| chunk(serde_json::json!({"content": t}), None)),
+            );
+            sse.push(chunk(serde_json::json!({}), Some("stop")));
+            sse.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            sse
+        };
+        let sse = stream(&REPLY_CHUNKS);
+        let short_sse = stream(&[SHORT_REPLY]);
         let pcm: Vec<u8> = speech_like(SPEECH_SAMPLES)
             .iter()
             .flat_map(|s| s.to_le_bytes())
@@ -271,6 +377,11 @@ impl Shared {
             .collect();
         Self {
             delays,
+            short_below: options.short_below,
+            short_sse,
+            short_transcript: Bytes::from(
+                serde_json::json!({ "text": SHORT_TRANSCRIPT }).to_string(),
+            ),
             counters: Counters::default(),
             sse,
             speech,
@@ -361,13 +472,33 @@ async fn transcribe(shared: Arc<Shared>, headers: HeaderMap, body: Bytes) -> Res
             );
         }
     }
+    let short = shared
+        .short_below
+        .zip(field("file").and_then(wav_duration))
+        .is_some_and(|(below, heard)| heard < below);
+    let mut answered = Answered::new(&shared, Endpoint::Asr);
     tokio::time::sleep(shared.delays.asr).await;
+    answered.done();
     shared.counters.asr.fetch_add(1, Ordering::Relaxed);
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        shared.transcript.clone(),
-    )
-        .into_response()
+    let text = if short {
+        shared.short_transcript.clone()
+    } else {
+        shared.transcript.clone()
+    };
+    ([(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// The length of a 16-bit PCM WAV file's audio.
+fn wav_duration(wav: &[u8]) -> Option<Duration> {
+    let u16_at = |i: usize| Some(u16::from_le_bytes(wav.get(i..i + 2)?.try_into().ok()?));
+    let u32_at = |i: usize| Some(u32::from_le_bytes(wav.get(i..i + 4)?.try_into().ok()?));
+    let channels = u64::from(u16_at(22)?.max(1));
+    let rate = u64::from(u32_at(24)?.max(1));
+    let data = find(wav.get(12..)?, b"data")? + 12;
+    let bytes = u64::from(u32_at(data + 4)?);
+    Some(Duration::from_micros(
+        bytes / 2 / channels * 1_000_000 / rate,
+    ))
 }
 
 async fn complete(shared: Arc<Shared>, body: Bytes) -> Response {
@@ -379,8 +510,19 @@ async fn complete(shared: Arc<Shared>, body: Bytes) -> Response {
     }
     shared.counters.llm.fetch_add(1, Ordering::Relaxed);
     let delay = shared.delays.llm_first_token;
-    let events = shared.sse.clone();
-    streamed(delay, events, "text/event-stream")
+    let last_user = request["messages"].as_array().and_then(|m| {
+        m.iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+    });
+    let events = if shared.short_below.is_some() && last_user == Some(SHORT_TRANSCRIPT) {
+        shared.short_sse.clone()
+    } else {
+        shared.sse.clone()
+    };
+    let answered = Answered::new(&shared, Endpoint::Llm);
+    streamed(delay, events, "text/event-stream", answered)
 }
 
 async fn speak(shared: Arc<Shared>, body: Bytes) -> Response {
@@ -392,20 +534,29 @@ async fn speak(shared: Arc<Shared>, body: Bytes) -> Response {
     }
     shared.counters.tts.fetch_add(1, Ordering::Relaxed);
     let delay = shared.delays.tts_first_byte;
-    streamed(delay, shared.speech.clone(), "audio/pcm")
+    let answered = Answered::new(&shared, Endpoint::Tts);
+    streamed(delay, shared.speech.clone(), "audio/pcm", answered)
 }
 
 /// A response whose headers go out at once and whose body chunks follow `delay` later, each
-/// its own write.
-fn streamed(delay: Duration, chunks: Vec<Bytes>, content_type: &'static str) -> Response {
+/// its own write; `answered` counts it as cancelled if the body is dropped before its end.
+fn streamed(
+    delay: Duration,
+    chunks: Vec<Bytes>,
+    content_type: &'static str,
+    answered: Answered,
+) -> Response {
     let stream = futures::stream::unfold(
-        (delay, chunks.into_iter()),
-        |(delay, mut rest)| async move {
+        (delay, chunks.into_iter(), answered),
+        |(delay, mut rest, mut answered)| async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let chunk = rest.next()?;
-            Some((Ok::<_, io::Error>(chunk), (Duration::ZERO, rest)))
+            let Some(chunk) = rest.next() else {
+                answered.done();
+                return None;
+            };
+            Some((Ok::<_, io::Error>(chunk), (Duration::ZERO, rest, answered)))
         },
     );
     let mut response = Body::from_stream(stream).into_response();

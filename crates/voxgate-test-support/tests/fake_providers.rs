@@ -78,7 +78,8 @@ async fn the_real_provider_clients_get_a_transcript_a_sentence_and_a_second_of_s
             asr: 1,
             llm: 1,
             tts: 1,
-            bad_requests: 0
+            bad_requests: 0,
+            ..FakeCounts::default()
         }
     );
     fakes.stop();

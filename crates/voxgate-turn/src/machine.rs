@@ -245,6 +245,18 @@ impl TurnMachine {
         self.response.as_ref().map(|r| r.turn)
     }
 
+    /// The words of the open user turn so far, as its [`Output::UserTurn`] would carry them
+    /// if it ended now (finals and the current partial), and whether typed text joined it
+    /// (it then becomes user turns of its own). `None` while no user turn is open. A host that
+    /// prepares work ahead of the turn's end (speculative generation) predicts the turn's text
+    /// from it; nothing here changes when the turn ends.
+    #[must_use]
+    pub fn open_user_turn_text(&self) -> Option<(String, bool)> {
+        self.user
+            .as_ref()
+            .map(|u| (u.utterance.text(), !u.texts.is_empty()))
+    }
+
     /// Feeds one input at time `now`.
     ///
     /// Provider and client events for turns that are no longer current (a chunk arriving after

@@ -142,6 +142,21 @@ pub struct EngineSettings {
     /// dropped. Code default 60.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_utterance_secs: Option<u64>,
+    /// Speculative generation at pauses in speech: recognize, generate and synthesize the
+    /// first sentence ahead of the turn's end, kept only if the pause ends the turn (an extra
+    /// recognition, and often a generation, for every pause that does not). Code default
+    /// false; off on a door without a recognizer whatever is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculate: Option<bool>,
+    /// Speculation: non-speech the VAD must hear inside an utterance before speculating, in ms
+    /// (0 to 10000; up to 16, one VAD frame: at its first non-speech frame; at or beyond
+    /// `vad_stop_ms`: never). Code default 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculate_after_ms: Option<u64>,
+    /// The door has no recognizer (`NoAsr`), set when the configuration is loaded: speculation
+    /// stays off there (it would speculate on a placeholder transcript). Not a key.
+    #[serde(skip)]
+    pub(crate) no_recognizer: bool,
 }
 
 /// What a door does at the start of a session (or, for a Xiaozhi device, on its wake word).
@@ -200,6 +215,9 @@ impl EngineSettings {
             greeting: self.greeting.clone().or_else(|| base.greeting.clone()),
             max_context_chars: self.max_context_chars.or(base.max_context_chars),
             max_utterance_secs: self.max_utterance_secs.or(base.max_utterance_secs),
+            speculate: self.speculate.or(base.speculate),
+            speculate_after_ms: self.speculate_after_ms.or(base.speculate_after_ms),
+            no_recognizer: self.no_recognizer,
         }
     }
 
@@ -245,6 +263,15 @@ impl EngineSettings {
         }
         if let Some(v) = self.max_utterance_secs {
             c.max_utterance = Duration::from_secs(v);
+        }
+        if let Some(v) = self.speculate {
+            c.speculation.enabled = v;
+        }
+        if let Some(v) = self.speculate_after_ms {
+            c.speculation.after_silence = ms(v);
+        }
+        if self.no_recognizer {
+            c.speculation.enabled = false;
         }
     }
 
@@ -302,6 +329,7 @@ impl EngineSettings {
                 self.false_interruption_timeout_ms,
                 MAX_DELAY_MS,
             ),
+            ("speculate_after_ms", self.speculate_after_ms, MAX_DELAY_MS),
         ] {
             if let Some(v) = v
                 && v > max
@@ -404,61 +432,118 @@ impl EngineSettings {
         add("greeting", self.greeting.is_some());
         add("max_context_chars", self.max_context_chars.is_some());
         add("max_utterance_secs", self.max_utterance_secs.is_some());
+        add("speculate", self.speculate.is_some());
+        add("speculate_after_ms", self.speculate_after_ms.is_some());
         keys
     }
 
-    /// Applies the `VOXGATE_ENGINE_*` overrides of the server-wide `[engine]` section: the
-    /// key in capitals (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`); a blank `VOXGATE_ENGINE_GREETING`
-    /// turns the greeting off.
+    /// Applies the environment's overrides of this section, named `names` (the key in
+    /// capitals after the section's prefix: `VOXGATE_ENGINE_ENDPOINT_DELAY_MS` for `[engine]`,
+    /// `VOXGATE_XIAOZHI_ENGINE_ENDPOINT_DELAY_MS` for `[xiaozhi.engine]`); a blank
+    /// `..._GREETING` turns the greeting off.
     pub(crate) fn apply_env(
         &mut self,
+        names: &EnvNames,
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
         let vars = EnvVars::new(var);
-        vars.parsed_some("VOXGATE_ENGINE_VAD_THRESHOLD", &mut self.vad_threshold)?;
-        vars.parsed_some("VOXGATE_ENGINE_VAD_MIN_VOLUME", &mut self.vad_min_volume)?;
-        vars.parsed_some("VOXGATE_ENGINE_VAD_START_MS", &mut self.vad_start_ms)?;
-        vars.parsed_some("VOXGATE_ENGINE_VAD_STOP_MS", &mut self.vad_stop_ms)?;
+        vars.parsed_some(names.vad_threshold, &mut self.vad_threshold)?;
+        vars.parsed_some(names.vad_min_volume, &mut self.vad_min_volume)?;
+        vars.parsed_some(names.vad_start_ms, &mut self.vad_start_ms)?;
+        vars.parsed_some(names.vad_stop_ms, &mut self.vad_stop_ms)?;
+        vars.parsed_some(names.vad_backbuffer_ms, &mut self.vad_backbuffer_ms)?;
+        vars.parsed_some(names.endpoint_delay_ms, &mut self.endpoint_delay_ms)?;
+        vars.parsed_some(names.endpoint_max_delay_ms, &mut self.endpoint_max_delay_ms)?;
         vars.parsed_some(
-            "VOXGATE_ENGINE_VAD_BACKBUFFER_MS",
-            &mut self.vad_backbuffer_ms,
-        )?;
-        vars.parsed_some(
-            "VOXGATE_ENGINE_ENDPOINT_DELAY_MS",
-            &mut self.endpoint_delay_ms,
-        )?;
-        vars.parsed_some(
-            "VOXGATE_ENGINE_ENDPOINT_MAX_DELAY_MS",
-            &mut self.endpoint_max_delay_ms,
-        )?;
-        vars.parsed_some(
-            "VOXGATE_ENGINE_INTERRUPTION_MIN_SPEECH_MS",
+            names.interruption_min_speech_ms,
             &mut self.interruption_min_speech_ms,
         )?;
         vars.parsed_some(
-            "VOXGATE_ENGINE_INTERRUPTION_MIN_WORDS",
+            names.interruption_min_words,
             &mut self.interruption_min_words,
         )?;
         vars.parsed_some(
-            "VOXGATE_ENGINE_FALSE_INTERRUPTION_TIMEOUT_MS",
+            names.false_interruption_timeout_ms,
             &mut self.false_interruption_timeout_ms,
         )?;
-        if let Some(v) = vars.raw("VOXGATE_ENGINE_RESUME_FALSE_INTERRUPTIONS") {
-            let name = "VOXGATE_ENGINE_RESUME_FALSE_INTERRUPTIONS";
-            self.resume_false_interruptions = Some(super::env::parse_bool(name, &v)?);
+        for (name, into) in [
+            (
+                names.resume_false_interruptions,
+                &mut self.resume_false_interruptions,
+            ),
+            (names.speculate, &mut self.speculate),
+        ] {
+            if let Some(v) = vars.raw(name) {
+                *into = Some(super::env::parse_bool(name, &v)?);
+            }
         }
-        vars.optional("VOXGATE_ENGINE_GREETING", &mut self.greeting);
-        vars.parsed_some(
-            "VOXGATE_ENGINE_MAX_CONTEXT_CHARS",
-            &mut self.max_context_chars,
-        )?;
-        vars.parsed_some(
-            "VOXGATE_ENGINE_MAX_UTTERANCE_SECS",
-            &mut self.max_utterance_secs,
-        )?;
+        vars.optional(names.greeting, &mut self.greeting);
+        vars.parsed_some(names.max_context_chars, &mut self.max_context_chars)?;
+        vars.parsed_some(names.max_utterance_secs, &mut self.max_utterance_secs)?;
+        vars.parsed_some(names.speculate_after_ms, &mut self.speculate_after_ms)?;
         Ok(())
     }
 }
+
+/// The environment variables of one engine section, one per key.
+#[derive(Debug)]
+pub(crate) struct EnvNames {
+    vad_threshold: &'static str,
+    vad_min_volume: &'static str,
+    vad_start_ms: &'static str,
+    vad_stop_ms: &'static str,
+    vad_backbuffer_ms: &'static str,
+    endpoint_delay_ms: &'static str,
+    endpoint_max_delay_ms: &'static str,
+    interruption_min_speech_ms: &'static str,
+    interruption_min_words: &'static str,
+    false_interruption_timeout_ms: &'static str,
+    resume_false_interruptions: &'static str,
+    greeting: &'static str,
+    max_context_chars: &'static str,
+    max_utterance_secs: &'static str,
+    speculate: &'static str,
+    speculate_after_ms: &'static str,
+}
+
+/// The [`EnvNames`] of a section whose variables start with `$prefix`.
+macro_rules! env_names {
+    ($prefix:literal) => {
+        EnvNames {
+            vad_threshold: concat!($prefix, "VAD_THRESHOLD"),
+            vad_min_volume: concat!($prefix, "VAD_MIN_VOLUME"),
+            vad_start_ms: concat!($prefix, "VAD_START_MS"),
+            vad_stop_ms: concat!($prefix, "VAD_STOP_MS"),
+            vad_backbuffer_ms: concat!($prefix, "VAD_BACKBUFFER_MS"),
+            endpoint_delay_ms: concat!($prefix, "ENDPOINT_DELAY_MS"),
+            endpoint_max_delay_ms: concat!($prefix, "ENDPOINT_MAX_DELAY_MS"),
+            interruption_min_speech_ms: concat!($prefix, "INTERRUPTION_MIN_SPEECH_MS"),
+            interruption_min_words: concat!($prefix, "INTERRUPTION_MIN_WORDS"),
+            false_interruption_timeout_ms: concat!($prefix, "FALSE_INTERRUPTION_TIMEOUT_MS"),
+            resume_false_interruptions: concat!($prefix, "RESUME_FALSE_INTERRUPTIONS"),
+            greeting: concat!($prefix, "GREETING"),
+            max_context_chars: concat!($prefix, "MAX_CONTEXT_CHARS"),
+            max_utterance_secs: concat!($prefix, "MAX_UTTERANCE_SECS"),
+            speculate: concat!($prefix, "SPECULATE"),
+            speculate_after_ms: concat!($prefix, "SPECULATE_AFTER_MS"),
+        }
+    };
+}
+
+/// `[engine]`: `VOXGATE_ENGINE_<KEY>`.
+pub(crate) const SERVER_ENV: EnvNames = env_names!("VOXGATE_ENGINE_");
+/// `[xiaozhi.engine]`: `VOXGATE_XIAOZHI_ENGINE_<KEY>`.
+pub(crate) const XIAOZHI_ENV: EnvNames = env_names!("VOXGATE_XIAOZHI_ENGINE_");
+/// `[realtime.engine]`: `VOXGATE_REALTIME_ENGINE_<KEY>`.
+pub(crate) const REALTIME_ENV: EnvNames = env_names!("VOXGATE_REALTIME_ENGINE_");
+/// `[gemini.engine]`: `VOXGATE_GEMINI_ENGINE_<KEY>`.
+pub(crate) const GEMINI_ENV: EnvNames = env_names!("VOXGATE_GEMINI_ENGINE_");
+/// `[retell.engine]`: `VOXGATE_RETELL_ENGINE_<KEY>`.
+pub(crate) const RETELL_ENV: EnvNames = env_names!("VOXGATE_RETELL_ENGINE_");
+/// `[vip.engine]`: `VOXGATE_VIP_ENGINE_<KEY>`.
+pub(crate) const VIP_ENV: EnvNames = env_names!("VOXGATE_VIP_ENGINE_");
+/// `[bridge.engine]`: `VOXGATE_BRIDGE_ENGINE_<KEY>`.
+pub(crate) const BRIDGE_ENV: EnvNames = env_names!("VOXGATE_BRIDGE_ENGINE_");
 
 #[cfg(test)]
 mod tests {
@@ -639,8 +724,11 @@ mod tests {
             greeting: Some("Hello".into()),
             max_context_chars: Some(99),
             max_utterance_secs: Some(5),
+            speculate: Some(true),
+            speculate_after_ms: Some(16),
+            no_recognizer: false,
         };
-        assert_eq!(all.set_keys().len(), 14);
+        assert_eq!(all.set_keys().len(), 16);
         let mut c = EngineConfig::default();
         all.apply(&mut c);
         let ms = Duration::from_millis;
@@ -663,6 +751,8 @@ mod tests {
         assert!(!c.turn.resume_false_interruptions);
         assert_eq!(c.max_context_chars, 99);
         assert_eq!(c.max_utterance, Duration::from_secs(5));
+        assert!(c.speculation.enabled);
+        assert_eq!(c.speculation.after_silence, ms(16));
         assert_eq!(all.over(&EngineSettings::default()), all);
         assert_eq!(EngineSettings::default().over(&all), all);
     }
@@ -723,6 +813,63 @@ mod tests {
             crate::realtime::engine_settings(&c).max_context_chars,
             Some(7000)
         );
+    }
+
+    #[test]
+    fn speculation_keys_door_variables_and_no_recognizer() {
+        let c = Config::from_toml(
+            "[engine]\nspeculate_after_ms = 32\n[xiaozhi.engine]\nspeculate = true\n",
+        )
+        .unwrap();
+        let eff = c.xiaozhi.engine.over(&c.engine);
+        assert_eq!(
+            (eff.speculate, eff.speculate_after_ms),
+            (Some(true), Some(32))
+        );
+        assert!(c.to_toml().contains("speculate = true"));
+        assert!(
+            invalid("[xiaozhi.engine]\nspeculate_after_ms = 10001\n")
+                .starts_with("[xiaozhi.engine] speculate_after_ms")
+        );
+        assert!(
+            invalid("[bridge.engine]\nspeculate = true\n")
+                .starts_with("[bridge.engine] speculate has no effect")
+        );
+        // Each door section has its own variables, over its file values.
+        let mut c = Config::default();
+        c.apply_env(|k| match k {
+            "VOXGATE_XIAOZHI_ENGINE_SPECULATE" => Some("on".into()),
+            "VOXGATE_XIAOZHI_ENGINE_ENDPOINT_DELAY_MS" => Some("400".into()),
+            "VOXGATE_REALTIME_ENGINE_SPECULATE_AFTER_MS" => Some("16".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.xiaozhi.engine.speculate, Some(true));
+        assert_eq!(c.xiaozhi.engine.endpoint_delay_ms, Some(400));
+        assert_eq!(c.realtime.engine.speculate_after_ms, Some(16));
+        assert_eq!(c.engine, EngineSettings::default());
+        let bad = Config::default()
+            .apply_env(|k| (k == "VOXGATE_XIAOZHI_ENGINE_SPECULATE").then(|| "maybe".into()));
+        assert!(matches!(
+            bad,
+            Err(ConfigError::Env {
+                name: "VOXGATE_XIAOZHI_ENGINE_SPECULATE",
+                ..
+            })
+        ));
+        // Without a recognizer (no [asr], no [xiaozhi.asr]) speculation stays off.
+        c.mark_recognizers();
+        let mut engine = EngineConfig::default();
+        c.xiaozhi.engine.over(&c.engine).apply(&mut engine);
+        assert!(!engine.speculation.enabled);
+        c.asr = Some(crate::config::AsrConfig {
+            base_url: Some("http://127.0.0.1:9/v1".into()),
+            ..crate::config::AsrConfig::default()
+        });
+        c.mark_recognizers();
+        let mut engine = EngineConfig::default();
+        c.xiaozhi.engine.over(&c.engine).apply(&mut engine);
+        assert!(engine.speculation.enabled);
     }
 
     #[test]

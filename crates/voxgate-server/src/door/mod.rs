@@ -303,6 +303,12 @@ pub(crate) trait Translator: Send + 'static {
     /// The session ends, for any reason: cancel provider work. Frames are not sent any more.
     fn on_close(&mut self, _now: Instant, _out: &mut Out) {}
 
+    /// The conversation engine's speculation counters so far (`None`: no engine yet, or a
+    /// door without one); the driver adds what is new to `/metrics` after every step.
+    fn speculation_stats(&self) -> Option<voxgate_engine::SpeculationStats> {
+        None
+    }
+
     /// The MCP endpoint's tools, at the start of the session and again whenever they change
     /// (servers connecting or leaving): the door hands them to its conversation
     /// (`Input::ServerTools`, kept for an engine made later) so its next generation offers
@@ -600,6 +606,7 @@ async fn drive<T: Translator>(
         peer,
         endpoint: cx.webrtc.clone(),
         max_frame_bytes: cx.max_frame_bytes,
+        speculation: voxgate_engine::SpeculationStats::default(),
         tools: cx
             .mcp
             .as_ref()
@@ -760,6 +767,8 @@ struct Loop<T: Translator> {
     first_audio: Option<FirstAudio>,
     /// Shutting down: the deadline by which the session closes with 1001.
     draining: Option<Instant>,
+    /// The translator's speculation counters as last added to the metrics.
+    speculation: voxgate_engine::SpeculationStats,
     /// The MCP hub whose tools the door offers, its change notices and the scope.
     tools: Option<(
         Arc<crate::mcp_endpoint::hub::McpHub>,
@@ -946,8 +955,36 @@ impl<T: Translator> Loop<T> {
         None
     }
 
+    /// Adds the speculation the translator counted since the last report to the metrics (a
+    /// new engine, after an `UPDATE_CONFIG` for instance, counts from zero again).
+    fn report_speculation(&mut self) {
+        let Some(now) = self.t.speculation_stats() else {
+            return;
+        };
+        if now == self.speculation {
+            return;
+        }
+        let last = if now.started < self.speculation.started {
+            voxgate_engine::SpeculationStats::default()
+        } else {
+            self.speculation
+        };
+        let mut new = now;
+        new.started -= last.started;
+        new.adopted = new.adopted.saturating_sub(last.adopted);
+        new.discarded = new.discarded.saturating_sub(last.discarded);
+        new.requests = new.requests.saturating_sub(last.requests);
+        new.requests_adopted = new.requests_adopted.saturating_sub(last.requests_adopted);
+        new.requests_cancelled = new
+            .requests_cancelled
+            .saturating_sub(last.requests_cancelled);
+        self.metrics.speculation(self.door, &new);
+        self.speculation = now;
+    }
+
     /// Carries out one step's output; `Some` when the session must end.
     fn apply(&mut self, out: Out) -> Option<End> {
+        self.report_speculation();
         let Out {
             frames,
             requests,
@@ -1114,6 +1151,7 @@ impl<T: Translator> Loop<T> {
         let now = Instant::now();
         let mut out = Out::new();
         self.t.on_close(now, &mut out);
+        self.report_speculation();
         for r in out.requests.drain(..) {
             self.runner.start(r);
         }

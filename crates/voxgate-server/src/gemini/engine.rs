@@ -271,6 +271,11 @@ fn model_parts(parts: Vec<Part>) -> ServerContent {
 }
 
 impl EngineSession {
+    /// The engine's speculation counters.
+    pub(super) fn speculation_stats(&self) -> voxgate_engine::SpeculationStats {
+        self.engine.speculation_stats()
+    }
+
     /// A session with `config` whose requests carry `ids`; [`start`](Self::start) applies
     /// its tools.
     pub(super) fn new(

@@ -518,6 +518,13 @@ impl Translator for GeminiDoor {
         );
     }
 
+    fn speculation_stats(&self) -> Option<voxgate_engine::SpeculationStats> {
+        match &self.backend {
+            Some(Backend::Engine(s)) => Some(s.speculation_stats()),
+            _ => None,
+        }
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         self.end_session(now, out);
         self.hang_up(out);

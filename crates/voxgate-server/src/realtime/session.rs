@@ -210,6 +210,10 @@ impl Translator for RealtimeDoor {
         self.drain(now, out);
     }
 
+    fn speculation_stats(&self) -> Option<voxgate_engine::SpeculationStats> {
+        self.session.as_ref().map(|s| s.engine.speculation_stats())
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         if let Some(s) = &mut self.session {
             let _ = s.engine.handle_input(now, Input::Close);

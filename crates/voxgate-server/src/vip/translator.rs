@@ -464,6 +464,10 @@ impl Translator for VipDoor {
         matches!(self.reported, VipState::Idle | VipState::Listening)
     }
 
+    fn speculation_stats(&self) -> Option<voxgate_engine::SpeculationStats> {
+        Some(self.engine.speculation_stats())
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         let _ = self.engine.handle_input(now, Input::Close);
         while let Some(o) = self.engine.poll_output() {

@@ -225,6 +225,10 @@ impl Translator for XiaozhiDoor {
         self.settle(now, out);
     }
 
+    fn speculation_stats(&self) -> Option<voxgate_engine::SpeculationStats> {
+        self.session.as_ref().map(|s| s.engine.speculation_stats())
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         let Some(s) = &mut self.session else { return };
         let _ = s.engine.handle_input(now, Input::Close);

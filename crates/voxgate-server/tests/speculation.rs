@@ -1,0 +1,244 @@
+//! Speculative generation on the Xiaozhi door, over real sockets: a device streams
+//! `question.wav` ("Hello.", a 128 ms pause the VAD sees, then the question) as real-time
+//! 60 ms Opus packets to a server whose ASR, LLM and TTS are the in-process OpenAI-compatible
+//! fakes, with a recognizer that hears short audio as "Hello." (and a model that answers that
+//! with another sentence). The pause starts speculation, which is cancelled when the user goes
+//! on; the turn is answered for the whole question, and the fakes saw the cancellations.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::SinkExt;
+use serde_json::{Value, json};
+use support::{Running, WAIT, Ws, next_message, send_json, try_connect};
+use tokio_tungstenite::tungstenite::Message;
+use voxgate_audio::opus::{FrameDuration, OpusEncoder, OpusEncoderConfig};
+use voxgate_server::Config;
+use voxgate_server::config::{AsrConfig, LlmConfig, TtsConfig};
+use voxgate_server::metrics::Door;
+use voxgate_test_support::fake_providers::{
+    FakeDelays, FakeOptions, FakeProviders, SHORT_REPLY, SHORT_TRANSCRIPT, TRANSCRIPT,
+};
+use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
+
+/// `question.wav`, 16 kHz mono.
+fn question() -> Vec<i16> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../voxgate-audio/tests/fixtures/question.wav"
+    );
+    let wav = voxgate_audio::wav::read_wav(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(wav.sample_rate, 16_000);
+    wav.to_mono_i16()
+}
+
+/// 60 ms Opus packets of `pcm` (16 kHz) followed by `silence_ms` of silence.
+fn opus_packets(pcm: &[i16], silence_ms: usize) -> Vec<Vec<u8>> {
+    let mut enc = OpusEncoder::new(OpusEncoderConfig {
+        frame_duration: FrameDuration::Ms60,
+        ..OpusEncoderConfig::voice(16_000)
+    })
+    .unwrap();
+    let n = enc.frame_samples();
+    let mut all = pcm.to_vec();
+    all.extend(std::iter::repeat_n(0, silence_ms * 16));
+    all.chunks(n)
+        .map(|c| {
+            let mut frame = c.to_vec();
+            frame.resize(n, 0);
+            enc.encode(&frame).unwrap().to_vec()
+        })
+        .collect()
+}
+
+async fn device(addr: SocketAddr) -> (Ws, FrameCodec) {
+    let mut ws = try_connect(
+        &format!("ws://{addr}/xiaozhi/v1/"),
+        &[
+            ("Protocol-Version", "1"),
+            ("Device-Id", "aa:bb:cc:dd:ee:01"),
+            ("Client-Id", "3b5c1f2e-0000-4000-8000-000000000009"),
+        ],
+        WAIT,
+    )
+    .await
+    .unwrap();
+    send_json(
+        &mut ws,
+        &json!({
+            "type": "hello", "version": 1, "transport": "websocket",
+            "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}
+        }),
+    )
+    .await;
+    let Some(Message::Text(_)) = next_message(&mut ws, WAIT).await else {
+        panic!("no server hello");
+    };
+    send_json(
+        &mut ws,
+        &json!({"session_id": "s", "type": "listen", "state": "start", "mode": "auto"}),
+    )
+    .await;
+    (ws, FrameCodec::new(ProtocolVersion::V1))
+}
+
+/// The JSON messages up to `tts stop` (audio frames counted).
+async fn until_tts_stop(ws: &mut Ws) -> (Vec<Value>, usize) {
+    let mut json = Vec::new();
+    let mut audio = 0;
+    loop {
+        match next_message(ws, WAIT).await.expect("the server answers") {
+            Message::Text(t) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                let stop = v["type"] == "tts" && v["state"] == "stop";
+                json.push(v);
+                if stop {
+                    return (json, audio);
+                }
+            }
+            Message::Binary(_) => audio += 1,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_mid_question_is_speculated_on_cancelled_and_the_question_answered() {
+    // A recognizer slow enough that it is still working on "Hello." when the user goes on
+    // (the pause lasts 128 ms, the speculation starts 64 ms into it).
+    let fakes = FakeProviders::start_with(FakeOptions {
+        delays: FakeDelays {
+            asr: Duration::from_millis(300),
+            llm_first_token: Duration::from_millis(100),
+            tts_first_byte: Duration::from_millis(50),
+        },
+        // "Hello." with its backbuffer is under a second; the whole question over 1.5 s.
+        short_below: Some(Duration::from_millis(1_200)),
+    })
+    .await
+    .unwrap();
+    let base = fakes.base_url();
+    let mut config = Config::from_toml("[xiaozhi.engine]\nspeculate = true\n").unwrap();
+    config.asr = Some(AsrConfig {
+        base_url: Some(base.clone()),
+        ..AsrConfig::default()
+    });
+    config.llm = Some(LlmConfig {
+        base_url: Some(base.clone()),
+        ..LlmConfig::default()
+    });
+    config.tts = Some(TtsConfig {
+        base_url: Some(base),
+        ..TtsConfig::default()
+    });
+    let server = Running::start(config).await;
+    let (mut ws, codec) = device(server.addr).await;
+    // Real time: one 60 ms packet every 60 ms, then 1.2 s of silence.
+    for p in opus_packets(&question(), 1_200) {
+        let mut out = Vec::new();
+        codec.encode(&Frame::opus(&p), &mut out).unwrap();
+        ws.send(Message::Binary(out.into())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let (events, audio) = until_tts_stop(&mut ws).await;
+    let said: Vec<&str> = events
+        .iter()
+        .filter(|v| v["type"] == "stt")
+        .filter_map(|v| v["text"].as_str())
+        .collect();
+    assert_eq!(said, [TRANSCRIPT], "{events:#?}");
+    let sentences: Vec<&str> = events
+        .iter()
+        .filter(|v| v["type"] == "tts" && v["state"] == "sentence_start")
+        .filter_map(|v| v["text"].as_str())
+        .collect();
+    assert_eq!(
+        sentences,
+        ["It will be sunny tomorrow with a light breeze."],
+        "{events:#?}"
+    );
+    assert!(!format!("{events:?}").contains(SHORT_REPLY));
+    assert!(!format!("{events:?}").contains(&format!("\"{SHORT_TRANSCRIPT}\"")));
+    assert!(audio > 0);
+    // The speculation at "Hello." was cancelled at the recognizer; the one at the end of the
+    // question became the reply (one recognition, generation and synthesis for it).
+    let mut counts = fakes.counts();
+    for _ in 0..50 {
+        if counts.asr_cancelled > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        counts = fakes.counts();
+    }
+    assert!(counts.asr_cancelled >= 1, "{counts:?}");
+    assert_eq!((counts.llm, counts.tts), (1, 1), "{counts:?}");
+    assert_eq!(counts.bad_requests, 0);
+    // The pause's speculation was discarded, the end's adopted (at least its recognition:
+    // with a recognizer slower than the VAD's stop plus the endpoint delay the turn ends as
+    // its transcript arrives, and the real generation goes out at once).
+    let m = &server.metrics;
+    let started = m.speculations(Door::Xiaozhi, 0);
+    let adopted = m.speculations(Door::Xiaozhi, 1);
+    let discarded = m.speculations(Door::Xiaozhi, 2);
+    assert!(
+        started >= 2 && adopted == 1 && discarded == started - 1,
+        "{started} {adopted} {discarded}"
+    );
+    let text = m.render();
+    assert!(
+        text.lines()
+            .any(|l| l == "voxgate_speculations_total{door=\"xiaozhi\",outcome=\"adopted\"} 1"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with(
+        "voxgate_speculative_requests_total{door=\"xiaozhi\",outcome=\"cancelled\"} "
+    ) && !l.ends_with(" 0")));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculation_is_off_by_default() {
+    let fakes = FakeProviders::start_with(FakeOptions {
+        delays: FakeDelays::default(),
+        short_below: Some(Duration::from_millis(1_200)),
+    })
+    .await
+    .unwrap();
+    let base = fakes.base_url();
+    let config = Config {
+        asr: Some(AsrConfig {
+            base_url: Some(base.clone()),
+            ..AsrConfig::default()
+        }),
+        llm: Some(LlmConfig {
+            base_url: Some(base.clone()),
+            ..LlmConfig::default()
+        }),
+        tts: Some(TtsConfig {
+            base_url: Some(base),
+            ..TtsConfig::default()
+        }),
+        ..Config::default()
+    };
+    let server = Running::start(config).await;
+    let (mut ws, codec) = device(server.addr).await;
+    for p in opus_packets(&question(), 1_200) {
+        let mut out = Vec::new();
+        codec.encode(&Frame::opus(&p), &mut out).unwrap();
+        ws.send(Message::Binary(out.into())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let (events, _) = until_tts_stop(&mut ws).await;
+    assert!(
+        events
+            .iter()
+            .any(|v| v["type"] == "stt" && v["text"] == TRANSCRIPT)
+    );
+    let counts = fakes.counts();
+    assert_eq!((counts.asr, counts.asr_cancelled), (1, 0), "{counts:?}");
+    assert_eq!(server.metrics.speculations(Door::Xiaozhi, 0), 0);
+    server.stop().await;
+}
