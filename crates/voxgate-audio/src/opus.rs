@@ -213,7 +213,8 @@ pub struct OpusEncoder {
     frame_samples: usize,
     inner: EncoderImpl,
     packet: [u8; MAX_PACKET_BYTES],
-    // `encode_f32` converts into this once, so both backends take their integer path.
+    // `encode_f32` converts into this once, so both backends take their integer path. Empty
+    // until then: `i16` callers never need it.
     scratch_i16: Vec<i16>,
 }
 
@@ -266,7 +267,7 @@ impl OpusEncoder {
             frame_samples,
             inner,
             packet: [0; MAX_PACKET_BYTES],
-            scratch_i16: Vec::with_capacity(frame_samples),
+            scratch_i16: Vec::new(),
         };
         this.apply_settings()?;
         Ok(this)
@@ -387,6 +388,10 @@ pub struct OpusDecoder {
     sample_rate: u32,
     backend: OpusBackend,
     inner: DecoderImpl,
+    /// Samples in the longest packet (120 ms): the size of each output buffer once used.
+    max_samples: usize,
+    /// Output buffers, each sized on its first use: a caller decodes to one sample type, and
+    /// the other would be kilobytes per session held for nothing.
     pcm_f32: Vec<f32>,
     pcm_i16: Vec<i16>,
     last_frame: usize,
@@ -426,14 +431,14 @@ impl OpusDecoder {
             #[cfg(not(feature = "libopus"))]
             OpusBackend::Libopus => return Err(OpusError::BackendUnavailable(backend)),
         };
-        // 120 ms is the longest packet Opus allows.
-        let max = sample_rate as usize * 120 / 1000;
         Ok(Self {
             sample_rate,
             backend,
             inner,
-            pcm_f32: vec![0.0; max],
-            pcm_i16: vec![0; max],
+            // 120 ms is the longest packet Opus allows.
+            max_samples: sample_rate as usize * 120 / 1000,
+            pcm_f32: Vec::new(),
+            pcm_i16: Vec::new(),
             last_frame: FrameDuration::Ms20.samples(sample_rate),
         })
     }
@@ -477,11 +482,12 @@ impl OpusDecoder {
     /// [`OpusError::InvalidConfig`] when `samples` is not a multiple of 2.5 ms or exceeds 120 ms.
     pub fn conceal(&mut self, samples: usize) -> Result<&[i16], OpusError> {
         let step = self.sample_rate as usize / 400;
-        if samples == 0 || !samples.is_multiple_of(step) || samples > self.pcm_i16.len() {
+        if samples == 0 || !samples.is_multiple_of(step) || samples > self.max_samples {
             return Err(OpusError::InvalidConfig(format!(
                 "cannot conceal {samples} samples: need a multiple of 2.5 ms up to 120 ms"
             )));
         }
+        self.size_buffers(matches!(self.inner, DecoderImpl::Pure(_)), true);
         let n = match &mut self.inner {
             DecoderImpl::Pure(d) => {
                 let n = d
@@ -517,7 +523,10 @@ impl OpusDecoder {
         // An empty packet means "lost" to both libraries; from a peer it is malformed, and
         // concealment is a separate, explicit call. (A lone TOC byte is legal: a DTX frame.)
         validate_packet(packet).map_err(|e| OpusError::Corrupt(e.to_owned()))?;
-        let max = self.pcm_f32.len();
+        let pure = matches!(self.inner, DecoderImpl::Pure(_));
+        // opus-rs decodes to `f32` only; libopus to the type asked for.
+        self.size_buffers(want_f32 || pure, !want_f32);
+        let max = self.max_samples;
         let n = match &mut self.inner {
             DecoderImpl::Pure(d) => {
                 // Second line of defence after `validate_packet`: a panic inside opus-rs on a
@@ -546,9 +555,9 @@ impl OpusDecoder {
             }
             #[cfg(feature = "libopus")]
             DecoderImpl::Libopus(d) => if want_f32 {
-                d.decode_float(packet, &mut self.pcm_f32, false)
+                d.decode_float(packet, &mut self.pcm_f32[..max], false)
             } else {
-                d.decode(packet, &mut self.pcm_i16, false)
+                d.decode(packet, &mut self.pcm_i16[..max], false)
             }
             .map_err(|e| OpusError::Corrupt(e.to_string()))?
             .min(max),
@@ -562,6 +571,16 @@ impl OpusDecoder {
         }
         self.last_frame = n;
         Ok(n)
+    }
+
+    /// Gives the output buffers that are about to be used their full size (once).
+    fn size_buffers(&mut self, f32_out: bool, i16_out: bool) {
+        if f32_out && self.pcm_f32.len() < self.max_samples {
+            self.pcm_f32.resize(self.max_samples, 0.0);
+        }
+        if i16_out && self.pcm_i16.len() < self.max_samples {
+            self.pcm_i16.resize(self.max_samples, 0);
+        }
     }
 }
 

@@ -406,6 +406,27 @@ mod tests {
         assert_eq!(version(), "libopus 1.6.1");
     }
 
+    /// On x86 the CPU detection is cached (build.rs): the cached answer is CPUID's, and codecs
+    /// built after the first still get it.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[test]
+    fn cpu_detection_is_cached_and_unchanged() {
+        unsafe extern "C" {
+            fn opus_select_arch() -> c_int;
+            fn voxgate_opus_select_arch_uncached() -> c_int;
+        }
+        // SAFETY: neither takes arguments nor touches memory the caller owns.
+        let (cached, uncached) =
+            unsafe { (opus_select_arch(), voxgate_opus_select_arch_uncached()) };
+        assert_eq!(cached, uncached);
+        assert!(cached >= 0);
+        for _ in 0..3 {
+            // SAFETY: as above.
+            assert_eq!(unsafe { opus_select_arch() }, uncached);
+            assert!(Decoder::new(16_000, 1).is_ok());
+        }
+    }
+
     #[test]
     #[allow(
         clippy::cast_possible_truncation,

@@ -12,7 +12,6 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use voxgate_audio::format::{f32_to_i16, i16_to_f32};
 use voxgate_audio::opus::{OpusEncoder, OpusEncoderConfig, OpusError};
 use voxgate_audio::pacer::{Pacer, PacerConfig};
 use voxgate_audio::resample::RateConverter;
@@ -54,14 +53,16 @@ pub(super) struct Released {
 /// its end. The pure-Rust encoder alone holds about 310 KB of fixed buffers, and replies are
 /// encoded as fast as the TTS delivers them (the pacer then holds packets), so keeping it only
 /// for that stretch is most of the difference between an idle and a speaking session's memory.
+///
+/// Audio stays 16-bit from the TTS to the encoder: at the announced rate (the usual case,
+/// 24 kHz speech for a 24 kHz downlink) the samples are copied once, into `pcm`, and each whole
+/// frame is encoded straight from there; other rates go through the resampler in `f32` and
+/// come back rounded once.
 struct Encoding {
     encoder: OpusEncoder,
     rate: RateConverter,
     /// Reply audio at the announced rate not yet a whole frame.
-    pcm: Vec<f32>,
-    scratch: Vec<f32>,
-    /// One frame converted to 16-bit for the encoder.
-    frame_pcm: Vec<i16>,
+    pcm: Vec<i16>,
 }
 
 impl Encoding {
@@ -71,9 +72,8 @@ impl Encoding {
         Ok(Self {
             encoder,
             rate: RateConverter::new(config.sample_rate).map_err(|e| e.to_string())?,
-            pcm: Vec::with_capacity(n * 2),
-            scratch: Vec::new(),
-            frame_pcm: Vec::with_capacity(n),
+            // A frame not yet whole plus one slice of input at up to twice the rate.
+            pcm: Vec::with_capacity(n + 2 * PUSH_SLICE),
         })
     }
 }
@@ -89,7 +89,6 @@ pub(super) struct Reply {
     /// A `sentence_start` waiting for the first frame of its audio.
     subtitle: Option<String>,
     codec: FrameCodec,
-    frame_buf: Vec<u8>,
     /// v2 downlink timestamp: milliseconds of audio released.
     timestamp: u32,
 }
@@ -116,7 +115,6 @@ impl Reply {
             )),
             subtitle: None,
             codec: FrameCodec::new(settings.version),
-            frame_buf: Vec::new(),
             timestamp: 0,
         })
     }
@@ -146,13 +144,11 @@ impl Reply {
                     }
                 }
             }
-            if let Some(e) = &mut self.encoding {
-                e.scratch.clear();
-                e.scratch.extend(slice.iter().map(|&s| i16_to_f32(s)));
-                if let Err(err) = e.rate.process(&e.scratch, rate, &mut e.pcm) {
-                    tracing::warn!(%err, rate, "cannot resample reply audio");
-                    return dropped;
-                }
+            if let Some(e) = &mut self.encoding
+                && let Err(err) = e.rate.process_i16_to_i16(slice, rate, &mut e.pcm)
+            {
+                tracing::warn!(%err, rate, "cannot resample reply audio");
+                return dropped;
             }
             dropped += self.encode_frames(now);
         }
@@ -165,10 +161,10 @@ impl Reply {
     pub(super) fn flush(&mut self, now: Instant) -> u64 {
         let n = self.frame_samples;
         if let Some(e) = &mut self.encoding {
-            e.rate.flush(&mut e.pcm);
+            e.rate.flush_i16(&mut e.pcm);
             let partial = e.pcm.len() % n;
             if partial > 0 {
-                e.pcm.extend(std::iter::repeat_n(0.0, n - partial));
+                e.pcm.extend(std::iter::repeat_n(0, n - partial));
             }
         }
         let dropped = self.encode_frames(now);
@@ -206,7 +202,7 @@ impl Reply {
     /// The next item due at the last time given.
     pub(super) fn poll_output(&mut self) -> Option<Released> {
         let paced = self.pacer.poll_output()?;
-        let frame = paced.packet.and_then(|p| self.frame(&p));
+        let frame = paced.packet.and_then(|p| self.frame(p));
         Some(Released {
             subtitle: paced.subtitle,
             frame,
@@ -244,9 +240,7 @@ impl Reply {
         let mut start = 0;
         while let Some(chunk) = e.pcm.get(start..start + n) {
             start += n;
-            e.frame_pcm.clear();
-            e.frame_pcm.extend(chunk.iter().map(|&x| f32_to_i16(x)));
-            let packet = match e.encoder.encode(&e.frame_pcm) {
+            let packet = match e.encoder.encode(chunk) {
                 Ok(p) => Bytes::copy_from_slice(p),
                 Err(err) => {
                     tracing::warn!(%err, "opus encode failed");
@@ -266,19 +260,26 @@ impl Reply {
     }
 
     /// One Opus packet in the device's framing, stamped with the audio time released so far.
-    fn frame(&mut self, packet: &[u8]) -> Option<Bytes> {
-        self.frame_buf.clear();
-        let frame = if self.codec.version().has_timestamp() {
-            Frame::opus_at(self.timestamp, packet)
+    /// Version 1 frames are the bare packet, sent as it is; the others get their header in
+    /// one copy.
+    fn frame(&mut self, packet: Bytes) -> Option<Bytes> {
+        let framed = if self.codec.header_len() == 0 {
+            packet
         } else {
-            Frame::opus(packet)
+            let frame = if self.codec.version().has_timestamp() {
+                Frame::opus_at(self.timestamp, &packet)
+            } else {
+                Frame::opus(&packet)
+            };
+            let mut buf = Vec::with_capacity(self.codec.encoded_len(packet.len()));
+            if let Err(e) = self.codec.encode(&frame, &mut buf) {
+                tracing::warn!(%e, "frame encode failed");
+                return None;
+            }
+            Bytes::from(buf)
         };
-        if let Err(e) = self.codec.encode(&frame, &mut self.frame_buf) {
-            tracing::warn!(%e, "frame encode failed");
-            return None;
-        }
         self.timestamp = self.timestamp.wrapping_add(self.frame_ms);
-        Some(Bytes::copy_from_slice(&self.frame_buf))
+        Some(framed)
     }
 }
 

@@ -106,8 +106,11 @@ pub(crate) enum In {
 pub(crate) struct XiaozhiDoor {
     app: Arc<App>,
     info: ConnInfo,
-    /// Present after the hello.
-    session: Option<Session>,
+    /// Present after the hello. Boxed: a session is several kilobytes (the engine's VAD frames,
+    /// the reply's framing state), and the door driver's futures hold the translator by value
+    /// in more than one of their states, so an inline session would be paid for several times
+    /// over in every connection's task.
+    session: Option<Box<Session>>,
     /// The MCP endpoint's tools, for the engine made at the hello.
     server_tools: Vec<voxgate_engine::ServerToolDefinition>,
 }
@@ -352,7 +355,7 @@ impl XiaozhiDoor {
             version,
             now,
         ) {
-            Ok(s) => s,
+            Ok(s) => Box::new(s),
             Err(e) => {
                 tracing::warn!(error = %e, "xiaozhi session setup failed");
                 self.metrics().error(Door::Xiaozhi);
