@@ -330,7 +330,10 @@ struct ServerFigures {
 /// `taskset` when it is installed (it execs the program, so the pid is the program's), else
 /// the returned CPU set is applied by [`spawn`] (the child inherits the spawning thread's
 /// affinity).
-pub(crate) fn pinned(program: &Path, cpus: Option<&str>) -> anyhow::Result<(Command, Option<CpuSet>)> {
+pub(crate) fn pinned(
+    program: &Path,
+    cpus: Option<&str>,
+) -> anyhow::Result<(Command, Option<CpuSet>)> {
     let Some(cpus) = cpus else {
         return Ok((Command::new(program), None));
     };

@@ -198,7 +198,10 @@ fn median(v: &[f64]) -> f64 {
 /// The medians of the first and the last quarter of `v` (at least one value each).
 fn quarters(v: &[f64]) -> (f64, f64) {
     let q = (v.len() / 4).max(1);
-    (median(&v[..q.min(v.len())]), median(&v[v.len().saturating_sub(q)..]))
+    (
+        median(&v[..q.min(v.len())]),
+        median(&v[v.len().saturating_sub(q)..]),
+    )
 }
 
 /// Whether a gauge measures a queue (something that grows when the server falls behind).
@@ -213,7 +216,12 @@ fn queue_like(series: &str) -> bool {
 /// quarter's and larger by more than the noise floor (5 ms for `*_seconds` gauges, one item
 /// otherwise).
 fn growing(series: &str, first: f64, last: f64) -> bool {
-    let floor = if series.split('{').next().unwrap_or(series).ends_with("_seconds") {
+    let floor = if series
+        .split('{')
+        .next()
+        .unwrap_or(series)
+        .ends_with("_seconds")
+    {
         0.005
     } else {
         1.0
@@ -242,11 +250,7 @@ pub(crate) fn verdict(
     // Memory.
     let rss: Vec<f64> = steady.iter().map(|s| s.rss_kb as f64).collect();
     let (first, last) = quarters(&rss);
-    let change = if first > 0.0 {
-        last / first - 1.0
-    } else {
-        0.0
-    };
+    let change = if first > 0.0 { last / first - 1.0 } else { 0.0 };
     checks.push(Check {
         name: "rss flat",
         ok: enough && first > 0.0 && change.abs() <= rules.rss_tolerance,
@@ -308,7 +312,10 @@ pub(crate) fn verdict(
     });
 
     // Sessions held.
-    let fewest = steady.iter().map(|s| s.active).fold(f64::INFINITY, f64::min);
+    let fewest = steady
+        .iter()
+        .map(|s| s.active)
+        .fold(f64::INFINITY, f64::min);
     checks.push(Check {
         name: "sessions held",
         ok: enough && fewest >= sessions as f64,
@@ -396,7 +403,7 @@ fn table_row(s: &SoakSample, turns_before: f64) -> String {
         .iter()
         .find(|(n, _)| n == "voxgate_scheduling_delay_seconds")
         .map_or_else(|| "-".to_owned(), |(_, v)| format!("{:.1} ms", v * 1000.0));
-    let t = s.t.max(0.0).round() as u64;
+    let t = Duration::from_secs_f64(s.t.clamp(0.0, 1e9)).as_secs();
     format!(
         "| {}:{:02} | {:.1} % | {:.1} MB | {} | {} | {} | {} | {} | {delay} | {:.1} % | {:.0} % / {:.1} % |",
         t / 60,
@@ -418,10 +425,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if args.sessions == 0 {
         bail!("--sessions must be at least 1");
     }
-    if !(args.minutes > 0.0) {
-        bail!("--minutes must be positive");
+    if !(args.minutes.is_finite() && args.minutes > 0.0 && args.minutes <= 10_000.0) {
+        bail!("--minutes must be above 0 (and at most 10,000)");
     }
-    let seconds = (args.minutes * 60.0).round() as u64;
+    let seconds = Duration::from_secs_f64(args.minutes * 60.0).as_secs();
     if seconds as f64 <= args.ramp + 2.0 {
         bail!("the run must exceed --ramp by more than 2 s, so all sessions overlap");
     }
@@ -430,7 +437,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .unwrap_or(if args.fast { 1.0 } else { 10.0 })
             .max(0.25),
     );
-    let rules = if args.fast { Rules::FAST } else { Rules::STANDARD };
+    let rules = if args.fast {
+        Rules::FAST
+    } else {
+        Rules::STANDARD
+    };
     if !args.no_build {
         let mut build = util::cargo();
         build.args([
@@ -469,7 +480,16 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         &env,
         args.server_cpus.as_deref(),
     )?;
-    let result = soak(args, seconds, interval, &rules, &client_bin, &server, addr, ticks_per_second);
+    let result = soak(
+        args,
+        seconds,
+        interval,
+        &rules,
+        &client_bin,
+        &server,
+        addr,
+        ticks_per_second,
+    );
     // Our own child, by handle.
     let _ = server.kill();
     let _ = server.wait();
@@ -477,7 +497,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     result
 }
 
-#[allow(clippy::too_many_arguments, reason = "one call site, all of it the run's setup")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, all of it the run's setup"
+)]
 fn soak(
     args: &Args,
     seconds: u64,
@@ -603,7 +626,7 @@ fn soak(
     }
     if let Some(s) = &summary {
         eprintln!(
-            "soak: client: end of speech -> tts start p50 {} / p99 {} ms, -> first audio p50 {} / p99 {} ms, late reply frames {}, load generator {} % of one core ({} % per 1,000 sessions)",
+            "soak: client: end of speech -> tts start p50 {} / p99 {} ms, -> first audio p50 {} / p99 {} ms, late reply frames {}, load generator {} % of one core ({} % per 1,000 sessions, {} us per message)",
             s["tts_start_latency_ms_p50"],
             s["tts_start_latency_ms_p99"],
             s["first_audio_latency_ms_p50"],
@@ -611,6 +634,7 @@ fn soak(
             s["late_frames"],
             s["client_cpu_percent_of_one_core"],
             s["client_cpu_percent_per_1000_sessions"],
+            s["client_cpu_us_per_message"],
         );
     }
     let report = serde_json::json!({
@@ -670,18 +694,21 @@ mod tests {
 
     /// A 10-minute run sampled every 10 s: RSS and the scheduling delay from `rss(t)` and
     /// `delay(t)`, 800 sessions active, no errors.
-    fn run(rss: impl Fn(f64) -> f64, delay: impl Fn(f64) -> f64) -> Vec<SoakSample> {
+    fn run(rss: impl Fn(u32) -> u64, delay: impl Fn(f64) -> f64) -> Vec<SoakSample> {
         (1..=60)
             .map(|i| {
                 let t = f64::from(i) * 10.0;
                 SoakSample {
                     t,
-                    rss_kb: rss(t) as u64,
+                    rss_kb: rss(i * 10),
                     active: 800.0,
                     turns: t * 100.0,
                     gauges: vec![
                         (DELAY.to_owned(), delay(t)),
-                        ("voxgate_sessions_active{door=\"xiaozhi\"}".to_owned(), 800.0),
+                        (
+                            "voxgate_sessions_active{door=\"xiaozhi\"}".to_owned(),
+                            800.0,
+                        ),
                     ],
                     ..SoakSample::default()
                 }
@@ -703,16 +730,28 @@ mod tests {
         checks.iter().filter(|c| !c.ok).map(|c| c.name).collect()
     }
 
-    /// Warm-up growth then a plateau with ±2 % noise.
-    fn flat(t: f64) -> f64 {
-        let noise = if (t as u64 / 10) % 2 == 0 { 1.02 } else { 0.98 };
-        if t < 60.0 { 100_000.0 + t * 2_000.0 } else { 200_000.0 * noise }
+    /// Warm-up growth then a plateau with ±2 % noise (`t` in seconds).
+    fn flat(t: u32) -> u64 {
+        let t = u64::from(t);
+        if t < 60 {
+            100_000 + t * 2_000
+        } else if (t / 10).is_multiple_of(2) {
+            204_000
+        } else {
+            196_000
+        }
     }
 
     #[test]
     fn a_flat_run_passes() {
         let samples = run(flat, |_| 0.0004);
-        let checks = verdict(&samples, 600.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let checks = verdict(
+            &samples,
+            600.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert!(failed(&checks).is_empty(), "{checks:#?}");
         // The 2-minute minimum warm-up: samples before it do not count, so the ramp's growth
         // (up to 60 s here) is never judged.
@@ -724,28 +763,58 @@ mod tests {
     #[test]
     fn memory_that_keeps_growing_fails() {
         // 0.1 % a sample: about 45 % between the first and last quarter after the warm-up.
-        let samples = run(|t| 200_000.0 * (1.0 + t / 1000.0), |_| 0.0004);
-        let checks = verdict(&samples, 600.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let samples = run(|t| 200_000 + u64::from(t) * 200, |_| 0.0004);
+        let checks = verdict(
+            &samples,
+            600.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert_eq!(failed(&checks), ["rss flat"], "{checks:#?}");
         // A slow growth under 5 % passes.
-        let samples = run(|t| 200_000.0 * (1.0 + t / 20_000.0), |_| 0.0004);
-        let checks = verdict(&samples, 600.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let samples = run(|t| 200_000 + u64::from(t) * 10, |_| 0.0004);
+        let checks = verdict(
+            &samples,
+            600.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert!(failed(&checks).is_empty(), "{checks:#?}");
     }
 
     #[test]
     fn a_growing_queue_fails_and_noise_does_not() {
         let samples = run(flat, |t| t / 10_000.0);
-        let checks = verdict(&samples, 600.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let checks = verdict(
+            &samples,
+            600.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert_eq!(failed(&checks), ["no growing queue"], "{checks:#?}");
         // Doubling from 0.4 to 0.8 ms is below the 5 ms noise floor.
         let samples = run(flat, |t| if t < 400.0 { 0.0004 } else { 0.0008 });
-        let checks = verdict(&samples, 600.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let checks = verdict(
+            &samples,
+            600.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert!(failed(&checks).is_empty(), "{checks:#?}");
         // Dropped frames fail it too.
         let mut samples = run(flat, |_| 0.0004);
         samples.last_mut().unwrap().dropped = 3.0;
-        let checks = verdict(&samples, 600.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let checks = verdict(
+            &samples,
+            600.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert_eq!(failed(&checks), ["no growing queue"], "{checks:#?}");
     }
 
@@ -775,14 +844,32 @@ mod tests {
             s.active = 10.0;
             s.rss_kb = 50_000;
         }
-        let checks = verdict(&samples, 500.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let checks = verdict(
+            &samples,
+            500.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert!(failed(&checks).is_empty(), "{checks:#?}");
         // ...and a run with too few samples after its warm-up cannot pass.
-        let checks = verdict(&samples[..14], 140.0, 800, Some(&all_answered()), &Rules::STANDARD);
+        let checks = verdict(
+            &samples[..14],
+            140.0,
+            800,
+            Some(&all_answered()),
+            &Rules::STANDARD,
+        );
         assert!(failed(&checks).contains(&"rss flat"), "{checks:#?}");
         // The fast rules (a warm-up of 10 % of the run) judge a short run.
-        let samples = run(|_| 200_000.0, |_| 0.0004);
-        let checks = verdict(&samples[..14], 140.0, 800, Some(&all_answered()), &Rules::FAST);
+        let samples = run(|_| 200_000, |_| 0.0004);
+        let checks = verdict(
+            &samples[..14],
+            140.0,
+            800,
+            Some(&all_answered()),
+            &Rules::FAST,
+        );
         assert!(failed(&checks).is_empty(), "{checks:#?}");
     }
 
@@ -796,7 +883,10 @@ mod tests {
         assert_eq!(
             gauges(text),
             [
-                ("voxgate_sessions_active{door=\"xiaozhi\"}".to_owned(), 800.0),
+                (
+                    "voxgate_sessions_active{door=\"xiaozhi\"}".to_owned(),
+                    800.0
+                ),
                 ("voxgate_scheduling_delay_seconds".to_owned(), 0.0012),
             ]
         );

@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
 
 /// Every socket whose slot is due at `tick` (socket `i` every `period` ticks, phase `i`).
 fn due(tick: u64, i: usize, period: u64) -> bool {
-    period > 0 && (tick + i as u64) % period == 0
+    period > 0 && (tick + i as u64).is_multiple_of(period)
 }
 
 /// The sink: accepts, reads and drops everything, and sends `down_bytes` to each connection
@@ -115,7 +115,12 @@ fn sink(o: &Opts) -> anyhow::Result<()> {
         let ms = u16::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
         let n = epoll.wait(&mut events, EpollTimeout::from(ms))?;
         for ev in &events[..n] {
-            let c = &mut conns[ev.data() as usize];
+            let Some(c) = usize::try_from(ev.data())
+                .ok()
+                .and_then(|i| conns.get_mut(i))
+            else {
+                continue;
+            };
             match c.read(&mut buf) {
                 Ok(0) => return Ok(()),
                 Ok(_) => {}
@@ -132,6 +137,22 @@ fn sink(o: &Opts) -> anyhow::Result<()> {
             tick += 1;
         }
     }
+}
+
+/// The whole machine's busy and stolen ticks and all ticks, from `/proc/stat`.
+fn machine() -> (u64, u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    let total: u64 = v.iter().take(8).sum();
+    (total - get(3) - get(4), get(7), total)
 }
 
 fn cpu() -> anyhow::Result<(f64, f64)> {
@@ -178,7 +199,13 @@ fn sender(o: &Opts) -> anyhow::Result<()> {
                           reads: &mut u64,
                           bytes_in: &mut u64| {
         for ev in &events[..n] {
-            if let Ok(k) = socks[ev.data() as usize].read(&mut buf) {
+            let Some(s) = usize::try_from(ev.data())
+                .ok()
+                .and_then(|i| socks.get_mut(i))
+            else {
+                continue;
+            };
+            if let Ok(k) = s.read(&mut buf) {
                 *reads += 1;
                 *bytes_in += k as u64;
             }
@@ -188,7 +215,7 @@ fn sender(o: &Opts) -> anyhow::Result<()> {
         let next = start + TICK * u32::try_from(tick).unwrap_or(u32::MAX);
         let now = Instant::now();
         if before.is_none() && now >= start + warm {
-            before = Some((cpu()?, now, sent, reads, bytes_in, wakeups));
+            before = Some((cpu()?, now, sent, reads, bytes_in, wakeups, machine()));
         }
         if now >= end {
             break;
@@ -199,8 +226,12 @@ fn sender(o: &Opts) -> anyhow::Result<()> {
             wakeups += 1;
             read_ready(n, &events, &mut socks, &mut reads, &mut bytes_in);
         } else {
-            let ms = u16::try_from(next.saturating_duration_since(now).as_micros().div_ceil(1000))
-                .unwrap_or(u16::MAX);
+            let ms = u16::try_from(
+                next.saturating_duration_since(now)
+                    .as_micros()
+                    .div_ceil(1000),
+            )
+            .unwrap_or(u16::MAX);
             let n = epoll.wait(&mut events, EpollTimeout::from(ms))?;
             wakeups += 1;
             read_ready(n, &events, &mut socks, &mut reads, &mut bytes_in);
@@ -215,18 +246,28 @@ fn sender(o: &Opts) -> anyhow::Result<()> {
         }
     }
     let after = cpu()?;
-    let Some(((u0, s0), t0, sent0, reads0, bytes0, wake0)) = before else {
+    let m1 = machine();
+    let Some(((u0, s0), t0, sent0, reads0, bytes0, wake0, m0)) = before else {
         bail!("no measurement window");
     };
     let wall = t0.elapsed().as_secs_f64();
     let (user, system) = (after.0 - u0, after.1 - s0);
-    let (sent, reads, bytes_in, wakeups) =
-        (sent - sent0, reads - reads0, bytes_in - bytes0, wakeups - wake0);
+    let (sent, reads, bytes_in, wakeups) = (
+        sent - sent0,
+        reads - reads0,
+        bytes_in - bytes0,
+        wakeups - wake0,
+    );
     let msgs_in = bytes_in / o.down_bytes.max(1) as u64;
+    let ticks = (m1.2 - m0.2).max(1) as f64;
+    let (busy, steal) = (
+        100.0 * (m1.0 - m0.0) as f64 / ticks,
+        100.0 * (m1.1 - m0.1) as f64 / ticks,
+    );
     let messages = (sent + msgs_in).max(1) as f64;
     let per_1000 = (user + system) / wall * 100.0 * 1000.0 / o.sessions as f64;
     println!(
-        "{{\"sessions\":{},\"reads\":\"{}\",\"up_ms\":{},\"down_ms\":{},\"wall_s\":{wall:.1},\"sent\":{sent},\"messages_in\":{msgs_in},\"reads_done\":{reads},\"wakeups\":{wakeups},\"user_s\":{user:.3},\"system_s\":{system:.3},\"us_per_message\":{:.2},\"user_us_per_message\":{:.2},\"system_us_per_message\":{:.2},\"percent_of_one_core\":{:.2},\"percent_per_1000_sessions\":{per_1000:.2}}}",
+        "{{\"sessions\":{},\"reads\":\"{}\",\"up_ms\":{},\"down_ms\":{},\"wall_s\":{wall:.1},\"sent\":{sent},\"messages_in\":{msgs_in},\"reads_done\":{reads},\"wakeups\":{wakeups},\"user_s\":{user:.3},\"system_s\":{system:.3},\"us_per_message\":{:.2},\"user_us_per_message\":{:.2},\"system_us_per_message\":{:.2},\"percent_of_one_core\":{:.2},\"percent_per_1000_sessions\":{per_1000:.2},\"machine_busy_percent\":{busy:.0},\"steal_percent\":{steal:.1}}}",
         o.sessions,
         if o.tick_reads { "tick" } else { "immediate" },
         o.up_ms,

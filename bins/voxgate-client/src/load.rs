@@ -37,8 +37,8 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use serde::Serialize;
 use tokio::time::{Instant, sleep_until};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::MaybeTlsStream;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use voxgate_xiaozhi::control::{DeviceMessage, Listen, ListenMode};
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
@@ -273,6 +273,8 @@ pub struct SessionStats {
     pub late_sends: u64,
     /// Binary (audio) frames received.
     pub reply_frames: u64,
+    /// Text (JSON) messages sent and received.
+    pub text_messages: u64,
     /// Received frames that arrived after their playback slot (gaps a listener would hear).
     pub late_frames: u64,
     /// The worst lateness, in milliseconds.
@@ -378,6 +380,8 @@ pub struct LoadSummary {
     pub late_sends: u64,
     /// Audio frames received, all sessions.
     pub reply_frames: u64,
+    /// Text (JSON) messages sent and received, all sessions.
+    pub text_messages: u64,
     /// Received frames late for playback (> 30 ms after their slot).
     pub late_frames: u64,
     /// The worst lateness of any received frame, ms.
@@ -403,6 +407,9 @@ pub struct LoadSummary {
     pub client_cpu_percent_of_one_core: f64,
     /// The same per 1,000 sessions (the client's goal: at most 10 %).
     pub client_cpu_percent_per_1000_sessions: f64,
+    /// CPU per WebSocket message (frames sent and received, text included), microseconds:
+    /// what the generator costs independent of how fast the server answers.
+    pub client_cpu_us_per_message: f64,
 }
 
 /// A percentile of microsecond samples, in milliseconds to 0.1.
@@ -427,6 +434,7 @@ impl LoadSummary {
             s.frames_sent += st.frames_sent;
             s.late_sends += st.late_sends;
             s.reply_frames += st.reply_frames;
+            s.text_messages += st.text_messages;
             s.late_frames += st.late_frames;
             s.max_late_ms = s.max_late_ms.max(st.max_late_ms);
             s.turns += st.turns;
@@ -631,7 +639,10 @@ pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
     let joined = tokio::task::spawn_blocking(move || {
         drivers
             .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a driver thread panicked"))?)
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a driver thread panicked"))?
+            })
             .collect::<Vec<_>>()
     })
     .await
@@ -661,6 +672,10 @@ pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
         summary.client_cpu_percent_of_one_core = (percent * 100.0).round() / 100.0;
         summary.client_cpu_percent_per_1000_sessions =
             (percent * 1000.0 / n as f64 * 100.0).round() / 100.0;
+    }
+    let messages = summary.frames_sent + summary.reply_frames + summary.text_messages;
+    if messages > 0 {
+        summary.client_cpu_us_per_message = (cpu * 1e6 / messages as f64 * 10.0).round() / 10.0;
     }
     Ok(summary)
 }

@@ -206,16 +206,17 @@ impl MaskKeys {
 /// writes it to the socket itself, one system call per frame).
 pub fn masked_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8], key: [u8; 4]) {
     out.push(0x80 | (opcode & 0x0f));
-    match payload.len() {
-        n @ 0..=125 => out.push(0x80 | n as u8),
-        n @ 126..=0xffff => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
+    let n = payload.len();
+    if let Ok(short) = u8::try_from(n)
+        && short <= 125
+    {
+        out.push(0x80 | short);
+    } else if let Ok(medium) = u16::try_from(n) {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&medium.to_be_bytes());
+    } else {
+        out.push(0x80 | 127);
+        out.extend_from_slice(&(n as u64).to_be_bytes());
     }
     out.extend_from_slice(&key);
     let start = out.len();
@@ -244,7 +245,7 @@ mod tests {
         let (a, b) = (keys.next_key().unwrap(), keys.next_key().unwrap());
         assert_ne!(a, b, "a fresh key per frame");
         for len in [0usize, 5, 125, 126, 300, 70_000] {
-            let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let payload: Vec<u8> = (0..len).map(|i| u8::try_from(i % 251).unwrap()).collect();
             let mut out = Vec::new();
             masked_frame(&mut out, opcode::BINARY, &payload, a);
             let mut cursor = Cursor::new(&out);
@@ -253,7 +254,7 @@ mod tests {
             assert!(header.is_final);
             assert_eq!(header.opcode, OpCode::Data(Data::Binary));
             assert_eq!(header.mask, Some(a));
-            let body: Vec<u8> = out[cursor.position() as usize..]
+            let body: Vec<u8> = out[usize::try_from(cursor.position()).unwrap()..]
                 .iter()
                 .enumerate()
                 .map(|(i, b)| b ^ a[i & 3])

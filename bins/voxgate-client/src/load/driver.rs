@@ -28,8 +28,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{Control, Data, OpC
 use voxgate_xiaozhi::control::{ServerMessage, TtsState};
 
 use super::{
-    BurstTracker, Fleet, HELLO_WAIT, Outcome, PLAY_SLACK, SEND_SLACK, SessionStats, on_grid,
-    slot,
+    BurstTracker, Fleet, HELLO_WAIT, Outcome, PLAY_SLACK, SEND_SLACK, SessionStats, on_grid, slot,
 };
 use crate::audio::Playback;
 use crate::ws::{self, MaskKeys, opcode};
@@ -147,7 +146,10 @@ impl Conn {
             self.pending.extend_from_slice(frame);
         }
         if self.pending.len() > MAX_PENDING {
-            bail!("the server stopped reading ({} bytes unsent)", self.pending.len());
+            bail!(
+                "the server stopped reading ({} bytes unsent)",
+                self.pending.len()
+            );
         }
         Ok(())
     }
@@ -171,6 +173,7 @@ impl Conn {
     fn start_burst(&mut self, shared: &mut Shared<'_>, now: Instant) -> anyhow::Result<()> {
         let listen = self.listen.take().unwrap_or_default();
         let sent = self.send(shared, opcode::TEXT, &listen);
+        self.stats.text_messages += 1;
         self.listen = Some(listen);
         sent.context("sending listen")?;
         let fleet = shared.fleet;
@@ -357,6 +360,7 @@ impl Conn {
             }
             return Ok(true);
         }
+        self.stats.text_messages += 1;
         match ServerMessage::from_slice(message) {
             Ok(ServerMessage::Hello(h)) if self.listen.is_none() => {
                 let ms = u64::from(h.audio_params.frame_duration.max(1));
@@ -443,6 +447,7 @@ pub(super) fn run(
                             EpollEvent::new(EpollFlags::EPOLLIN, slot as u64),
                         )
                         .context("epoll");
+                    conn.stats.text_messages += 1;
                     match registered.and_then(|()| {
                         conn.send(&mut shared, opcode::TEXT, hello.as_bytes())
                             .context("sending hello")
@@ -495,17 +500,17 @@ pub(super) fn run(
             }
         }
         if now >= next_tick {
-            for slot in 0..conns.len() {
-                let Some(conn) = conns[slot].as_mut() else {
+            for (slot, entry) in conns.iter_mut().enumerate() {
+                let Some(conn) = entry.as_mut() else {
                     continue;
                 };
                 let result = conn.tick(&mut shared, now);
-                if !matches!(result, Ok(true)) {
-                    if let Some(conn) = conns[slot].take() {
-                        live -= 1;
-                        free.push(slot);
-                        done.push(conn.finish(result.map(|_| ())));
-                    }
+                if !matches!(result, Ok(true))
+                    && let Some(conn) = entry.take()
+                {
+                    live -= 1;
+                    free.push(slot);
+                    done.push(conn.finish(result.map(|_| ())));
                 }
             }
             // The next point of the grid after now (ticks missed while busy are not replayed:
