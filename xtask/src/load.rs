@@ -104,13 +104,13 @@ const SERVER_ADDED_GOAL_MS: f64 = 5.0;
 /// The load generator's own budget: a tenth of a core per 1,000 sessions.
 const CLIENT_GOAL_PERCENT_PER_1000: f64 = 10.0;
 
-struct Sample {
-    at: Instant,
-    cpu_ticks: u64,
-    rss_kb: u64,
-    threads: u64,
+pub(crate) struct Sample {
+    pub(crate) at: Instant,
+    pub(crate) cpu_ticks: u64,
+    pub(crate) rss_kb: u64,
+    pub(crate) threads: u64,
     /// The whole machine's ticks then, to tell what else ran meanwhile.
-    machine: Option<MachineTicks>,
+    pub(crate) machine: Option<MachineTicks>,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
@@ -330,7 +330,10 @@ struct ServerFigures {
 /// `taskset` when it is installed (it execs the program, so the pid is the program's), else
 /// the returned CPU set is applied by [`spawn`] (the child inherits the spawning thread's
 /// affinity).
-fn pinned(program: &Path, cpus: Option<&str>) -> anyhow::Result<(Command, Option<CpuSet>)> {
+pub(crate) fn pinned(
+    program: &Path,
+    cpus: Option<&str>,
+) -> anyhow::Result<(Command, Option<CpuSet>)> {
     let Some(cpus) = cpus else {
         return Ok((Command::new(program), None));
     };
@@ -363,7 +366,7 @@ fn cpu_set(list: &str) -> anyhow::Result<CpuSet> {
 }
 
 /// Spawns `cmd`, with this thread pinned to `affinity` meanwhile so the child starts pinned.
-fn spawn(cmd: &mut Command, affinity: Option<CpuSet>) -> anyhow::Result<Child> {
+pub(crate) fn spawn(cmd: &mut Command, affinity: Option<CpuSet>) -> anyhow::Result<Child> {
     let Some(set) = affinity else {
         return cmd.spawn().context("spawning");
     };
@@ -843,7 +846,7 @@ fn measure_webrtc(
 }
 
 /// The last JSON line the (finished) client printed: its summary.
-fn client_summary(client: &mut Child) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn client_summary(client: &mut Child) -> anyhow::Result<serde_json::Value> {
     let mut out = String::new();
     client
         .stdout
@@ -858,15 +861,15 @@ fn client_summary(client: &mut Child) -> anyhow::Result<serde_json::Value> {
 
 /// The whole machine's clock ticks from `/proc/stat`'s `cpu` line.
 #[derive(Clone, Copy)]
-struct MachineTicks {
+pub(crate) struct MachineTicks {
     /// Not idle (steal included: the VM wanted the CPU).
-    busy: u64,
-    total: u64,
+    pub(crate) busy: u64,
+    pub(crate) total: u64,
     /// Taken by the hypervisor for other guests.
-    steal: u64,
+    pub(crate) steal: u64,
 }
 
-fn machine_ticks() -> anyhow::Result<MachineTicks> {
+pub(crate) fn machine_ticks() -> anyhow::Result<MachineTicks> {
     let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
     let line = stat.lines().next().context("empty /proc/stat")?;
     let v: Vec<u64> = line
@@ -889,7 +892,7 @@ fn machine_ticks() -> anyhow::Result<MachineTicks> {
 /// returns it and the address it logged. For WebRTC the synthesizer is the `tone` provider:
 /// the embedded one runs an `espeak-ng` process per sentence, whose CPU is not the server's
 /// and would crowd the machine.
-fn start_server(
+pub(crate) fn start_server(
     bin: &Path,
     opus_backend: &str,
     webrtc: bool,
@@ -944,12 +947,12 @@ fn start_server(
     }
 }
 
-fn clock_ticks() -> anyhow::Result<u64> {
+pub(crate) fn clock_ticks() -> anyhow::Result<u64> {
     let out = util::output(Command::new("getconf").arg("CLK_TCK"))?;
     out.trim().parse().context("CLK_TCK")
 }
 
-fn sample(pid: u32) -> anyhow::Result<Sample> {
+pub(crate) fn sample(pid: u32) -> anyhow::Result<Sample> {
     let at = Instant::now();
     let stat =
         std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc/PID/stat")?;
@@ -983,7 +986,7 @@ fn metric(addr: SocketAddr, name: &str) -> anyhow::Result<f64> {
 }
 
 /// The server's `/metrics` text.
-fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
+pub(crate) fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -996,7 +999,7 @@ fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
 }
 
 /// The sum of the samples of `name` whose line contains `labels` (empty: every sample).
-fn sum_metric(text: &str, name: &str, labels: &str) -> f64 {
+pub(crate) fn sum_metric(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#') && l.contains(labels))
         .filter_map(|l| {

@@ -12,6 +12,7 @@ mod fuzz;
 mod golden;
 mod interop;
 mod load;
+mod soak;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +44,10 @@ enum Command {
     /// on the VIP door) against the real server; prints CPU, memory per session and dropped or
     /// late frames.
     Load(load::Args),
+    /// Soak test: the Xiaozhi load held for `--minutes` (60) at 80 % of capacity (`--sessions`,
+    /// 800), sampling the server every 10 s; fails when RSS grows after the warm-up, a queue
+    /// grows, an error happens or a burst goes unanswered (report in target/load/soak.json).
+    Soak(soak::Args),
     /// Chaos test of admission control and timeouts: admitted streaming sessions, a flood of
     /// upgrades over capacity, slowloris and misbehaving peers against the real server; prints
     /// one table.
@@ -64,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::Golden(args) => golden::run(&args),
         Command::Interop(args) => interop::run(&args),
         Command::Load(args) => load::run(&args),
+        Command::Soak(args) => soak::run(&args),
         Command::Chaos(args) => chaos::run(&args),
         Command::Browser(args) => browser::run(&args),
     }

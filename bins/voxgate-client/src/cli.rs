@@ -277,7 +277,8 @@ pub struct LoadArgs {
     /// Binary protocol version.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub protocol_version: u8,
-    /// Runtime threads (1: a single-threaded runtime, the cheapest).
+    /// Threads running the sessions (each a poll loop over its share of them; 1 is the
+    /// cheapest).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
 }
@@ -465,28 +466,24 @@ impl From<&LoadArgs> for LoadOptions {
             answer_timeout: secs(a.answer_timeout, 10),
             ramp: secs(a.ramp, 5),
             protocol_version: a.protocol_version,
+            threads: usize::from(a.threads),
         }
     }
 }
 
 impl Cli {
-    /// The runtime the command runs on: the Xiaozhi load on `--threads` (one by default: a
-    /// single-threaded runtime, so the load generator costs as little as it can), everything
-    /// else multi-threaded.
+    /// The runtime the command runs on: for the Xiaozhi load a single-threaded one (it only
+    /// connects the sessions; `--threads` driver threads run them), everything else
+    /// multi-threaded.
     ///
     /// # Errors
     /// When the runtime cannot start.
     pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
         match &self.command {
             // Sockets and timers only: no signal or process driver to poll at every turn.
-            Command::Load(LoadCommand::Xiaozhi(a)) if a.threads <= 1 => {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_io()
-                    .enable_time()
-                    .build()
-            }
-            Command::Load(LoadCommand::Xiaozhi(a)) => tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(usize::from(a.threads))
+            // The sessions run on the load's own driver threads; the runtime only connects
+            // them.
+            Command::Load(LoadCommand::Xiaozhi(_)) => tokio::runtime::Builder::new_current_thread()
                 .enable_io()
                 .enable_time()
                 .build(),

@@ -27,26 +27,27 @@
 //! counted, never decoded. The summary says
 //! what the client itself cost (`client_cpu_percent_of_one_core`, from `/proc/self/stat`).
 
+mod driver;
+
 use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
 use serde::Serialize;
 use tokio::time::{Instant, sleep_until};
+use tokio_tungstenite::MaybeTlsStream;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
-use voxgate_xiaozhi::control::{DeviceMessage, Listen, ListenMode, ServerMessage, TtsState};
+use voxgate_xiaozhi::control::{DeviceMessage, Listen, ListenMode};
 use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
-use crate::audio::{self, Playback};
+use crate::audio;
 use crate::chaos::voiced_frames;
 use crate::webrtc::load::percentile;
 use crate::ws;
 use crate::xiaozhi::{self, UPLINK_FRAME, UPLINK_RATE};
+use driver::Handoff;
 
 /// The default burst's speech: "Hello." a 140 ms pause, "What will the weather be like
 /// tomorrow?" (espeak-ng, 16 kHz mono, 2.09 s; `crates/voxgate-audio/tests/fixtures/
@@ -81,6 +82,8 @@ pub struct LoadOptions {
     pub ramp: Duration,
     /// Binary protocol version.
     pub protocol_version: u8,
+    /// Driver threads (each runs its share of the sessions after their handshake).
+    pub threads: usize,
 }
 
 impl LoadOptions {
@@ -97,6 +100,7 @@ impl LoadOptions {
             answer_timeout: Duration::from_secs(10),
             ramp: Duration::from_secs(5),
             protocol_version: 1,
+            threads: 1,
         }
     }
 }
@@ -269,6 +273,8 @@ pub struct SessionStats {
     pub late_sends: u64,
     /// Binary (audio) frames received.
     pub reply_frames: u64,
+    /// Text (JSON) messages sent and received.
+    pub text_messages: u64,
     /// Received frames that arrived after their playback slot (gaps a listener would hear).
     pub late_frames: u64,
     /// The worst lateness, in milliseconds.
@@ -374,6 +380,8 @@ pub struct LoadSummary {
     pub late_sends: u64,
     /// Audio frames received, all sessions.
     pub reply_frames: u64,
+    /// Text (JSON) messages sent and received, all sessions.
+    pub text_messages: u64,
     /// Received frames late for playback (> 30 ms after their slot).
     pub late_frames: u64,
     /// The worst lateness of any received frame, ms.
@@ -399,6 +407,9 @@ pub struct LoadSummary {
     pub client_cpu_percent_of_one_core: f64,
     /// The same per 1,000 sessions (the client's goal: at most 10 %).
     pub client_cpu_percent_per_1000_sessions: f64,
+    /// CPU per WebSocket message (frames sent and received, text included), microseconds:
+    /// what the generator costs independent of how fast the server answers.
+    pub client_cpu_us_per_message: f64,
 }
 
 /// A percentile of microsecond samples, in milliseconds to 0.1.
@@ -423,6 +434,7 @@ impl LoadSummary {
             s.frames_sent += st.frames_sent;
             s.late_sends += st.late_sends;
             s.reply_frames += st.reply_frames;
+            s.text_messages += st.text_messages;
             s.late_frames += st.late_frames;
             s.max_late_ms = s.max_late_ms.max(st.max_late_ms);
             s.turns += st.turns;
@@ -566,14 +578,20 @@ fn clock_ticks() -> u64 {
 
 /// Runs the load and returns the summary.
 ///
+/// The sessions connect (the WebSocket handshake) as tasks on the caller's runtime, each at
+/// its place in the ramp, and are then handed to the driver threads (`threads` of them, one
+/// by default), which run everything after the handshake ([`driver`]).
+///
 /// # Errors
-/// Only when the WAV cannot be read or encoded; session failures are counted, not returned.
+/// Only when the WAV cannot be read or encoded or a driver thread cannot start; session
+/// failures are counted, not returned.
 pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
     let version = ProtocolVersion::from_number(u64::from(opts.protocol_version))
         .context("protocol version")?;
     let burst = Burst::for_options(opts)?;
     let ticks = clock_ticks();
     let n = opts.sessions.max(1);
+    let threads = opts.threads.clamp(1, n);
     let step = opts.ramp / u32::try_from(n).unwrap_or(u32::MAX);
     let cpu_before = own_cpu_seconds(ticks);
     let start = Instant::now();
@@ -583,30 +601,59 @@ pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
         burst,
         epoch: start,
     });
-    let mut tasks = Vec::with_capacity(n);
+    let mut senders = Vec::with_capacity(threads);
+    let mut drivers = Vec::with_capacity(threads);
+    for d in 0..threads {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let expected = (d..n).step_by(threads).count();
+        let fleet = Arc::clone(&fleet);
+        let handle = std::thread::Builder::new()
+            .name(format!("load-driver-{d}"))
+            .spawn(move || driver::run(&fleet, &rx, expected))
+            .context("starting a driver thread")?;
+        senders.push(tx);
+        drivers.push(handle);
+    }
     for i in 0..n {
         let fleet = Arc::clone(&fleet);
+        let tx = senders[i % threads].clone();
         let begin = start + step * u32::try_from(i).unwrap_or(u32::MAX);
         let end = begin + Duration::from_secs(opts.seconds);
-        tasks.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             sleep_until(begin).await;
-            let mut stats = SessionStats::default();
-            let mut in_flight = false;
-            if let Err(e) = session(i, &fleet, end, &mut stats, &mut in_flight).await {
-                stats.error = Some(format!("{e:#}"));
-                if in_flight {
-                    stats.record(Outcome::Lost);
-                }
-            }
-            stats
-        }));
+            let handoff = match connect(i, &fleet).await {
+                Ok(tcp) => Handoff::Open { index: i, tcp, end },
+                Err(e) => Handoff::Failed {
+                    index: i,
+                    stats: SessionStats {
+                        error: Some(format!("{e:#}")),
+                        ..SessionStats::default()
+                    },
+                },
+            };
+            // A driver that is gone has failed; its error is reported below.
+            let _ = tx.send(handoff);
+        });
     }
-    let mut stats = Vec::with_capacity(n);
-    for t in tasks {
-        stats.push(t.await.unwrap_or_else(|e| SessionStats {
-            error: Some(format!("task failed: {e}")),
-            ..SessionStats::default()
-        }));
+    drop(senders);
+    let joined = tokio::task::spawn_blocking(move || {
+        drivers
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a driver thread panicked"))?
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .context("waiting for the drivers")?;
+    let mut stats = vec![SessionStats::default(); n];
+    for result in joined {
+        for (index, s) in result? {
+            if let Some(slot) = stats.get_mut(index) {
+                *slot = s;
+            }
+        }
     }
     let wall = start.elapsed().as_secs_f64();
     let cpu_after = own_cpu_seconds(ticks);
@@ -626,14 +673,40 @@ pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
         summary.client_cpu_percent_per_1000_sessions =
             (percent * 1000.0 / n as f64 * 100.0).round() / 100.0;
     }
+    let messages = summary.frames_sent + summary.reply_frames + summary.text_messages;
+    if messages > 0 {
+        summary.client_cpu_us_per_message = (cpu * 1e6 / messages as f64 * 10.0).round() / 10.0;
+    }
     Ok(summary)
 }
 
-/// The `listen start auto` of `session_id`, built once per session.
-fn listen_message(session_id: &str) -> Message {
+/// Session `index`'s WebSocket handshake; returns its socket for a driver (nonblocking).
+async fn connect(index: usize, fleet: &Fleet) -> anyhow::Result<std::net::TcpStream> {
+    let device_id = format!(
+        "02:00:00:{:02x}:{:02x}:{:02x}",
+        (index >> 16) & 0xff,
+        (index >> 8) & 0xff,
+        index & 0xff
+    );
+    let client_id = format!("0b0c0d0e-0000-4000-8000-{index:012}");
+    let headers = xiaozhi::upgrade_headers(&device_id, &client_id, None, fleet.version);
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(1 << 20))
+        .max_frame_size(Some(1 << 20));
+    let ws = ws::connect_with(&fleet.url, &headers, HELLO_WAIT, config).await?;
+    // The server says nothing before the device's hello, so no frame is left in
+    // tungstenite's buffer when the socket changes hands.
+    let MaybeTlsStream::Plain(tcp) = ws.into_inner() else {
+        anyhow::bail!("the load generator speaks ws:// only");
+    };
+    Ok(tcp.into_std()?)
+}
+
+/// The `listen start auto` of `session_id` (a text message's payload), built once per session.
+fn listen_payload(session_id: &str) -> Vec<u8> {
     let mut msg = Listen::start(ListenMode::Auto);
     msg.session_id = Some(session_id.to_owned());
-    Message::Text(Utf8Bytes::from(DeviceMessage::from(msg).to_json()))
+    DeviceMessage::from(msg).to_json().into_bytes()
 }
 
 /// What every session shares.
@@ -660,161 +733,9 @@ fn on_grid(epoch: Instant, now: Instant) -> Instant {
     epoch + Duration::from_nanos(steps.saturating_mul(u64::try_from(tick).unwrap_or(1)))
 }
 
-/// One device until `end`: bursts and answers. `in_flight` tells the caller whether a burst
-/// was under way when an error ended the session.
-async fn session(
-    index: usize,
-    fleet: &Fleet,
-    end: Instant,
-    stats: &mut SessionStats,
-    in_flight: &mut bool,
-) -> anyhow::Result<()> {
-    let (version, burst) = (fleet.version, &fleet.burst);
-    let device_id = format!(
-        "02:00:00:{:02x}:{:02x}:{:02x}",
-        (index >> 16) & 0xff,
-        (index >> 8) & 0xff,
-        index & 0xff
-    );
-    let client_id = format!("0b0c0d0e-0000-4000-8000-{index:012}");
-    let headers = xiaozhi::upgrade_headers(&device_id, &client_id, None, version);
-    // Replies are small frames; tungstenite zeroes its whole read buffer on every read, so a
-    // small one is most of the difference between a cheap session and an expensive one.
-    let config = WebSocketConfig::default()
-        .read_buffer_size(4096)
-        .max_message_size(Some(1 << 20))
-        .max_frame_size(Some(1 << 20));
-    let mut ws = ws::connect_with(&fleet.url, &headers, HELLO_WAIT, config).await?;
-    ws.send(Message::Text(xiaozhi::hello(version, false).into()))
-        .await?;
-    let mut playback = Playback::new(UPLINK_FRAME, PLAY_SLACK);
-    let mut listen = None;
-    // The burst in flight: its first frame's slot, the next frame to send (none once the
-    // answer began or the frames ran out), and its bookkeeping.
-    let mut current: Option<(Instant, Option<usize>, BurstTracker)> = None;
-    let hello_by = Instant::now() + HELLO_WAIT;
-    let mut timer = pin!(sleep_until(hello_by));
-    loop {
-        // The one timer: the next frame's slot, else the burst's deadline, else the hello's.
-        let wake = match &current {
-            Some((start, Some(i), _)) => *start + slot(*i),
-            Some((start, None, tracker)) => *start + tracker.deadline(),
-            None if listen.is_none() => hello_by,
-            None => break,
-        };
-        if timer.deadline() != wake {
-            timer.as_mut().reset(wake);
-        }
-        tokio::select! {
-            () = timer.as_mut() => {
-                let Some((start, next, tracker)) = current.as_mut() else {
-                    anyhow::bail!("no hello within {HELLO_WAIT:?}");
-                };
-                let now = Instant::now();
-                if let Some(i) = *next {
-                    if now.saturating_duration_since(*start + slot(i)) > SEND_SLACK {
-                        stats.late_sends += 1;
-                    }
-                    ws.send(Message::Binary(burst.frames[i].clone()))
-                        .await
-                        .context("sending audio")?;
-                    stats.frames_sent += 1;
-                    tracker.frame_sent(i, now.saturating_duration_since(*start));
-                    *next = Some(i + 1).filter(|&k| k < burst.frames.len());
-                } else if now >= *start + tracker.deadline() {
-                    stats.record(tracker.expired());
-                    current = None;
-                    *in_flight = false;
-                    if let Some(listen) = &listen
-                        && now < end
-                    {
-                        current = Some(start_burst(&mut ws, listen, fleet).await?);
-                        *in_flight = true;
-                    }
-                }
-            }
-            msg = ws.next() => match msg {
-                Some(Ok(Message::Binary(_))) => {
-                    let now = Instant::now();
-                    stats.reply_frames += 1;
-                    playback.frame(now);
-                    if let Some((start, _, tracker)) = current.as_mut() {
-                        tracker.reply(now.saturating_duration_since(*start), true);
-                    }
-                }
-                Some(Ok(Message::Text(t))) => {
-                    let now = Instant::now();
-                    match ServerMessage::from_slice(t.as_bytes()) {
-                        Ok(ServerMessage::Hello(h)) if listen.is_none() => {
-                            let ms = u64::from(h.audio_params.frame_duration.max(1));
-                            playback = Playback::new(Duration::from_millis(ms), PLAY_SLACK);
-                            stats.connected = true;
-                            let msg = listen_message(&h.session_id);
-                            current = Some(start_burst(&mut ws, &msg, fleet).await?);
-                            listen = Some(msg);
-                            *in_flight = true;
-                        }
-                        Ok(ServerMessage::Tts(tts)) => {
-                            let Some((start, next, tracker)) = current.as_mut() else {
-                                continue;
-                            };
-                            let at = now.saturating_duration_since(*start);
-                            match tts.state {
-                                // The device stops the microphone while it speaks (auto mode).
-                                TtsState::Start => {
-                                    tracker.tts_start(at);
-                                    *next = None;
-                                }
-                                TtsState::Stop => {
-                                    playback.stop();
-                                    stats.turns += 1;
-                                    let Some(outcome) = tracker.tts_stop() else {
-                                        continue;
-                                    };
-                                    stats.record(outcome);
-                                    current = None;
-                                    *in_flight = false;
-                                    if let Some(listen) = &listen
-                                        && now < end
-                                    {
-                                        current = Some(start_burst(&mut ws, listen, fleet).await?);
-                                        *in_flight = true;
-                                    }
-                                }
-                                _ => tracker.reply(at, false),
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                Some(Ok(Message::Close(_))) | None => anyhow::bail!("server closed the session"),
-                Some(Err(e)) => return Err(e).context("receiving"),
-                Some(Ok(_)) => {}
-            }
-        }
-    }
-    stats.late_frames = playback.late;
-    stats.max_late_ms = u64::try_from(playback.max_late.as_millis()).unwrap_or(u64::MAX);
-    let _ = tokio::time::timeout(Duration::from_secs(2), ws.close(None)).await;
-    Ok(())
-}
-
 /// The offset of frame `i`'s slot from its burst's start.
 fn slot(i: usize) -> Duration {
     UPLINK_FRAME * u32::try_from(i).unwrap_or(u32::MAX)
-}
-
-/// Sends `listen start` and begins a burst at the next point of the grid.
-async fn start_burst(
-    ws: &mut ws::Ws,
-    listen: &Message,
-    fleet: &Fleet,
-) -> anyhow::Result<(Instant, Option<usize>, BurstTracker)> {
-    ws.send(listen.clone()).await.context("sending listen")?;
-    let burst = &fleet.burst;
-    let first = (!burst.frames.is_empty()).then_some(0);
-    let start = on_grid(fleet.epoch, Instant::now());
-    Ok((start, first, BurstTracker::new(burst.plan)))
 }
 
 #[cfg(test)]

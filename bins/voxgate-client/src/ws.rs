@@ -146,6 +146,86 @@ pub fn redact(url: &str) -> String {
     out
 }
 
+/// WebSocket opcodes of the frames the load generator writes itself.
+pub mod opcode {
+    /// A text message.
+    pub const TEXT: u8 = 0x1;
+    /// A binary message.
+    pub const BINARY: u8 = 0x2;
+    /// Close.
+    pub const CLOSE: u8 = 0x8;
+    /// Pong (the answer to the server's keepalive ping).
+    pub const PONG: u8 = 0xA;
+}
+
+/// Masking keys for client frames, a fresh one per frame as RFC 6455 §5.3 requires ("a fresh
+/// masking key ... derived from a strong source of entropy", unpredictable from the previous
+/// ones): straight from the OS's random source (`getrandom`), fetched 1,024 keys at a time so a
+/// frame costs a copy of 4 bytes, not a system call.
+#[derive(Debug)]
+pub struct MaskKeys {
+    pool: Box<[u8; 4096]>,
+    next: usize,
+}
+
+impl Default for MaskKeys {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MaskKeys {
+    /// An empty pool, filled on first use.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            pool: Box::new([0; 4096]),
+            next: 4096,
+        }
+    }
+
+    /// The next key.
+    ///
+    /// # Errors
+    /// The OS's random source failed.
+    pub fn next_key(&mut self) -> anyhow::Result<[u8; 4]> {
+        if self.next + 4 > self.pool.len() {
+            getrandom::fill(&mut self.pool[..])
+                .map_err(|e| anyhow::anyhow!("random masking keys: {e}"))?;
+            self.next = 0;
+        }
+        let mut key = [0; 4];
+        key.copy_from_slice(&self.pool[self.next..self.next + 4]);
+        self.next += 4;
+        Ok(key)
+    }
+}
+
+/// Appends one final client frame of `opcode` carrying `payload`, masked with `key`, to `out`:
+/// what tungstenite would write, without its message and sink machinery (the load generator
+/// writes it to the socket itself, one system call per frame).
+pub fn masked_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8], key: [u8; 4]) {
+    out.push(0x80 | (opcode & 0x0f));
+    let n = payload.len();
+    if let Ok(short) = u8::try_from(n)
+        && short <= 125
+    {
+        out.push(0x80 | short);
+    } else if let Ok(medium) = u16::try_from(n) {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&medium.to_be_bytes());
+    } else {
+        out.push(0x80 | 127);
+        out.extend_from_slice(&(n as u64).to_be_bytes());
+    }
+    out.extend_from_slice(&key);
+    let start = out.len();
+    out.extend_from_slice(payload);
+    for (i, b) in out[start..].iter_mut().enumerate() {
+        *b ^= key[i & 3];
+    }
+}
+
 /// The fields of a `closed` event for the close frame the server sent, if any.
 #[must_use]
 pub fn close_fields(frame: Option<&CloseFrame>) -> Value {
@@ -155,6 +235,33 @@ pub fn close_fields(frame: Option<&CloseFrame>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn masked_frames_are_what_tungstenite_reads() {
+        use std::io::Cursor;
+        use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        let mut keys = MaskKeys::new();
+        let (a, b) = (keys.next_key().unwrap(), keys.next_key().unwrap());
+        assert_ne!(a, b, "a fresh key per frame");
+        for len in [0usize, 5, 125, 126, 300, 70_000] {
+            let payload: Vec<u8> = (0..len).map(|i| u8::try_from(i % 251).unwrap()).collect();
+            let mut out = Vec::new();
+            masked_frame(&mut out, opcode::BINARY, &payload, a);
+            let mut cursor = Cursor::new(&out);
+            let (header, n) = FrameHeader::parse(&mut cursor).unwrap().unwrap();
+            assert_eq!(n, len as u64);
+            assert!(header.is_final);
+            assert_eq!(header.opcode, OpCode::Data(Data::Binary));
+            assert_eq!(header.mask, Some(a));
+            let body: Vec<u8> = out[usize::try_from(cursor.position()).unwrap()..]
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ a[i & 3])
+                .collect();
+            assert_eq!(body, payload, "{len}");
+        }
+    }
 
     #[test]
     fn urls_are_reported_without_their_secrets() {
