@@ -389,6 +389,22 @@ fn vad_60ms_16k(bencher: Bencher<'_, '_>) {
     });
 }
 
+/// VAD on 60 ms of digital silence at 16 kHz, with the volume gate (`gated`, the default: the
+/// frames are below `min_volume`, so earshot is not run) and without it (`scored`: earshot on
+/// every 16 ms frame, as before the gate). What a listening device in a quiet room costs.
+#[divan::bench(args = ["gated", "scored"])]
+fn vad_60ms_16k_silence(bencher: Bencher<'_, '_>, gate: &str) {
+    let silence = vec![0.0f32; 960];
+    let Ok(mut vad) = Vad::new(VadConfig::default(), 16_000) else {
+        unreachable!()
+    };
+    vad.set_volume_gate(gate == "gated");
+    bencher.bench_local(|| {
+        vad.process(black_box(&silence));
+        while black_box(vad.poll_output()).is_some() {}
+    });
+}
+
 /// Realtime-protocol uplink: 20 ms of 48 kHz stereo s16 bytes to mono, resampled into the VAD.
 #[divan::bench]
 fn realtime_uplink_20ms_48k_stereo(bencher: Bencher<'_, '_>) {

@@ -380,3 +380,61 @@ fn volume_gate_with_one_big_chunk() {
     assert_eq!(first + tail.len() as u64, speech.len() as u64);
     assert_eq!(tail, speech[usize::try_from(first).unwrap()..]);
 }
+
+/// What the Xiaozhi load generator streams and the server hears: `question.wav` and 2 s of
+/// digital silence, through a 16 kHz 60 ms Opus encoder and decoder (libopus when built in).
+fn question_through_opus() -> Vec<f32> {
+    use voxgate_audio::opus::{OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig};
+    let backend = if OpusBackend::Libopus.is_available() {
+        OpusBackend::Libopus
+    } else {
+        OpusBackend::Pure
+    };
+    let mut samples = load("question.wav");
+    samples.resize(samples.len().div_ceil(960) * 960 + 16_000 * 2, 0.0);
+    let mut enc = OpusEncoder::new(OpusEncoderConfig {
+        backend,
+        ..OpusEncoderConfig::voice(16_000)
+    })
+    .unwrap();
+    let mut dec = OpusDecoder::new(16_000, backend).unwrap();
+    let mut out = Vec::with_capacity(samples.len());
+    for frame in samples.chunks_exact(960) {
+        let packet = enc.encode_f32(frame).unwrap().to_vec();
+        out.extend_from_slice(dec.decode_f32(&packet).unwrap());
+    }
+    out
+}
+
+/// On the question (with its 140 ms pause after "Hello.") and on the same audio after Opus,
+/// the uplink's real input, the gate changes no transition and moves none: the same states at
+/// the same sample positions with the model run on every frame or only on frames above
+/// `min_volume`.
+#[test]
+fn volume_gate_changes_nothing_on_the_question() {
+    for (name, samples) in [
+        ("question", load("question.wav")),
+        ("question through Opus", question_through_opus()),
+    ] {
+        let (ts_off, _) = run_full(&samples, 16_000, false);
+        let (ts_on, fs_on) = run_full(&samples, 16_000, true);
+        let gated = fs_on
+            .iter()
+            .filter(|f| f.volume < VadConfig::default().min_volume)
+            .count();
+        eprintln!(
+            "{name}: {gated}/{} frames gated; {}",
+            fs_on.len(),
+            describe(&ts_on, 16_000)
+        );
+        assert!(gated > 0, "{name}: the silence is gated");
+        assert!(!ts_on.is_empty(), "{name}: speech is found");
+        assert_eq!(
+            ts_on,
+            ts_off,
+            "{name}: gate on {}\ngate off {}",
+            describe(&ts_on, 16_000),
+            describe(&ts_off, 16_000)
+        );
+    }
+}
