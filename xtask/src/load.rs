@@ -914,6 +914,9 @@ pub(crate) fn start_server(
         .env("VOXGATE_MAX_SESSIONS_PER_IP", "0")
         .env("VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP", "0")
         .env("VOXGATE_MAX_SCHEDULING_DELAY_MS", "0")
+        // The Gemini door's own listener (port 3001 by default) is not measured, and a
+        // second server on the machine would make this one fail to start.
+        .env("VOXGATE_GEMINI_LISTEN", "off")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     eprintln!("$ {}", util::describe(&cmd));

@@ -40,8 +40,9 @@ pub(crate) struct Args {
     /// Seconds between samples (default 10; 1 with `--fast`).
     #[arg(long)]
     interval: Option<f64>,
-    /// A short smoke run: the warm-up is the first 10 % of the run with no 2-minute minimum and
-    /// samples come every second, so a run of a minute or two gets a verdict.
+    /// A short smoke run: the warm-up is the first 10 % of the run with no 2-minute minimum
+    /// (still at least the ramp and 10 s) and samples come every second, so a run of a minute
+    /// or two gets a verdict.
     #[arg(long)]
     fast: bool,
     /// Seconds after a burst without an answer before the client counts it unanswered.
@@ -154,6 +155,7 @@ pub(crate) struct Rules {
 
 impl Rules {
     /// The soak's rules: a warm-up of 10 % of the run, at least 2 minutes; RSS within 5 %.
+    /// (`run` raises the minimum to the ramp and 10 s when that is longer.)
     pub(crate) const STANDARD: Self = Self {
         warmup_fraction: 0.1,
         warmup_min_seconds: 120.0,
@@ -428,19 +430,27 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if !(args.minutes.is_finite() && args.minutes > 0.0 && args.minutes <= 10_000.0) {
         bail!("--minutes must be above 0 (and at most 10,000)");
     }
+    if !(args.ramp.is_finite() && args.ramp >= 0.0) {
+        bail!("--ramp must be 0 or more seconds");
+    }
     let seconds = Duration::from_secs_f64(args.minutes * 60.0).as_secs();
     if seconds as f64 <= args.ramp + 2.0 {
         bail!("the run must exceed --ramp by more than 2 s, so all sessions overlap");
     }
-    let interval = Duration::from_secs_f64(
-        args.interval
-            .unwrap_or(if args.fast { 1.0 } else { 10.0 })
-            .max(0.25),
-    );
-    let rules = if args.fast {
+    let every = args.interval.unwrap_or(if args.fast { 1.0 } else { 10.0 });
+    if !(0.25..=3600.0).contains(&every) {
+        bail!("--interval must be between 0.25 and 3,600 seconds");
+    }
+    let interval = Duration::from_secs_f64(every);
+    let preset = if args.fast {
         Rules::FAST
     } else {
         Rules::STANDARD
+    };
+    // The warm-up covers the ramp and the last sessions' first turn, whatever the run's length.
+    let rules = Rules {
+        warmup_min_seconds: preset.warmup_min_seconds.max(args.ramp + 10.0),
+        ..preset
     };
     if !args.no_build {
         let mut build = util::cargo();

@@ -20,12 +20,14 @@
 //! server's answers (and the timeout when there is none). After `seconds` no new burst starts;
 //! the bursts in flight finish (answer or timeout), so every burst is judged.
 //!
-//! It is meant to be cheap, so a few thousand sessions fit in one core: one runtime thread by
-//! default, prebuilt WebSocket messages (a frame is a reference-counted `Bytes` clone), one
-//! reusable timer per session with every burst starting on a shared 10 ms grid (so sends to
-//! all sessions share the runtime's wake-ups), small read buffers, and reply audio only
-//! counted, never decoded. The summary says
-//! what the client itself cost (`client_cpu_percent_of_one_core`, from `/proc/self/stat`).
+//! It is meant to be cheap: the handshakes run on the caller's async runtime, and then one
+//! driver thread (by default) runs every session from a single poll loop ([`driver`]): every
+//! burst starts on a shared 10 ms grid, so all sessions' frame slots fall on its ticks and one
+//! wake-up sends whatever is due; the Opus frames are encoded once and written as prebuilt,
+//! freshly masked WebSocket frames with one `write` each; a readable socket gets one read and
+//! its frames are parsed in place; reply audio is only counted, never decoded. The summary
+//! says what the client itself cost (`client_cpu_percent_of_one_core` and
+//! `client_cpu_us_per_message`, from `/proc/self/stat`).
 
 mod driver;
 
@@ -719,7 +721,7 @@ struct Fleet {
 }
 
 /// Bursts start on a grid of this step from the run's start, so every frame slot of every
-/// session falls on it too (60 ms is a multiple) and the runtime wakes at most 100 times a
+/// session falls on it too (60 ms is a multiple) and the driver wakes at most 100 times a
 /// second to send, however many sessions: waking costs more than sending on a virtual machine
 /// (a context switch out of idle each time), and 35 sessions on their own slots woke it 600
 /// times a second. A burst starts at most this much after `tts stop`.
