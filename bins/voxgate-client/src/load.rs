@@ -21,7 +21,7 @@
 //! the bursts in flight finish (answer or timeout), so every burst is judged.
 //!
 //! It is meant to be cheap: the handshakes run on the caller's async runtime, and then one
-//! driver thread (by default) runs every session from a single poll loop ([`driver`]): every
+//! driver thread (by default) runs every session from a single poll loop (`driver`): every
 //! burst starts on a shared 10 ms grid, so all sessions' frame slots fall on its ticks and one
 //! wake-up sends whatever is due; the Opus frames are encoded once and written as prebuilt,
 //! freshly masked WebSocket frames with one `write` each; a readable socket gets one read and
@@ -582,7 +582,7 @@ fn clock_ticks() -> u64 {
 ///
 /// The sessions connect (the WebSocket handshake) as tasks on the caller's runtime, each at
 /// its place in the ramp, and are then handed to the driver threads (`threads` of them, one
-/// by default), which run everything after the handshake ([`driver`]).
+/// by default), which run everything after the handshake (`driver`).
 ///
 /// # Errors
 /// Only when the WAV cannot be read or encoded or a driver thread cannot start; session
