@@ -75,11 +75,19 @@ struct TranscriptionResponse {
 #[async_trait]
 impl Asr for OpenAiTranscription {
     async fn transcribe(&self, utterance: Utterance) -> Result<Transcript, ProviderError> {
-        let wav = voxgate_audio::wav::wav_bytes_i16(Utterance::SAMPLE_RATE, 1, &utterance.pcm)
-            .map_err(|e| ProviderError::Audio(e.to_string()))?;
+        let Utterance { pcm, language } = utterance;
+        // The WAV is built once and shared by every attempt (`Bytes` clones are references), and
+        // the PCM is released before the upload: a session otherwise held the utterance three
+        // times over (PCM, WAV, the attempt's copy) while the recognizer worked.
+        let wav = bytes::Bytes::from(
+            voxgate_audio::wav::wav_bytes_i16(Utterance::SAMPLE_RATE, 1, &pcm)
+                .map_err(|e| ProviderError::Audio(e.to_string()))?,
+        );
+        drop(pcm);
         let cfg = &self.config;
         let resp = http::send_with_retries(&cfg.http, || {
-            let file = reqwest::multipart::Part::bytes(wav.clone())
+            let len = wav.len() as u64;
+            let file = reqwest::multipart::Part::stream_with_length(wav.clone(), len)
                 .file_name("utterance.wav")
                 .mime_str("audio/wav")
                 .unwrap_or_else(|_| reqwest::multipart::Part::bytes(Vec::new()));
@@ -87,7 +95,7 @@ impl Asr for OpenAiTranscription {
                 .part("file", file)
                 .text("model", cfg.model.clone())
                 .text("response_format", "json");
-            if let Some(lang) = &utterance.language {
+            if let Some(lang) = &language {
                 form = form.text("language", lang.clone());
             }
             let mut req = self.client.post(&self.url).multipart(form);
@@ -102,7 +110,7 @@ impl Asr for OpenAiTranscription {
             .map_err(|e| ProviderError::Protocol(format!("malformed transcription JSON ({e})")))?;
         Ok(Transcript {
             text: parsed.text.trim().to_owned(),
-            language: parsed.language.or(utterance.language),
+            language: parsed.language.or(language),
         })
     }
 }
