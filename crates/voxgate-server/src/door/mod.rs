@@ -893,6 +893,11 @@ impl<T: Translator> Loop<T> {
             if self.draining.is_some() && self.t.is_idle() && self.overflow.is_empty() {
                 return End::Shutdown;
             }
+            if self.deadline() <= Instant::now() {
+                // More work is due at once (a translator spreading a long job over steps):
+                // let the writer, which this step may have woken, send what is queued first.
+                tokio::task::yield_now().await;
+            }
         }
     }
 

@@ -4,11 +4,16 @@
 //!
 //! Frames wait in the pacer encoded: a reply synthesized faster than real time is held as Opus
 //! packets (about 180 bytes per 60 ms at 24 kbit/s) rather than PCM (2.9 KB), which keeps a
-//! long reply from costing hundreds of kilobytes per session. The framing (and the v2
-//! timestamp) is added on release, so audio dropped by a barge-in leaves no gap in the
-//! timestamps. A sentence's subtitle rides with the first frame of its audio so it shows when
-//! the sentence plays.
+//! long reply from costing hundreds of kilobytes per session. The encoding itself is spread
+//! over the session's steps, [`ENCODE_PER_STEP`] frames at a time, each step due at once
+//! ([`Reply::poll_timeout`]): a TTS chunk is often a second of speech or more, and encoding it
+//! whole before releasing anything made the first frame wait for all of it (2 ms for a
+//! second of speech) and held the runtime's thread from every other session meanwhile. The
+//! framing (and the v2 timestamp) is added on release, so audio dropped by a barge-in leaves
+//! no gap in the timestamps. A sentence's subtitle rides with the first frame of its audio so
+//! it shows when the sentence plays.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,6 +26,12 @@ use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 const PACER_CAPACITY: usize = 2_000;
 /// Reply audio is converted and resampled this many samples at a time.
 const PUSH_SLICE: usize = 1024;
+/// Frames encoded per step of the session while reply audio waits as PCM.
+const ENCODE_PER_STEP: usize = 1;
+/// Most whole frames left waiting as PCM after a push (about 2 s at 60 ms); audio beyond is
+/// encoded at once, so a synthesizer far faster than the session's steps cannot make the
+/// session hold its reply as PCM, sixteen times the size of the packets.
+const MAX_PCM_FRAMES: usize = 34;
 
 /// How reply audio is encoded and paced.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +72,7 @@ pub(super) struct Released {
 struct Encoding {
     encoder: OpusEncoder,
     rate: RateConverter,
-    /// Reply audio at the announced rate not yet a whole frame.
+    /// Reply audio at the announced rate not yet encoded.
     pcm: Vec<i16>,
 }
 
@@ -86,8 +97,18 @@ pub(super) struct Reply {
     frame_samples: usize,
     frame_ms: u32,
     pacer: Pacer<Paced>,
-    /// A `sentence_start` waiting for the first frame of its audio.
-    subtitle: Option<String>,
+    /// `sentence_start`s waiting for the first frame of their audio, with the position (in
+    /// [`appended`](Self::appended) samples) where that audio starts.
+    subtitles: VecDeque<(u64, String)>,
+    /// Samples at the announced rate given to the encoder's buffer, ever.
+    appended: u64,
+    /// Samples at the announced rate encoded (or dropped by a clear), ever.
+    encoded: u64,
+    /// The response's audio ended (its last frame padded) at this position, with this many of
+    /// the subtitles queued before it: those left when the encoding reaches it had no audio.
+    flush: Option<(u64, usize)>,
+    /// The last time given: PCM waiting to be encoded is due then.
+    now: Option<Instant>,
     codec: FrameCodec,
     /// v2 downlink timestamp: milliseconds of audio released.
     timestamp: u32,
@@ -113,7 +134,11 @@ impl Reply {
                 settings.lead_frames,
                 capacity,
             )),
-            subtitle: None,
+            subtitles: VecDeque::new(),
+            appended: 0,
+            encoded: 0,
+            flush: None,
+            now: None,
             codec: FrameCodec::new(settings.version),
             timestamp: 0,
         })
@@ -121,12 +146,14 @@ impl Reply {
 
     /// A sentence starts: its subtitle goes out with the first frame of its audio.
     pub(super) fn sentence(&mut self, subtitle: String) {
-        self.subtitle = Some(subtitle);
+        self.subtitles.push_back((self.appended, subtitle));
     }
 
-    /// Reply audio in: resampled, cut into frames, encoded and queued. Returns the frames the
-    /// full pacer refused.
+    /// Reply audio in: resampled and kept for encoding, which the following steps do
+    /// ([`handle_timeout`](Self::handle_timeout)) unless more than [`MAX_PCM_FRAMES`] wait.
+    /// Returns the frames the full pacer refused.
     pub(super) fn push_audio(&mut self, now: Instant, samples: &[i16], rate: u32) -> u64 {
+        self.tick(now);
         if rate == 0 {
             return 0;
         }
@@ -144,49 +171,48 @@ impl Reply {
                     }
                 }
             }
-            if let Some(e) = &mut self.encoding
-                && let Err(err) = e.rate.process_i16_to_i16(slice, rate, &mut e.pcm)
-            {
-                tracing::warn!(%err, rate, "cannot resample reply audio");
-                return dropped;
+            if let Some(e) = &mut self.encoding {
+                let before = e.pcm.len();
+                if let Err(err) = e.rate.process_i16_to_i16(slice, rate, &mut e.pcm) {
+                    tracing::warn!(%err, rate, "cannot resample reply audio");
+                    return dropped;
+                }
+                self.appended += (e.pcm.len() - before) as u64;
             }
-            dropped += self.encode_frames(now);
+            let excess = self.pcm_frames().saturating_sub(MAX_PCM_FRAMES);
+            if excess > 0 {
+                dropped += self.encode_frames(now, excess);
+            }
         }
         dropped
     }
 
-    /// The end of a response's audio: the resampler's tail and a last, zero-padded frame.
-    /// The encoder goes with it; what is left of the reply waits in the pacer as packets.
-    /// Returns the frames the full pacer refused.
+    /// The end of a response's audio: the resampler's tail and a last, zero-padded frame. The
+    /// encoder goes once that is encoded; what is left of the reply waits in the pacer as
+    /// packets. Returns the frames the full pacer refused.
     pub(super) fn flush(&mut self, now: Instant) -> u64 {
+        self.tick(now);
         let n = self.frame_samples;
         if let Some(e) = &mut self.encoding {
+            let before = e.pcm.len();
             e.rate.flush_i16(&mut e.pcm);
             let partial = e.pcm.len() % n;
             if partial > 0 {
                 e.pcm.extend(std::iter::repeat_n(0, n - partial));
             }
+            self.appended += (e.pcm.len() - before) as u64;
         }
-        let dropped = self.encode_frames(now);
-        self.encoding = None;
-        if let Some(subtitle) = self.subtitle.take() {
-            // A sentence with no audio at all still gets its subtitle, in order.
-            let _ = self.pacer.handle_input(
-                now,
-                Paced {
-                    subtitle: Some(subtitle),
-                    packet: None,
-                },
-            );
-        }
-        dropped
+        self.flush = Some((self.appended, self.subtitles.len()));
+        self.encode_frames(now, 0)
     }
 
     /// Drops every queued and partial reply frame (barge-in, abort).
     pub(super) fn clear(&mut self) {
         self.pacer.clear();
         self.encoding = None;
-        self.subtitle = None;
+        self.subtitles.clear();
+        self.flush = None;
+        self.encoded = self.appended;
     }
 
     /// Playback starts afresh: the next frame opens a new lead burst.
@@ -194,9 +220,14 @@ impl Reply {
         self.pacer.clear();
     }
 
-    /// Tells the pacer the time; due items come from [`poll_output`](Self::poll_output).
-    pub(super) fn handle_timeout(&mut self, now: Instant) {
+    /// Tells the time: encodes the next [`ENCODE_PER_STEP`] frames of waiting audio, and due
+    /// items come from [`poll_output`](Self::poll_output). Returns the frames the full pacer
+    /// refused.
+    pub(super) fn handle_timeout(&mut self, now: Instant) -> u64 {
+        self.tick(now);
+        let dropped = self.encode_frames(now, ENCODE_PER_STEP);
         self.pacer.handle_timeout(now);
+        dropped
     }
 
     /// The next item due at the last time given.
@@ -209,14 +240,26 @@ impl Reply {
         })
     }
 
-    /// When the next queued item is due.
+    /// When the next queued item is due: at once while audio waits to be encoded.
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        self.pacer.poll_timeout()
+        let encode = if self.pcm_frames() > 0 {
+            self.now
+        } else {
+            None
+        };
+        [self.pacer.poll_timeout(), encode]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Items waiting in the pacer.
+    /// Items waiting: in the pacer, and audio not yet encoded (a partial frame counts as one).
     pub(super) fn queued(&self) -> usize {
-        self.pacer.queued()
+        let pcm = self
+            .encoding
+            .as_ref()
+            .map_or(0, |e| e.pcm.len().div_ceil(self.frame_samples));
+        self.pacer.queued() + pcm
     }
 
     /// When the device will have played every frame released so far.
@@ -230,32 +273,73 @@ impl Reply {
         self.encoding.is_some()
     }
 
-    /// Encodes every whole frame of reply audio and queues it; returns the frames refused.
-    fn encode_frames(&mut self, now: Instant) -> u64 {
+    /// Time only moves forward, whatever order the caller's events arrive in.
+    fn tick(&mut self, now: Instant) {
+        self.now = Some(self.now.map_or(now, |prev| prev.max(now)));
+    }
+
+    /// Whole frames of audio waiting to be encoded.
+    fn pcm_frames(&self) -> usize {
+        self.encoding
+            .as_ref()
+            .map_or(0, |e| e.pcm.len() / self.frame_samples)
+    }
+
+    /// Encodes up to `max` whole frames of waiting audio and queues them, with the subtitles
+    /// whose audio starts in them; then finishes a flushed response that is all encoded.
+    /// Returns the frames refused.
+    fn encode_frames(&mut self, now: Instant, max: usize) -> u64 {
         let n = self.frame_samples;
-        let Some(e) = &mut self.encoding else {
-            return 0;
-        };
         let mut dropped = 0;
-        let mut start = 0;
-        while let Some(chunk) = e.pcm.get(start..start + n) {
-            start += n;
-            let packet = match e.encoder.encode(chunk) {
-                Ok(p) => Bytes::copy_from_slice(p),
-                Err(err) => {
-                    tracing::warn!(%err, "opus encode failed");
-                    continue;
+        if let Some(e) = &mut self.encoding {
+            let mut start = 0;
+            while start / n < max
+                && let Some(chunk) = e.pcm.get(start..start + n)
+            {
+                start += n;
+                let end = self.encoded + n as u64;
+                self.encoded = end;
+                // Subtitles of sentences that start in this frame: all but the last go out on
+                // their own (sentences shorter than a frame), the last with the frame.
+                let mut subtitle = None;
+                while self.subtitles.front().is_some_and(|(at, _)| *at < end) {
+                    if let Some(earlier) = subtitle.take() {
+                        dropped += push(&mut self.pacer, now, Some(earlier), None);
+                    }
+                    subtitle = self.subtitles.pop_front().map(|(_, s)| s);
+                    if let Some((_, before)) = &mut self.flush {
+                        *before = before.saturating_sub(1);
+                    }
                 }
-            };
-            let paced = Paced {
-                subtitle: self.subtitle.take(),
-                packet: Some(packet),
-            };
-            if self.pacer.handle_input(now, paced).is_err() {
-                dropped += 1;
+                match e.encoder.encode(chunk) {
+                    Ok(p) => {
+                        let packet = Bytes::copy_from_slice(p);
+                        dropped += push(&mut self.pacer, now, subtitle, Some(packet));
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, "opus encode failed");
+                        if subtitle.is_some() {
+                            dropped += push(&mut self.pacer, now, subtitle, None);
+                        }
+                    }
+                }
+            }
+            e.pcm.drain(..start);
+        }
+        if let Some((end, before)) = self.flush
+            && self.encoded >= end
+        {
+            // Sentences with no audio at all still get their subtitles, in order.
+            for _ in 0..before {
+                if let Some((_, s)) = self.subtitles.pop_front() {
+                    dropped += push(&mut self.pacer, now, Some(s), None);
+                }
+            }
+            self.flush = None;
+            if self.encoding.as_ref().is_none_or(|e| e.pcm.is_empty()) {
+                self.encoding = None;
             }
         }
-        e.pcm.drain(..start);
         dropped
     }
 
@@ -281,6 +365,16 @@ impl Reply {
         self.timestamp = self.timestamp.wrapping_add(self.frame_ms);
         Some(framed)
     }
+}
+
+/// Queues one paced item; 1 when the full pacer refused it.
+fn push(
+    pacer: &mut Pacer<Paced>,
+    now: Instant,
+    subtitle: Option<String>,
+    packet: Option<Bytes>,
+) -> u64 {
+    u64::from(pacer.handle_input(now, Paced { subtitle, packet }).is_err())
 }
 
 #[cfg(test)]
@@ -319,9 +413,16 @@ mod tests {
             .collect()
     }
 
+    /// What the session's steps at `now` release: steps go on while something is due.
     fn release(r: &mut Reply, now: Instant) -> Vec<Released> {
-        r.handle_timeout(now);
-        std::iter::from_fn(|| r.poll_output()).collect()
+        let mut out = Vec::new();
+        loop {
+            r.handle_timeout(now);
+            out.extend(std::iter::from_fn(|| r.poll_output()));
+            if r.poll_timeout().is_none_or(|t| t > now) {
+                return out;
+            }
+        }
     }
 
     #[test]
@@ -353,19 +454,80 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Reply::new(settings(ProtocolVersion::V1)).unwrap();
         r.push_audio(t0, &tone(FRAME + 100, 24_000), 24_000);
-        assert_eq!(r.queued(), 1, "one whole frame so far");
+        assert_eq!(r.queued(), 2, "a whole frame and a partial one wait");
         assert!(r.is_encoding());
         r.flush(t0);
-        assert!(
-            !r.is_encoding(),
-            "the encoder lives only while audio arrives"
-        );
         assert_eq!(r.queued(), 2);
         let mut dec = OpusDecoder::new(24_000, OpusBackend::Pure).unwrap();
-        for x in release(&mut r, t0) {
+        let out = release(&mut r, t0);
+        assert_eq!(out.len(), 2);
+        for x in out {
             let pcm = dec.decode(&x.frame.unwrap()).unwrap();
             assert_eq!(pcm.len(), FRAME);
         }
+        assert!(
+            !r.is_encoding(),
+            "the encoder lives only while audio arrives and waits"
+        );
+    }
+
+    #[test]
+    fn a_long_chunk_is_encoded_a_frame_per_step() {
+        let t0 = Instant::now();
+        let mut r = Reply::new(settings(ProtocolVersion::V1)).unwrap();
+        r.sentence("hello".into());
+        r.push_audio(t0, &tone(FRAME * 8, 24_000), 24_000);
+        r.flush(t0);
+        assert_eq!(r.poll_timeout(), Some(t0), "encoding is due at once");
+        // The first step encodes and releases the first frame alone.
+        r.handle_timeout(t0);
+        let first: Vec<_> = std::iter::from_fn(|| r.poll_output()).collect();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].subtitle.as_deref(), Some("hello"));
+        assert_eq!(r.queued(), 7);
+        assert_eq!(r.poll_timeout(), Some(t0));
+        // The rest of the lead follows step by step at the same instant.
+        assert_eq!(release(&mut r, t0).len(), 4);
+        assert_eq!(r.poll_timeout(), Some(t0 + 60 * MS));
+    }
+
+    #[test]
+    fn more_than_two_seconds_waiting_is_encoded_at_once() {
+        let t0 = Instant::now();
+        let mut r = Reply::new(settings(ProtocolVersion::V1)).unwrap();
+        r.push_audio(t0, &tone(FRAME * 40, 24_000), 24_000);
+        assert_eq!(r.pcm_frames(), MAX_PCM_FRAMES);
+        assert_eq!(r.pacer.queued(), 40 - MAX_PCM_FRAMES);
+        assert_eq!(r.queued(), 40);
+    }
+
+    #[test]
+    fn subtitles_ride_with_the_frame_their_audio_starts_in() {
+        let t0 = Instant::now();
+        let mut r = Reply::new(settings(ProtocolVersion::V1)).unwrap();
+        r.sentence("one".into());
+        r.push_audio(t0, &tone(FRAME * 2, 24_000), 24_000);
+        // Two sentences whose audio starts in the third frame, the first shorter than a frame.
+        r.sentence("two".into());
+        r.push_audio(t0, &tone(FRAME / 2, 24_000), 24_000);
+        r.sentence("three".into());
+        r.push_audio(t0, &tone(FRAME * 2, 24_000), 24_000);
+        r.flush(t0);
+        let out = release(&mut r, t0);
+        let shape: Vec<_> = out
+            .iter()
+            .map(|x| (x.subtitle.as_deref(), x.frame.is_some()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (Some("one"), true),
+                (None, true),
+                (Some("two"), false),
+                (Some("three"), true),
+                (None, true),
+            ]
+        );
     }
 
     #[test]
@@ -443,7 +605,9 @@ mod tests {
     fn a_full_pacer_refuses_and_counts() {
         let t0 = Instant::now();
         let mut r = Reply::with_capacity(settings(ProtocolVersion::V1), 3).unwrap();
-        assert_eq!(r.push_audio(t0, &tone(FRAME * 5, 24_000), 24_000), 2);
+        assert_eq!(r.push_audio(t0, &tone(FRAME * 5, 24_000), 24_000), 0);
+        let dropped: u64 = (0..5).map(|_| r.handle_timeout(t0)).sum();
+        assert_eq!(dropped, 2);
         assert_eq!(r.queued(), 3);
         assert_eq!(r.push_audio(t0, &[], 24_000), 0);
         assert_eq!(

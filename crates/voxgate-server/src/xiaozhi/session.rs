@@ -611,7 +611,12 @@ impl XiaozhiDoor {
     /// Releases due reply frames and sends `tts stop` once playback is over.
     fn pace(&mut self, now: Instant, out: &mut Out) {
         let Some(s) = &mut self.session else { return };
-        s.reply.handle_timeout(now);
+        let dropped = s.reply.handle_timeout(now);
+        if dropped > 0 {
+            self.app
+                .metrics
+                .dropped(Door::Xiaozhi, Direction::Downlink, dropped);
+        }
         while let Some(r) = s.reply.poll_output() {
             if let Some(subtitle) = r.subtitle {
                 out.send(ServerFrame::Text(subtitle));
