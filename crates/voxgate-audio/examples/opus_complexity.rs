@@ -18,7 +18,8 @@
 //! the committed speech fixture, 16 kHz), `--out DIR` (default `target/opus-quality` in the
 //! workspace).
 //!
-//! Per configuration it writes `DIR/<backend>-<application>-<rate>k/ref.wav` (the source at
+//! Per configuration it writes, in `DIR/<backend>-<application>-<rate>k/` (prefixed with the
+//! `--input` file's name when given: `DIR/<name>-<backend>-...`), `ref.wav` (the source at
 //! 16 kHz) and `c0.wav`..`c10.wav`: the packets decoded by the same backend straight to 16 kHz
 //! (what PESQ wideband takes), shifted by the lag that maximises their cross-correlation with the
 //! reference, so they line up sample for sample. Encoder settings are the door's:
@@ -28,7 +29,10 @@
 //! complexities interleaved so that a busy machine slows them all alike; one warm-up pass is
 //! not counted. Reported per 60 ms frame: the median over passes of the mean over all frames,
 //! of the frames with speech (RMS above -50 dBFS), and the fastest pass (the best estimate of
-//! an idle core).
+//! an idle core). The table also gives the bitrate over all frames and over speech frames, and
+//! the coding modes of the speech packets as their TOC bytes announce them: at 24 kbit/s the
+//! encoder's choice between CELT, hybrid and SILK moves both cost and quality more than the
+//! complexity's own effort does.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -176,6 +180,66 @@ fn xcorr(reference: &[i16], test: &[i16], lag: usize) -> f64 {
         .sum()
 }
 
+/// Coding mode and audio bandwidth a packet's TOC byte announces (RFC 6716 section 3.1).
+fn toc_mode(packet: &[u8]) -> &'static str {
+    const NAMES: [&str; 32] = [
+        "SILK NB",
+        "SILK NB",
+        "SILK NB",
+        "SILK NB",
+        "SILK MB",
+        "SILK MB",
+        "SILK MB",
+        "SILK MB",
+        "SILK WB",
+        "SILK WB",
+        "SILK WB",
+        "SILK WB",
+        "hybrid SWB",
+        "hybrid SWB",
+        "hybrid FB",
+        "hybrid FB",
+        "CELT NB",
+        "CELT NB",
+        "CELT NB",
+        "CELT NB",
+        "CELT WB",
+        "CELT WB",
+        "CELT WB",
+        "CELT WB",
+        "CELT SWB",
+        "CELT SWB",
+        "CELT SWB",
+        "CELT SWB",
+        "CELT FB",
+        "CELT FB",
+        "CELT FB",
+        "CELT FB",
+    ];
+    packet
+        .first()
+        .map_or("empty", |&toc| NAMES[usize::from(toc >> 3)])
+}
+
+/// The modes of the speech packets, most used first, with their share, e.g. `CELT FB 93%`.
+fn modes(packets: &[Vec<u8>], speech: &[bool]) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for (p, _) in packets.iter().zip(speech).filter(|(_, s)| **s) {
+        let m = toc_mode(p);
+        match counts.iter_mut().find(|(name, _)| *name == m) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((m, 1)),
+        }
+    }
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    let total: usize = counts.iter().map(|(_, n)| n).sum::<usize>().max(1);
+    counts
+        .iter()
+        .map(|(m, n)| format!("{m} {}%", n * 100 / total))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn write_wav(path: &Path, samples: &[i16]) {
     let file = std::fs::File::create(path)
         .unwrap_or_else(|e| usage(&format!("create {}: {e}", path.display())));
@@ -290,8 +354,14 @@ fn main() {
                 }
             }
 
+            // An `--input` file's results go beside the fixture's, named after the file.
+            let prefix = args
+                .input
+                .as_ref()
+                .and_then(|p| p.file_stem())
+                .map_or_else(String::new, |s| format!("{}-", s.to_string_lossy()));
             let dir_name = format!(
-                "{}-{}-{}k",
+                "{prefix}{}-{}-{}k",
                 backend_name(backend),
                 application_name(app),
                 args.rate / 1000
@@ -310,9 +380,9 @@ fn main() {
                 loadavg()
             );
             println!(
-                "| complexity | encode µs / 60 ms frame (median) | speech frames (median) | fastest pass | kbit/s | speech kbit/s | lag | file |"
+                "| complexity | encode µs / 60 ms frame (median) | speech frames (median) | fastest pass | kbit/s | speech kbit/s | speech modes | lag | file |"
             );
-            println!("|---|---|---|---|---|---|---|---|");
+            println!("|---|---|---|---|---|---|---|---|---|");
             for (c, row) in rows.iter().enumerate() {
                 let mut dec =
                     OpusDecoder::new(SCORE_RATE, backend).unwrap_or_else(|e| usage(&e.to_string()));
@@ -342,12 +412,13 @@ fn main() {
                     .sum();
                 let fastest = row.all_us.iter().copied().fold(f64::INFINITY, f64::min);
                 println!(
-                    "| {c} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} ms | {file} |",
+                    "| {c} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {} | {:.1} ms | {file} |",
                     median(row.all_us.clone()),
                     median(row.speech_us.clone()),
                     fastest,
                     bytes as f64 * 8.0 / seconds / 1000.0,
                     speech_bytes as f64 * 8.0 / (n_speech as f64 * 0.06) / 1000.0,
+                    modes(&row.packets, &speech),
                     lag as f64 * 1000.0 / f64::from(SCORE_RATE),
                 );
             }
