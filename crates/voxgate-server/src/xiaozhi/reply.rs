@@ -1,6 +1,7 @@
 //! Reply audio on its way to the device: resampled to the announced rate, cut into announced
-//! frames, Opus-encoded as it arrives, paced (a lead burst, then real time, so the device's
-//! small buffer never overflows) and framed in the device's protocol version on release.
+//! frames, Opus-encoded as it arrives (a frame per session step), paced (a lead burst, then
+//! real time, so the device's small buffer never overflows) and framed in the device's
+//! protocol version on release.
 //!
 //! Frames wait in the pacer encoded: a reply synthesized faster than real time is held as Opus
 //! packets (about 180 bytes per 60 ms at 24 kbit/s) rather than PCM (2.9 KB), which keeps a
@@ -61,9 +62,10 @@ pub(super) struct Released {
 }
 
 /// What turns reply audio into Opus packets: it exists only from a response's first audio to
-/// its end. The pure-Rust encoder alone holds about 310 KB of fixed buffers, and replies are
-/// encoded as fast as the TTS delivers them (the pacer then holds packets), so keeping it only
-/// for that stretch is most of the difference between an idle and a speaking session's memory.
+/// its end (and its last frame encoded). The pure-Rust encoder alone holds about 310 KB of
+/// fixed buffers, and replies are encoded as fast as the TTS delivers them (the pacer then
+/// holds packets), so keeping it only for that stretch is most of the difference between an
+/// idle and a speaking session's memory.
 ///
 /// Audio stays 16-bit from the TTS to the encoder: at the announced rate (the usual case,
 /// 24 kHz speech for a 24 kHz downlink) the samples are copied once, into `pcm`, and each whole
@@ -253,13 +255,11 @@ impl Reply {
             .min()
     }
 
-    /// Items waiting: in the pacer, and audio not yet encoded (a partial frame counts as one).
+    /// Items waiting: in the pacer, and whole frames not yet encoded. (A partial frame is not
+    /// counted: it becomes a frame only when the response's audio ends, and a response whose
+    /// end is never flushed must not hold `tts stop` back.)
     pub(super) fn queued(&self) -> usize {
-        let pcm = self
-            .encoding
-            .as_ref()
-            .map_or(0, |e| e.pcm.len().div_ceil(self.frame_samples));
-        self.pacer.queued() + pcm
+        self.pacer.queued() + self.pcm_frames()
     }
 
     /// When the device will have played every frame released so far.
@@ -454,7 +454,7 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Reply::new(settings(ProtocolVersion::V1)).unwrap();
         r.push_audio(t0, &tone(FRAME + 100, 24_000), 24_000);
-        assert_eq!(r.queued(), 2, "a whole frame and a partial one wait");
+        assert_eq!(r.queued(), 1, "one whole frame so far");
         assert!(r.is_encoding());
         r.flush(t0);
         assert_eq!(r.queued(), 2);

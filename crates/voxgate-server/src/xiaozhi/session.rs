@@ -915,6 +915,17 @@ mod tests {
                 sample_rate: 24_000,
             });
             evs.extend(self.provider(ProviderEvent::Done { id }));
+            evs.extend(self.due_now());
+            evs
+        }
+
+        /// Runs the steps due at the current time, as the driver does at once (reply audio
+        /// is encoded a frame per step).
+        fn due_now(&mut self) -> Vec<Ev> {
+            let mut evs = Vec::new();
+            while self.conn.poll_timeout().is_some_and(|t| t <= self.now) {
+                evs.extend(self.step(|c, now, out| c.on_timeout(now, out)));
+            }
             evs
         }
     }
