@@ -43,19 +43,6 @@ pub(crate) struct Args {
     /// Seconds over which the sessions start.
     #[arg(long, default_value_t = 10.0)]
     ramp: f64,
-    /// Speech to stream (default: the client's built-in question for Xiaozhi, the audio
-    /// crate's speech fixture for WebRTC).
-    #[arg(long)]
-    wav: Option<PathBuf>,
-    /// The fake recognizer's delay before it answers, ms.
-    #[arg(long, default_value_t = 0)]
-    asr_delay_ms: u64,
-    /// The fake model's delay before its first token, ms.
-    #[arg(long, default_value_t = 0)]
-    llm_delay_ms: u64,
-    /// The fake synthesizer's delay before its first audio byte, ms.
-    #[arg(long, default_value_t = 0)]
-    tts_delay_ms: u64,
     /// Speculative generation at pauses on the Xiaozhi door (its `speculate` key, through
     /// `VOXGATE_XIAOZHI_ENGINE_SPECULATE`); off unless given.
     #[arg(long)]
@@ -64,36 +51,58 @@ pub(crate) struct Args {
     /// `VOXGATE_XIAOZHI_ENGINE_ENDPOINT_DELAY_MS`); default: the door's own (100).
     #[arg(long, value_name = "MS")]
     endpoint_delay_ms: Option<u64>,
-    /// Seconds after a burst without an answer before the client counts it unanswered.
-    #[arg(long, default_value_t = 10.0)]
-    answer_timeout: f64,
-    /// Pin the server to these CPUs (`taskset -c` syntax: `0`, `0,1`, `2-3`).
-    #[arg(long, value_name = "CPUS")]
-    server_cpus: Option<String>,
-    /// Pin the load generator to these CPUs.
-    #[arg(long, value_name = "CPUS")]
-    client_cpus: Option<String>,
     /// The load generator's runtime threads.
     #[arg(long, default_value_t = 1)]
     client_threads: u16,
-    /// Use the release binaries already built (skip `cargo build --release`).
-    #[arg(long)]
-    no_build: bool,
-    /// Measure this server binary instead of the workspace's release build (implies nothing is
-    /// built for it).
-    #[arg(long)]
-    server_bin: Option<PathBuf>,
-    /// Use this client binary instead of the workspace's release build.
-    #[arg(long)]
-    client_bin: Option<PathBuf>,
-    /// The server's Opus backend: `libopus` (the default build's, compiled with the `cc`
-    /// crate) or `pure` (opus-rs). Chosen at run time, so one build measures both.
-    #[arg(long, value_parser = ["libopus", "pure"], default_value = "libopus")]
-    opus: String,
     /// WebRTC sessions on the VIP door (`voxgate-client load webrtc`) instead of Xiaozhi
     /// devices: each streams the WAV once and hears the reply (`--seconds` is not used).
     #[arg(long)]
     webrtc: bool,
+    /// What `cargo xtask soak` shares.
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+/// The options `cargo xtask load` and `cargo xtask soak` share: the fakes, the binaries, the
+/// pinning and the client's patience.
+#[derive(clap::Args)]
+pub(crate) struct RunArgs {
+    /// Speech to stream (default: the client's built-in question for Xiaozhi, the audio
+    /// crate's speech fixture for WebRTC).
+    #[arg(long)]
+    pub(crate) wav: Option<PathBuf>,
+    /// The fake recognizer's delay before it answers, ms.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) asr_delay_ms: u64,
+    /// The fake model's delay before its first token, ms.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) llm_delay_ms: u64,
+    /// The fake synthesizer's delay before its first audio byte, ms.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) tts_delay_ms: u64,
+    /// Seconds after a burst without an answer before the client counts it unanswered.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) answer_timeout: f64,
+    /// Pin the server to these CPUs (`taskset -c` syntax: `0`, `0,1`, `2-3`).
+    #[arg(long, value_name = "CPUS")]
+    pub(crate) server_cpus: Option<String>,
+    /// Pin the load generator to these CPUs.
+    #[arg(long, value_name = "CPUS")]
+    pub(crate) client_cpus: Option<String>,
+    /// Use the release binaries already built (skip `cargo build --release`).
+    #[arg(long)]
+    pub(crate) no_build: bool,
+    /// Measure this server binary instead of the workspace's release build (implies nothing is
+    /// built for it).
+    #[arg(long)]
+    pub(crate) server_bin: Option<PathBuf>,
+    /// Use this client binary instead of the workspace's release build.
+    #[arg(long)]
+    pub(crate) client_bin: Option<PathBuf>,
+    /// The server's Opus backend: `libopus` (the default build's, compiled with the `cc`
+    /// crate) or `pure` (opus-rs). Chosen at run time, so one build measures both.
+    #[arg(long, value_parser = ["libopus", "pure"], default_value = "libopus")]
+    pub(crate) opus: String,
 }
 
 /// Goals from the issue.
@@ -120,7 +129,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if !args.webrtc && args.seconds as f64 <= args.ramp + 2.0 {
         bail!("--seconds must exceed --ramp by more than 2 s, so all sessions overlap");
     }
-    if !args.no_build {
+    if !args.run.no_build {
         let mut build = util::cargo();
         build.args([
             "build",
@@ -133,12 +142,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         util::run(&mut build)?;
     }
     let (server_bin, client_bin, wav) = util::release_inputs(
-        args.server_bin.as_ref(),
-        args.client_bin.as_ref(),
-        args.wav.as_ref(),
+        args.run.server_bin.as_ref(),
+        args.run.client_bin.as_ref(),
+        args.run.wav.as_ref(),
     );
     let ticks_per_second = clock_ticks()?;
-    let backend = args.opus.as_str();
+    let backend = args.run.opus.as_str();
 
     if args.webrtc {
         for &sessions in &args.sessions {
@@ -161,15 +170,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let delays = FakeDelays {
-        asr: Duration::from_millis(args.asr_delay_ms),
-        llm_first_token: Duration::from_millis(args.llm_delay_ms),
-        tts_first_byte: Duration::from_millis(args.tts_delay_ms),
+        asr: Duration::from_millis(args.run.asr_delay_ms),
+        llm_first_token: Duration::from_millis(args.run.llm_delay_ms),
+        tts_first_byte: Duration::from_millis(args.run.tts_delay_ms),
     };
     let fakes = FakeProviders::spawn(delays).context("starting the fake providers")?;
     let base = fakes.base_url();
     eprintln!(
         "fake providers at {base} (delays: ASR {} ms, LLM first token {} ms, TTS first byte {} ms)",
-        args.asr_delay_ms, args.llm_delay_ms, args.tts_delay_ms
+        args.run.asr_delay_ms, args.run.llm_delay_ms, args.run.tts_delay_ms
     );
     let mut env = vec![
         ("VOXGATE_ASR_BASE_URL", base.clone()),
@@ -197,7 +206,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             backend,
             false,
             &env,
-            args.server_cpus.as_deref(),
+            args.run.server_cpus.as_deref(),
         )?;
         let result = measure(args, sessions, &client_bin, &server, addr, ticks_per_second);
         let _ = server.kill();
@@ -392,15 +401,15 @@ fn measure(
     std::thread::sleep(Duration::from_millis(500));
     let baseline = sample(pid)?;
     let url = format!("ws://{addr}/xiaozhi/v1/");
-    let (mut client_cmd, affinity) = pinned(client_bin, args.client_cpus.as_deref())?;
+    let (mut client_cmd, affinity) = pinned(client_bin, args.run.client_cpus.as_deref())?;
     client_cmd
         .args(["load", "xiaozhi", &url])
         .args(["--sessions", &sessions.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
         .args(["--ramp", &args.ramp.to_string()])
-        .args(["--answer-timeout", &args.answer_timeout.to_string()])
+        .args(["--answer-timeout", &args.run.answer_timeout.to_string()])
         .args(["--threads", &args.client_threads.to_string()]);
-    if let Some(wav) = &args.wav {
+    if let Some(wav) = &args.run.wav {
         client_cmd.arg("--wav").arg(wav);
     }
     eprintln!("$ {}", util::describe(&client_cmd));
@@ -506,9 +515,9 @@ fn measure(
         "machine_steal_percent": steal,
         "cores": cores,
         "provider_delays_ms": {
-            "asr": args.asr_delay_ms,
-            "llm_first_token": args.llm_delay_ms,
-            "tts_first_byte": args.tts_delay_ms,
+            "asr": args.run.asr_delay_ms,
+            "llm_first_token": args.run.llm_delay_ms,
+            "tts_first_byte": args.run.tts_delay_ms,
         },
         "speculate": args.speculate,
         "endpoint_delay_ms": args.endpoint_delay_ms,
@@ -532,8 +541,8 @@ fn measure(
             "mean_latency_ms": server_latencies.iter().cloned().collect::<serde_json::Map<_, _>>(),
             "server_added_ms_p50": added_ms(0.5),
             "server_added_ms_p99": added_p99,
-            "opus_backend": args.opus,
-            "cpus": args.server_cpus,
+            "opus_backend": args.run.opus,
+            "cpus": args.run.server_cpus,
         },
         "client": summary,
     });
@@ -798,7 +807,7 @@ fn measure_webrtc(
     let report = serde_json::json!({
         "sessions": sessions,
         "ramp_seconds": args.ramp,
-        "opus_backend": args.opus,
+        "opus_backend": args.run.opus,
         "machine_busiest_second_percent_of_all_cores": busiest,
         "cores": cores,
         "server_late_frames": server_late,

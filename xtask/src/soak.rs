@@ -16,7 +16,6 @@
 //! does.
 
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -47,39 +46,9 @@ pub(crate) struct Args {
     /// or two gets a verdict.
     #[arg(long)]
     fast: bool,
-    /// Seconds after a burst without an answer before the client counts it unanswered.
-    #[arg(long, default_value_t = 10.0)]
-    answer_timeout: f64,
-    /// The fake recognizer's delay before it answers, ms.
-    #[arg(long, default_value_t = 0)]
-    asr_delay_ms: u64,
-    /// The fake model's delay before its first token, ms.
-    #[arg(long, default_value_t = 0)]
-    llm_delay_ms: u64,
-    /// The fake synthesizer's delay before its first audio byte, ms.
-    #[arg(long, default_value_t = 0)]
-    tts_delay_ms: u64,
-    /// Pin the server to these CPUs (`taskset -c` syntax).
-    #[arg(long, value_name = "CPUS")]
-    server_cpus: Option<String>,
-    /// Pin the load generator to these CPUs.
-    #[arg(long, value_name = "CPUS")]
-    client_cpus: Option<String>,
-    /// Use the release binaries already built (skip `cargo build --release`).
-    #[arg(long)]
-    no_build: bool,
-    /// Soak this server binary instead of the workspace's release build.
-    #[arg(long)]
-    server_bin: Option<PathBuf>,
-    /// Use this client binary instead of the workspace's release build.
-    #[arg(long)]
-    client_bin: Option<PathBuf>,
-    /// The server's Opus backend: `libopus` or `pure` (opus-rs).
-    #[arg(long, value_parser = ["libopus", "pure"], default_value = "libopus")]
-    opus: String,
-    /// Speech to stream (default: the client's built-in question).
-    #[arg(long)]
-    wav: Option<PathBuf>,
+    /// The fakes, the binaries, the pinning, as for `cargo xtask load`.
+    #[command(flatten)]
+    run: load::RunArgs,
 }
 
 /// One sample of the server (and the machine) during the soak.
@@ -454,7 +423,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         warmup_min_seconds: preset.warmup_min_seconds.max(args.ramp + 10.0),
         ..preset
     };
-    if !args.no_build {
+    if !args.run.no_build {
         let mut build = util::cargo();
         build.args([
             "build",
@@ -466,14 +435,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         ]);
         util::run(&mut build)?;
     }
-    let (server_bin, client_bin, _) =
-        util::release_inputs(args.server_bin.as_ref(), args.client_bin.as_ref(), None);
+    let (server_bin, client_bin, _) = util::release_inputs(
+        args.run.server_bin.as_ref(),
+        args.run.client_bin.as_ref(),
+        None,
+    );
     let ticks_per_second = load::clock_ticks()?;
 
     let delays = FakeDelays {
-        asr: Duration::from_millis(args.asr_delay_ms),
-        llm_first_token: Duration::from_millis(args.llm_delay_ms),
-        tts_first_byte: Duration::from_millis(args.tts_delay_ms),
+        asr: Duration::from_millis(args.run.asr_delay_ms),
+        llm_first_token: Duration::from_millis(args.run.llm_delay_ms),
+        tts_first_byte: Duration::from_millis(args.run.tts_delay_ms),
     };
     let fakes = FakeProviders::spawn(delays).context("starting the fake providers")?;
     let base = fakes.base_url();
@@ -487,10 +459,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     ];
     let (mut server, addr) = load::start_server(
         &server_bin,
-        &args.opus,
+        &args.run.opus,
         false,
         &env,
-        args.server_cpus.as_deref(),
+        args.run.server_cpus.as_deref(),
     )?;
     let result = soak(
         args,
@@ -538,14 +510,14 @@ fn soak(
         baseline.rss_kb as f64 / 1024.0
     );
     let url = format!("ws://{addr}/xiaozhi/v1/");
-    let (mut client_cmd, affinity) = load::pinned(client_bin, args.client_cpus.as_deref())?;
+    let (mut client_cmd, affinity) = load::pinned(client_bin, args.run.client_cpus.as_deref())?;
     client_cmd
         .args(["load", "xiaozhi", &url])
         .args(["--sessions", &args.sessions.to_string()])
         .args(["--seconds", &seconds.to_string()])
         .args(["--ramp", &args.ramp.to_string()])
-        .args(["--answer-timeout", &args.answer_timeout.to_string()]);
-    if let Some(wav) = &args.wav {
+        .args(["--answer-timeout", &args.run.answer_timeout.to_string()]);
+    if let Some(wav) = &args.run.wav {
         client_cmd.arg("--wav").arg(wav);
     }
     eprintln!("$ {}", util::describe(&client_cmd));
@@ -657,11 +629,11 @@ fn soak(
         "interval_seconds": interval.as_secs_f64(),
         "fast": args.fast,
         "warmup_seconds": rules.warmup(seconds as f64),
-        "opus_backend": args.opus,
+        "opus_backend": args.run.opus,
         "provider_delays_ms": {
-            "asr": args.asr_delay_ms,
-            "llm_first_token": args.llm_delay_ms,
-            "tts_first_byte": args.tts_delay_ms,
+            "asr": args.run.asr_delay_ms,
+            "llm_first_token": args.run.llm_delay_ms,
+            "tts_first_byte": args.run.tts_delay_ms,
         },
         "server_rss_kb_idle": baseline.rss_kb,
         "checks": checks.iter().map(|c| serde_json::json!({
