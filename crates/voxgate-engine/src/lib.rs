@@ -130,6 +130,7 @@ mod record;
 mod reply;
 pub mod sentence;
 mod speculation;
+pub mod telemetry;
 mod tools;
 mod types;
 
@@ -142,6 +143,7 @@ pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
 pub use record::{MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
 pub use speculation::SpeculationStats;
+pub use telemetry::{MAX_TELEMETRY_EVENTS, ToolKind, ToolOutcome, TurnEvent};
 pub use types::ServerToolDefinition;
 pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,
