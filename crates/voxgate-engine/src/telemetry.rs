@@ -239,7 +239,14 @@ impl Telemetry {
     /// The turn machine cancelled `turn`'s generation (it only does on an interruption): a
     /// response that had not begun ends here, unseen.
     pub(crate) fn cancelled(&mut self, turn: TurnId, now: Instant) {
-        if self.begun != Some(turn) && !self.closing {
+        if self.begun == Some(turn) {
+            // It ends with `ResponseEnded`, which reports the interruption.
+            return;
+        }
+        // Every interruption takes the turn machine's barge-in candidate with it (it becomes
+        // the user's turn or history), even when the next response follows at once.
+        self.onset = None;
+        if !self.closing {
             self.push(TurnEvent::Interrupted {
                 turn,
                 barge_in: None,
@@ -256,11 +263,17 @@ impl Telemetry {
         now: Instant,
     ) {
         use voxgate_turn::Interruption;
+        let onset = if by.is_some() {
+            // See `cancelled`: the candidate is gone with the interruption.
+            self.onset.take()
+        } else {
+            self.onset
+        };
         if let Some(by) = by
             && by != Interruption::Disconnect
             && !self.closing
         {
-            let barge_in = match (by, self.cleared, self.onset) {
+            let barge_in = match (by, self.cleared, onset) {
                 (Interruption::Speech, Some((cleared, at)), Some(onset)) if cleared == turn => {
                     Some(at.saturating_duration_since(onset.at))
                 }

@@ -204,6 +204,45 @@ fn a_barge_in_reports_the_time_from_speech_onset_to_cleared_playback() {
 }
 
 #[test]
+fn a_barge_in_counts_from_its_own_speech_not_from_speech_an_earlier_interruption_took() {
+    let mut d = Driver::new(EngineConfig::default());
+    d.silence(100);
+    let cut = speaking(&mut d, 3000);
+    // Speech starts over the reply (0.8 s into the fixture) but has not lasted long enough to
+    // interrupt when typed text does.
+    d.speak(&speech()[..16_000]);
+    let (id, _) = generate(&d.input(text("stop", TriggerMode::Immediate)));
+    d.silence(1000);
+    let ev = events(&mut d);
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        TurnEvent::Interrupted { turn, barge_in: None, .. } if *turn == cut
+    )));
+    // The answer to the text is spoken; new speech barges into it.
+    let mut out = d.provider(delta(id, "Stopping now, as you asked me to."));
+    out.extend(d.provider(done(id)));
+    let s = synth(&out);
+    d.provider(tts_audio(s[0].0, 3000));
+    d.provider(done(s[0].0));
+    assert_eq!(d.engine.state(), State::Speaking);
+    d.speak(&speech()[..16_000 * 2]);
+    let ev = events(&mut d);
+    let barge_in = ev
+        .iter()
+        .find_map(|e| match e {
+            TurnEvent::Interrupted { barge_in, .. } => *barge_in,
+            _ => None,
+        })
+        .expect("speech cleared playback");
+    let config = EngineConfig::default();
+    let least = config.vad.start_duration + config.turn.min_interruption_speech;
+    assert!(
+        barge_in >= least && barge_in < least + 200 * MS,
+        "{barge_in:?}"
+    );
+}
+
+#[test]
 fn an_abort_interrupts_without_a_barge_in_time() {
     let mut d = Driver::new(EngineConfig::default());
     let cut = speaking(&mut d, 2000);
