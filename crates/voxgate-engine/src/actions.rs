@@ -55,6 +55,7 @@ use voxgate_mcp::schema::{ErrorCode, ErrorPayload};
 
 use crate::history::context_chars;
 use crate::provider::{ChatRole, ContextMessage};
+use crate::telemetry::ToolOutcome;
 use crate::types::{ClientEvent, TurnId};
 
 /// What introduces the narrated state in the model's context.
@@ -83,8 +84,8 @@ pub(crate) enum ActionsEvent {
         call_id: String,
         /// The result for the model.
         text: String,
-        /// Whether the action succeeded.
-        ok: bool,
+        /// How it ended (a failure or a timeout are not `Ok`).
+        outcome: ToolOutcome,
     },
 }
 
@@ -306,27 +307,30 @@ impl Actions {
                     let Some(p) = self.pending.remove(&r.invocation) else {
                         continue;
                     };
-                    let (text, ok) = match r.outcome {
-                        ActionOutcome::Success(data) => (success_text(data), true),
+                    let (text, outcome) = match r.outcome {
+                        ActionOutcome::Success(data) => (success_text(data), ToolOutcome::Ok),
                         ActionOutcome::Failure(payload) => {
-                            if payload.code == ErrorCode::Timeout {
+                            let outcome = if payload.code == ErrorCode::Timeout {
                                 self.queued.push_back(ActionsEvent::Client(
                                     ClientEvent::ActionCancelled {
                                         invocation: r.invocation,
                                         reason: payload.clone(),
                                     },
                                 ));
-                            }
-                            (payload.to_value().to_string(), false)
+                                ToolOutcome::Timeout
+                            } else {
+                                ToolOutcome::Error
+                            };
+                            (payload.to_value().to_string(), outcome)
                         }
                         // A future outcome kind: report it to the model as it is.
-                        other => (format!("{other:?}"), false),
+                        other => (format!("{other:?}"), ToolOutcome::Error),
                     };
                     self.fallbacks.extend(r.fallback);
                     self.queued.push_back(ActionsEvent::Finished {
                         call_id: p.call_id,
                         text,
-                        ok,
+                        outcome,
                     });
                 }
                 // Read when a context is built (see `narrated_message`).
@@ -429,7 +433,10 @@ mod tests {
             &events[..],
             [
                 ActionsEvent::Client(ClientEvent::ActionCancelled { .. }),
-                ActionsEvent::Finished { ok: false, .. }
+                ActionsEvent::Finished {
+                    outcome: ToolOutcome::Timeout,
+                    ..
+                }
             ]
         ));
         assert!(a.take_fallback().is_some());

@@ -15,8 +15,10 @@ pub(crate) enum CaptureEvent {
     Transition(VadState, VadState, u64, std::time::Duration),
     /// Per-frame telemetry.
     Frame(voxgate_audio::vad::VadFrame),
-    /// Speech was declared (after the VAD's start hysteresis).
-    SpeechStarted,
+    /// Speech was declared (after the VAD's start hysteresis). `(onset, ago)`: the input
+    /// position of its first voiced audio, and how much audio came after it up to the end of
+    /// the block just processed (so it was heard that long before the block's end arrived).
+    SpeechStarted(u64, std::time::Duration),
     /// Speech ended; the utterance at 16 kHz, from the backbuffer to the end of speech.
     SpeechEnded(Vec<i16>),
     /// The VAD has heard the speculation pause inside an utterance (see
@@ -125,7 +127,10 @@ impl Capture {
                             let mut kept = Vec::new();
                             self.buf_start = self.vad.copy_audio(t.audio_start, &mut kept);
                             self.buf.extend(kept.into_iter().map(f32_to_i16));
-                            self.events.push_back(CaptureEvent::SpeechStarted);
+                            self.events.push_back(CaptureEvent::SpeechStarted(
+                                self.offset + t.onset,
+                                std::time::Duration::ZERO,
+                            ));
                         }
                         (VadState::SpeechEnding, VadState::Silence) if self.capturing => {
                             self.capturing = false;
@@ -240,10 +245,12 @@ impl Capture {
     }
 
     /// The next event. Events are drained after a whole block is processed, so a transition's
-    /// `behind` is measured here, from the block's end.
+    /// `behind` (and a speech start's `ago`) is measured here, from the block's end.
     pub(crate) fn poll_event(&mut self) -> Option<CaptureEvent> {
         let mut event = self.events.pop_front()?;
-        if let CaptureEvent::Transition(_, _, position, behind) = &mut event {
+        if let CaptureEvent::Transition(_, _, position, behind)
+        | CaptureEvent::SpeechStarted(position, behind) = &mut event
+        {
             let samples = self.position.saturating_sub(*position);
             *behind = std::time::Duration::from_micros(
                 samples.saturating_mul(1_000_000) / u64::from(self.rate.max(1)),

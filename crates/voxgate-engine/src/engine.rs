@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::mem;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use voxgate_audio::vad::VadState;
@@ -22,7 +22,8 @@ use crate::provider::{ContextMessage, ProviderEvent, ProviderRequest, ToolSpec};
 use crate::record::{Record, Said};
 use crate::reply::{Reply, Routed, Tts};
 use crate::speculation::{GenerationKey, Held, Routing, SpeculationStats, Speculator};
-use crate::tools::{Dispatch, Tools, ToolsEvent};
+use crate::telemetry::{Telemetry, ToolOutcome, TurnEvent};
+use crate::tools::{CallInfo, Dispatch, Tools, ToolsEvent};
 use crate::types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, TurnId,
 };
@@ -65,6 +66,8 @@ pub struct Engine {
     /// Utterances the VAD has started, numbering them so a speculative recognition is only
     /// adopted for the utterance it was taken from.
     utterances: u64,
+    /// What happened in each turn, for the host ([`Engine::take_telemetry`]); never read here.
+    telemetry: Telemetry,
 }
 
 /// The turn of speculative requests ([`ProviderRequest::Generate`] and
@@ -115,6 +118,7 @@ impl Engine {
             held: None,
             spec: Speculator::new(),
             utterances: 0,
+            telemetry: Telemetry::default(),
         })
     }
 
@@ -159,6 +163,20 @@ impl Engine {
     #[must_use]
     pub fn speculation_stats(&self) -> SpeculationStats {
         self.spec.stats()
+    }
+
+    /// Drains the turn events observed since the last call, oldest first (see
+    /// [`crate::telemetry`]). Optional: the engine never reads them, and keeps at most
+    /// [`crate::MAX_TELEMETRY_EVENTS`] for a host that does not drain (the oldest go first,
+    /// counted by [`Engine::telemetry_dropped`]).
+    pub fn take_telemetry(&mut self) -> std::collections::vec_deque::Drain<'_, TurnEvent> {
+        self.telemetry.drain()
+    }
+
+    /// Turn events dropped because more than [`crate::MAX_TELEMETRY_EVENTS`] waited undrained.
+    #[must_use]
+    pub fn telemetry_dropped(&self) -> u64 {
+        self.telemetry.dropped()
     }
 
     /// The next output, if any. Drain after every `handle_*` call.
@@ -410,6 +428,7 @@ impl Engine {
     /// Ends the session: the turn machine's disconnect path cuts off the response and cancels
     /// the tools it tracks; everything else in flight is cancelled here.
     fn close(&mut self, now: Instant) {
+        self.telemetry.closing();
         self.feed_internal(now, TurnInput::Disconnected);
         self.pump(now);
         // The turn machine's CancelResponse already cancelled the work of a response it cut
@@ -424,9 +443,10 @@ impl Engine {
             self.provider(ProviderRequest::Cancel { id });
         }
         // Calls the turn machine did not track (refused ones awaiting generation's end).
-        for call_id in self.tools.close() {
+        for (call_id, info) in self.tools.close() {
             self.record
                 .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
+            self.tool_ended(now, info, ToolOutcome::Cancelled);
         }
         self.actions.close();
         self.spec.close();
@@ -578,7 +598,16 @@ impl Engine {
                 volume: f.volume,
                 state: f.state,
             }),
-            CaptureEvent::SpeechStarted => {
+            CaptureEvent::SpeechStarted(_, ago) => {
+                if matches!(
+                    self.turn.state(),
+                    State::Processing | State::Speaking | State::Action
+                ) {
+                    self.telemetry.speech_started(
+                        onset_wall(now, ago),
+                        self.turn.stats().rejected_interruptions,
+                    );
+                }
                 // The user goes on (a new utterance): the turn will not be what was
                 // speculated.
                 self.utterances += 1;
@@ -640,6 +669,7 @@ impl Engine {
     }
 
     fn on_turn_output(&mut self, now: Instant, out: TurnOutput) {
+        self.observe(now, &out);
         if matches!(out, TurnOutput::UserTurn(_) | TurnOutput::UserTurnDiscarded) {
             // The user turn being speculated for ends here: no generation starts for it any
             // more (the real one, if any, follows at once).
@@ -725,7 +755,9 @@ impl Engine {
                 if let Some(id) = self.tools.server_request(&call_id) {
                     self.provider(ProviderRequest::Cancel { id });
                 }
-                self.tools.cancel(&call_id);
+                if let Some(info) = self.tools.cancel(&call_id) {
+                    self.tool_ended(now, info, ToolOutcome::Cancelled);
+                }
                 self.record
                     .tool_result(now, &call_id, CANCELLED_CALL.to_owned());
                 self.actions.cancel_call(&call_id);
@@ -764,6 +796,42 @@ impl Engine {
                 category: ErrorCategory::Internal,
                 message: reason,
             }),
+            _ => {}
+        }
+    }
+
+    /// Records what a turn machine output tells the host's telemetry, before it is acted on.
+    fn observe(&mut self, now: Instant, out: &TurnOutput) {
+        let t = &mut self.telemetry;
+        match out {
+            TurnOutput::StateChanged { to, .. } => {
+                if !matches!(to, State::Processing | State::Speaking | State::Action) {
+                    t.floor_left_system();
+                }
+                t.push(TurnEvent::State { to: *to, at: now });
+            }
+            TurnOutput::UserTurn(u) => t.push(TurnEvent::UserTurn {
+                turn: u.turn,
+                speech: u.source == UserSource::Speech,
+                at: now,
+            }),
+            TurnOutput::Latency(l) => t.push(TurnEvent::Latency(*l)),
+            TurnOutput::ResponseBegun { turn } => t.begun(*turn),
+            TurnOutput::ClearPlayback { turn } => t.cleared(*turn, now),
+            TurnOutput::CancelResponse { turn } => t.cancelled(*turn, now),
+            TurnOutput::ResumeResponse { interrupted, .. } => {
+                t.push(TurnEvent::FalseInterruption {
+                    turn: *interrupted,
+                    at: now,
+                });
+            }
+            TurnOutput::ResponseEnded(a) => {
+                let by = match a.delivery {
+                    Delivery::Interrupted { by } => Some(by),
+                    _ => None,
+                };
+                t.response_ended(a.turn, by, now);
+            }
             _ => {}
         }
     }
@@ -825,7 +893,7 @@ impl Engine {
         );
         self.pump(now);
         for call_id in end.refused {
-            self.finish_call(now, &call_id, false);
+            self.finish_call(now, &call_id, ToolOutcome::Error);
         }
     }
 }
@@ -1130,6 +1198,7 @@ impl Engine {
                 match self.actions.invoke(now, &call_id, turn, &name, arguments) {
                     Ok(()) => self.pump_actions(now),
                     Err(payload) => {
+                        self.tools.not_run(&call_id);
                         self.record.tool_result(now, &call_id, payload);
                         self.reply.refuse(call_id);
                     }
@@ -1168,9 +1237,13 @@ impl Engine {
                     let rejected = self.tools.set_action_tools(tools);
                     self.actions.tools_rejected(rejected);
                 }
-                ActionsEvent::Finished { call_id, text, ok } => {
+                ActionsEvent::Finished {
+                    call_id,
+                    text,
+                    outcome,
+                } => {
                     self.record.tool_result(now, &call_id, text);
-                    self.finish_call(now, &call_id, ok);
+                    self.finish_call(now, &call_id, outcome);
                 }
             }
         }
@@ -1196,7 +1269,7 @@ impl Engine {
             return Err(InputError::UnknownToolCall(id));
         }
         self.record.tool_result(now, &id, result);
-        self.finish_call(now, &id, true);
+        self.finish_call(now, &id, ToolOutcome::Ok);
         Ok(())
     }
 
@@ -1212,21 +1285,41 @@ impl Engine {
             }
         };
         self.record.tool_result(now, call_id, text);
-        self.finish_call(now, call_id, ok);
+        let outcome = if ok {
+            ToolOutcome::Ok
+        } else {
+            ToolOutcome::Error
+        };
+        self.finish_call(now, call_id, outcome);
     }
 
-    fn finish_call(&mut self, now: Instant, call_id: &str, ok: bool) {
-        if !self.tools.finish(call_id) {
+    fn finish_call(&mut self, now: Instant, call_id: &str, outcome: ToolOutcome) {
+        let Some(info) = self.tools.finish(call_id) else {
             return;
-        }
+        };
+        self.tool_ended(now, info, outcome);
         self.feed_internal(
             now,
             TurnInput::ToolCallFinished {
                 call_id: call_id.to_owned(),
-                ok,
+                ok: outcome == ToolOutcome::Ok,
             },
         );
         self.pump(now);
+    }
+
+    /// Reports the end of a call that ran (refused calls have no round trip).
+    fn tool_ended(&mut self, now: Instant, info: CallInfo, outcome: ToolOutcome) {
+        if let Some(kind) = info.kind {
+            self.telemetry.push(TurnEvent::ToolCall {
+                turn: info.turn,
+                kind,
+                name: info.name,
+                elapsed: now.saturating_duration_since(info.started),
+                outcome,
+                at: now,
+            });
+        }
     }
 
     /// Acts on what the tools machine reports (device MCP traffic and answered calls).
@@ -1234,9 +1327,13 @@ impl Engine {
         while let Some(event) = self.tools.poll() {
             match event {
                 ToolsEvent::Client(e) => self.client(e),
-                ToolsEvent::Finished { call_id, text, ok } => {
+                ToolsEvent::Finished {
+                    call_id,
+                    text,
+                    outcome,
+                } => {
                     self.record.tool_result(now, &call_id, text);
-                    self.finish_call(now, &call_id, ok);
+                    self.finish_call(now, &call_id, outcome);
                 }
             }
         }
@@ -1279,6 +1376,15 @@ fn new_capture(config: &EngineConfig, rate: u32) -> Result<Capture, voxgate_audi
         config.vad_frame_telemetry,
         pause,
     )
+}
+
+/// The wall-clock instant of audio heard `ago` before the end of the block that arrived at
+/// `now`. An approximation: audio arrives in real time, so the block's last sample was heard
+/// about when it arrived and earlier samples that much earlier; network jitter and the
+/// client's own buffering (a frame or two, tens of milliseconds) are not seen here, so the
+/// onset may be placed that much late or early. Never after `now`.
+fn onset_wall(now: Instant, ago: Duration) -> Instant {
+    now.checked_sub(ago).unwrap_or(now)
 }
 
 /// `words` followed by `more` as the turn machine joins final transcripts.

@@ -39,6 +39,11 @@
 //!   adopts it, or cancels it at the provider; nothing of it reaches the client or history
 //!   otherwise ([`Engine::speculation_stats`] counts it).
 //!
+//! What happened in each turn (state changes, user turns, latency figures, interruptions and
+//! barge-in time, tool call round trips, response ends) is recorded as [`TurnEvent`]s for the
+//! host's metrics and traces ([`telemetry`], [`Engine::take_telemetry`]); nothing in the
+//! engine reads them back.
+//!
 //! Every per-session queue is bounded ([`EngineConfig::max_history_messages`],
 //! [`MAX_PENDING_QUERIES`], [`MAX_PENDING_EXPORTS`], [`voxgate_turn::MAX_QUEUED_INPUTS`],
 //! the action registry's [`voxgate_mcp::action::MAX_ACTIONS`],
@@ -62,6 +67,7 @@
 //!         Output::Client(event)     => send to the client
 //!         Output::Provider(request) => start it (Cancel: stop it; its late events are ignored)
 //!     }
+//!     for event in engine.take_telemetry() { metrics, traces, timeline }   // optional
 //! }
 //! ```
 //! Time is only ever the `now` passed in; the same inputs at the same instants give the same
@@ -130,6 +136,7 @@ mod record;
 mod reply;
 pub mod sentence;
 mod speculation;
+pub mod telemetry;
 mod tools;
 mod types;
 
@@ -142,6 +149,7 @@ pub use history::ChatMessage;
 pub use provider::{ProviderEvent, ProviderRequest};
 pub use record::{MAX_PENDING_EXPORTS, MAX_PENDING_QUERIES};
 pub use speculation::SpeculationStats;
+pub use telemetry::{MAX_TELEMETRY_EVENTS, ToolKind, ToolOutcome, TurnEvent};
 pub use types::ServerToolDefinition;
 pub use types::{
     ClientEvent, ConfigError, ErrorCategory, Input, InputError, Output, RequestId, ToolDefinition,

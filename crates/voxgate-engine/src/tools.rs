@@ -17,12 +17,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 use serde_json::Value;
-use voxgate_mcp::client::{CallId, ClientConfig, ClientOutput, McpClient};
+use voxgate_mcp::client::{CallError, CallId, ClientConfig, ClientOutput, McpClient};
 use voxgate_mcp::jsonrpc::ErrorObject;
 use voxgate_mcp::model::Tool;
 use voxgate_mcp::registry::{PreparedCall, RejectedTool, ToolRegistry, ToolSource};
 
 use crate::provider::ToolSpec;
+use crate::telemetry::{ToolKind, ToolOutcome};
 use crate::types::{
     ClientEvent, ErrorCategory, InputError, RequestId, ServerToolDefinition, ToolDefinition, TurnId,
 };
@@ -32,6 +33,21 @@ use crate::types::{
 struct Call {
     source: ToolSource,
     device_call: Option<CallId>,
+    /// What telemetry reports when it ends.
+    info: CallInfo,
+}
+
+/// What telemetry needs of a call in flight ([`crate::TurnEvent::ToolCall`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CallInfo {
+    /// The response that called it.
+    pub(crate) turn: TurnId,
+    /// Who runs it; `None` for a call refused before it ran (no round trip to report).
+    pub(crate) kind: Option<ToolKind>,
+    /// The tool's own name.
+    pub(crate) name: String,
+    /// When it was sent.
+    pub(crate) started: Instant,
 }
 
 /// A model's tool call checked against the registry.
@@ -78,14 +94,14 @@ pub(crate) enum Dispatch {
 pub(crate) enum ToolsEvent {
     /// Send to the client (device MCP traffic, errors).
     Client(ClientEvent),
-    /// A device call answered.
+    /// A device call answered (or timed out).
     Finished {
         /// The model's call id.
         call_id: String,
         /// Its result text for history.
         text: String,
-        /// Whether it succeeded.
-        ok: bool,
+        /// How it ended.
+        outcome: ToolOutcome,
     },
 }
 
@@ -316,14 +332,27 @@ impl Tools {
         prepared: Prepared,
         turn: TurnId,
     ) -> Dispatch {
+        let mut info = CallInfo {
+            turn,
+            kind: None,
+            name: prepared.name,
+            started: now,
+        };
         let p = match prepared.outcome {
             Ok(p) => p,
             Err(payload) => {
-                self.track(call_id, ToolSource::Server, None);
+                self.track(call_id, ToolSource::Server, None, info);
                 return Dispatch::Refused(payload);
             }
         };
         let source = p.source.clone();
+        info.kind = match &p.source {
+            ToolSource::Client => Some(ToolKind::Client),
+            ToolSource::Device => Some(ToolKind::Device),
+            ToolSource::Action => Some(ToolKind::Action),
+            ToolSource::Mcp(_) => Some(ToolKind::Mcp),
+            _ => None,
+        };
         let dispatch = match p.source {
             ToolSource::Client => Dispatch::Client(ClientEvent::ToolCallRequest {
                 id: call_id.to_owned(),
@@ -339,10 +368,13 @@ impl Tools {
                 match started {
                     Some(Ok(n)) => {
                         self.device_calls.insert(n, call_id.to_owned());
-                        self.track(call_id, source, Some(n));
+                        self.track(call_id, source, Some(n), info);
                         return Dispatch::Device;
                     }
-                    _ => Dispatch::Refused("the device is not connected".to_owned()),
+                    _ => {
+                        info.kind = None;
+                        Dispatch::Refused("the device is not connected".to_owned())
+                    }
                 }
             }
             ToolSource::Action => Dispatch::Action {
@@ -356,18 +388,33 @@ impl Tools {
             },
             _ => Dispatch::Refused("no runner for this tool".to_owned()),
         };
-        self.track(call_id, source, None);
+        self.track(call_id, source, None, info);
         dispatch
     }
 
-    fn track(&mut self, call_id: &str, source: ToolSource, device_call: Option<CallId>) {
+    fn track(
+        &mut self,
+        call_id: &str,
+        source: ToolSource,
+        device_call: Option<CallId>,
+        info: CallInfo,
+    ) {
         self.calls.insert(
             call_id.to_owned(),
             Call {
                 source,
                 device_call,
+                info,
             },
         );
+    }
+
+    /// The call never ran after all (the action registry refused it): no round trip to
+    /// report when it ends.
+    pub(crate) fn not_run(&mut self, call_id: &str) {
+        if let Some(c) = self.calls.get_mut(call_id) {
+            c.info.kind = None;
+        }
     }
 
     /// Whether `id` is a client call awaiting the client's answer.
@@ -377,33 +424,34 @@ impl Tools {
             .is_some_and(|c| c.source == ToolSource::Client)
     }
 
-    /// Removes an answered call; false when it was not in flight.
-    pub(crate) fn finish(&mut self, call_id: &str) -> bool {
+    /// Removes an answered call; `None` when it was not in flight.
+    pub(crate) fn finish(&mut self, call_id: &str) -> Option<CallInfo> {
         self.forget_server_call(call_id);
-        self.calls.remove(call_id).is_some()
+        self.calls.remove(call_id).map(|c| c.info)
     }
 
-    /// Cancels a call the turn machine gave up on; false when it was not in flight.
-    pub(crate) fn cancel(&mut self, call_id: &str) -> bool {
+    /// Cancels a call the turn machine gave up on; `None` when it was not in flight.
+    pub(crate) fn cancel(&mut self, call_id: &str) -> Option<CallInfo> {
         self.forget_server_call(call_id);
-        let Some(call) = self.calls.remove(call_id) else {
-            return false;
-        };
+        let call = self.calls.remove(call_id)?;
         if let (Some(m), Some(n)) = (&mut self.mcp, call.device_call) {
             self.device_calls.remove(&n);
             m.cancel(n, "the reply was cut off");
         }
-        true
+        Some(call.info)
     }
 
     /// The session is over: forgets the device and returns the calls still in flight.
-    pub(crate) fn close(&mut self) -> Vec<String> {
+    pub(crate) fn close(&mut self) -> Vec<(String, CallInfo)> {
         self.device_calls.clear();
         self.server_calls.clear();
         self.server_requests.clear();
         // The device is gone: its MCP client (and any cancel notices it queued) with it.
         self.mcp = None;
-        std::mem::take(&mut self.calls).into_keys().collect()
+        std::mem::take(&mut self.calls)
+            .into_iter()
+            .map(|(id, c)| (id, c.info))
+            .collect()
     }
 
     /// The next thing the device MCP client has to report.
@@ -446,11 +494,23 @@ impl Tools {
                     let Some(call_id) = self.device_calls.remove(&call) else {
                         continue;
                     };
-                    let (text, ok) = match outcome {
-                        Ok(r) => (r.joined_text(), !r.is_error),
-                        Err(e) => (format!("the device tool failed: {e}"), false),
+                    let (text, outcome) = match outcome {
+                        Ok(r) if r.is_error => (r.joined_text(), ToolOutcome::Error),
+                        Ok(r) => (r.joined_text(), ToolOutcome::Ok),
+                        Err(e) => (
+                            format!("the device tool failed: {e}"),
+                            if e == CallError::Timeout {
+                                ToolOutcome::Timeout
+                            } else {
+                                ToolOutcome::Error
+                            },
+                        ),
                     };
-                    return Some(ToolsEvent::Finished { call_id, text, ok });
+                    return Some(ToolsEvent::Finished {
+                        call_id,
+                        text,
+                        outcome,
+                    });
                 }
                 ClientOutput::Request(r) => {
                     if let Some(m) = &mut self.mcp {
@@ -512,8 +572,12 @@ mod tests {
             matches!(d, Dispatch::Client(ClientEvent::ToolCallRequest { ref name, .. }) if name == "home.lamp")
         );
         assert!(tools.contains("c1") && tools.awaits_client("c1") && tools.pending());
-        assert!(tools.finish("c1"));
-        assert!(!tools.finish("c1"));
+        let info = tools.finish("c1").unwrap();
+        assert_eq!(
+            (info.kind, info.name.as_str(), info.turn, info.started),
+            (Some(ToolKind::Client), "home.lamp", TurnId(2), now)
+        );
+        assert!(tools.finish("c1").is_none());
         assert!(!tools.pending());
     }
 
@@ -558,8 +622,9 @@ mod tests {
         ));
         // Refused calls stay until generation ends, but never wait for the client.
         assert!(tools.contains("c1") && !tools.awaits_client("c1"));
-        assert!(tools.cancel("c1"));
-        assert!(!tools.cancel("c1"));
+        // Refused before it ran: nothing to report as a round trip.
+        assert_eq!(tools.cancel("c1").map(|i| i.kind), Some(None));
+        assert!(tools.cancel("c1").is_none());
         assert_eq!(
             tools.device_input(now, json!({})),
             Err(InputError::DeviceMcpNotStarted)
@@ -598,7 +663,7 @@ mod tests {
         assert_eq!(tools.server_call_of(RequestId(9)), Some("c1"));
         assert_eq!(tools.server_request("c1"), Some(RequestId(9)));
         assert!(!tools.awaits_client("c1"));
-        assert!(tools.finish("c1"));
+        assert_eq!(tools.finish("c1").and_then(|i| i.kind), Some(ToolKind::Mcp));
         assert_eq!(tools.server_call_of(RequestId(9)), None);
         // Source `a` leaves: `b` keeps a distinct name, the client's stays plain.
         tools.set_server_tools(vec![server("b")]);
@@ -621,7 +686,8 @@ mod tests {
             let p = tools.prepare("x", json!({}));
             tools.dispatch(now, id, p, TurnId(1));
         }
-        assert_eq!(tools.close(), ["a", "b"]);
+        let closed: Vec<String> = tools.close().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(closed, ["a", "b"]);
         assert!(!tools.pending());
         assert_eq!(tools.poll(), None);
         assert_eq!(tools.poll_timeout(), None);
