@@ -801,12 +801,12 @@ impl Metrics {
         let false_interruptions = per_door_counters(
             &mut r,
             "voxgate_false_interruptions",
-            "Interruptions that proved false (no words followed) so the reply resumed, by door",
+            "Interruptions that proved false, so the interrupted reply resumed, by door",
         );
         let replies_cut = per_door_counters(
             &mut r,
             "voxgate_replies_cut",
-            "Replies that ended cut off before all of their audio was played, by door",
+            "Replies that ended cut off rather than complete, by door",
         );
         let webrtc_late_frames = Counter::default();
         r.register(
