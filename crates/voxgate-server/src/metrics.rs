@@ -1,16 +1,34 @@
-//! A small Prometheus registry of atomics, rendered in the text exposition format at
-//! `GET /metrics`.
+//! The server's Prometheus metrics, served at `GET /metrics`.
 //!
-//! Hand-rolled because the set is small and fixed: counters and gauges per door, and latency
-//! summaries (`_sum` and `_count`) per provider kind. Updates are single relaxed atomic adds,
-//! cheap enough for the audio path.
+//! Each [`Metrics`] owns its own `prometheus_client` [`Registry`] (several servers share one
+//! test process, so there is no global recorder) and renders it in the Prometheus text
+//! exposition format, version 0.0.4 ([`CONTENT_TYPE`]).
+//!
+//! Every label set is bounded: labels are enums (door, provider kind, direction, reason,
+//! stage, tool kind, outcome), never session ids. Every child of every family is created
+//! when the registry is built and kept in arrays indexed by those enums, so an update is a
+//! relaxed atomic add with no lookup, lock or allocation: cheap enough for the audio path.
 
-use std::fmt::Write as _;
+use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder, NoLabelSet,
+    prometheus_text,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+/// The `Content-Type` of [`Metrics::render`]'s output: the Prometheus text format 0.0.4.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
 /// Which protocol a session speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Door {
     /// The realtime protobuf protocol.
@@ -25,10 +43,12 @@ pub enum Door {
     Mcp,
     /// The VIP browser door (WebRTC, `POST /webrtc/offer`).
     Vip,
+    /// The Bridge HTTP API (`POST /api/message`): text turns, one request each.
+    Bridge,
 }
 
 /// Which way a dropped audio frame was travelling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// Client to server: the session could not keep up with what the client sent.
     Uplink,
@@ -37,6 +57,9 @@ pub enum Direction {
 }
 
 impl Direction {
+    /// Both directions, in index order.
+    pub const ALL: [Self; 2] = [Self::Uplink, Self::Downlink];
+
     /// The `direction` label value in `/metrics`.
     #[must_use]
     pub fn label(self) -> &'static str {
@@ -54,11 +77,11 @@ impl Direction {
     }
 }
 
-/// How many doors there are (the length of the per-door counter arrays).
-pub(crate) const DOORS: usize = 6;
+/// How many doors there are (the length of the per-door arrays).
+pub(crate) const DOORS: usize = 7;
 
 impl Door {
-    /// Every door, in the order they are rendered.
+    /// Every door, in index order.
     pub const ALL: [Self; DOORS] = [
         Self::Realtime,
         Self::Xiaozhi,
@@ -66,6 +89,7 @@ impl Door {
         Self::Retell,
         Self::Mcp,
         Self::Vip,
+        Self::Bridge,
     ];
 
     /// The `door` label value in `/metrics` and `/health`.
@@ -78,6 +102,7 @@ impl Door {
             Self::Retell => "retell",
             Self::Mcp => "mcp",
             Self::Vip => "vip",
+            Self::Bridge => "bridge",
         }
     }
 
@@ -89,12 +114,13 @@ impl Door {
             Self::Retell => 3,
             Self::Mcp => 4,
             Self::Vip => 5,
+            Self::Bridge => 6,
         }
     }
 }
 
 /// Why a session was refused before its WebSocket handshake (see `crate::admission`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RefusalReason {
     /// The whole server holds `max_sessions`.
@@ -114,7 +140,7 @@ pub enum RefusalReason {
 const REASONS: usize = 5;
 
 impl RefusalReason {
-    /// Every reason, in the order they are rendered.
+    /// Every reason, in index order.
     pub const ALL: [Self; REASONS] = [
         Self::CapacityServer,
         Self::CapacityDoor,
@@ -147,7 +173,7 @@ impl RefusalReason {
 }
 
 /// Which provider a latency belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ProviderKind {
     /// Time from request to the first LLM event.
@@ -158,10 +184,16 @@ pub enum ProviderKind {
     Tts,
 }
 
-impl ProviderKind {
-    const ALL: [Self; 3] = [Self::Llm, Self::Asr, Self::Tts];
+/// How many provider kinds there are.
+const PROVIDERS: usize = 3;
 
-    fn label(self) -> &'static str {
+impl ProviderKind {
+    /// Every kind, in index order.
+    pub const ALL: [Self; PROVIDERS] = [Self::Llm, Self::Asr, Self::Tts];
+
+    /// The `provider` label value in `/metrics`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
         match self {
             Self::Llm => "llm",
             Self::Asr => "asr",
@@ -169,7 +201,7 @@ impl ProviderKind {
         }
     }
 
-    fn index(self) -> usize {
+    const fn index(self) -> usize {
         match self {
             Self::Llm => 0,
             Self::Asr => 1,
@@ -178,42 +210,216 @@ impl ProviderKind {
     }
 }
 
-#[derive(Debug, Default)]
-struct Latency {
-    micros: AtomicU64,
-    count: AtomicU64,
-    failures: AtomicU64,
-    /// Requests whose deadline (first output or idle) ran out.
-    timeouts: AtomicU64,
-    /// Requests handed to the fallback provider.
-    fallbacks: AtomicU64,
+/// A stage of a turn measured per door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The end-of-speech decision delay: audio time from the last voiced frame to the
+    /// decision that the user finished (`voxgate_turn_endpointing_seconds`).
+    Endpointing,
+    /// From the user stopping to the first reply audio (`voxgate_turn_first_audio_seconds`).
+    FirstAudio,
+    /// From the onset of speech over a reply to playback cleared or `tts stop` sent
+    /// (`voxgate_barge_in_seconds`).
+    BargeIn,
 }
 
-/// Process-wide counters; shared by every session through an `Arc`.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    sessions_total: [AtomicU64; DOORS],
-    sessions_active: [AtomicU64; DOORS],
-    turns: [AtomicU64; DOORS],
-    errors: [AtomicU64; DOORS],
-    /// Indexed by [`Direction::index`], then door.
-    dropped_frames: [[AtomicU64; DOORS]; 2],
-    /// Indexed by [`RefusalReason::index`], then door.
-    refused: [[AtomicU64; DOORS]; REASONS],
-    /// The overload guard's current figure, in microseconds.
-    scheduling_delay_micros: AtomicU64,
-    latency: [Latency; 3],
-    /// WebRTC reply frames sent more than a frame late.
-    webrtc_late_frames: AtomicU64,
-    /// WebRTC datagrams dropped because their connection was behind.
-    webrtc_dropped_datagrams: AtomicU64,
-    /// Per door: the server's own time from a turn's decision to its first reply audio
-    /// frame written, provider waits excluded.
-    server_added: [Histogram; DOORS],
-    /// Speculations by outcome ([`SPECULATION_OUTCOMES`]), then door.
-    speculations: [[AtomicU64; DOORS]; 3],
-    /// Speculative provider requests by outcome ([`SPECULATIVE_REQUEST_OUTCOMES`]), then door.
-    speculative_requests: [[AtomicU64; DOORS]; 3],
+/// How many stages there are.
+const STAGES: usize = 3;
+
+impl Stage {
+    /// Every stage, in index order.
+    pub const ALL: [Self; STAGES] = [Self::Endpointing, Self::FirstAudio, Self::BargeIn];
+
+    /// The histogram this stage is recorded in.
+    #[must_use]
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            Self::Endpointing => "voxgate_turn_endpointing_seconds",
+            Self::FirstAudio => "voxgate_turn_first_audio_seconds",
+            Self::BargeIn => "voxgate_barge_in_seconds",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Self::Endpointing => {
+                "End-of-speech decision delay, by door: audio time from the last voiced frame \
+                 to the decision that the user finished"
+            }
+            Self::FirstAudio => {
+                "Time from the user stopping to the first reply audio, by door: what the user \
+                 waits"
+            }
+            Self::BargeIn => {
+                "Time from the onset of speech over a reply to its playback cleared (or tts \
+                 stop sent), by door"
+            }
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Endpointing => 0,
+            Self::FirstAudio => 1,
+            Self::BargeIn => 2,
+        }
+    }
+}
+
+/// Who ran a tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolCallKind {
+    /// The client ran it (a realtime client tool, a Retell function...).
+    Client,
+    /// An external MCP server connected to the MCP endpoint ran it.
+    Mcp,
+    /// The device ran it (Xiaozhi's device MCP tools).
+    Device,
+    /// The server ran it as an action of its own.
+    Action,
+}
+
+/// How many tool call kinds there are.
+const TOOL_KINDS: usize = 4;
+
+impl ToolCallKind {
+    /// Every kind, in index order.
+    pub const ALL: [Self; TOOL_KINDS] = [Self::Client, Self::Mcp, Self::Device, Self::Action];
+
+    /// The `kind` label value in `/metrics`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Mcp => "mcp",
+            Self::Device => "device",
+            Self::Action => "action",
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Client => 0,
+            Self::Mcp => 1,
+            Self::Device => 2,
+            Self::Action => 3,
+        }
+    }
+}
+
+/// How a tool call ended, as counted in `voxgate_tool_calls_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolOutcomeLabel {
+    /// It returned a result.
+    Ok,
+    /// It returned an error (or could not be run).
+    Error,
+    /// The turn was interrupted or the session closed while it ran.
+    Cancelled,
+    /// Its deadline ran out.
+    Timeout,
+}
+
+/// How many tool call outcomes there are.
+const TOOL_OUTCOMES: usize = 4;
+
+impl ToolOutcomeLabel {
+    /// Every outcome, in index order.
+    pub const ALL: [Self; TOOL_OUTCOMES] = [Self::Ok, Self::Error, Self::Cancelled, Self::Timeout];
+
+    /// The `outcome` label value in `/metrics`.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::Cancelled => "cancelled",
+            Self::Timeout => "timeout",
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Ok => 0,
+            Self::Error => 1,
+            Self::Cancelled => 2,
+            Self::Timeout => 3,
+        }
+    }
+}
+
+/// Label values are the enums' `label()` strings.
+macro_rules! label_values {
+    ($($t:ty),*) => {$(
+        impl EncodeLabelValue for $t {
+            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), fmt::Error> {
+                EncodeLabelValue::encode(&self.label(), encoder)
+            }
+        }
+    )*};
+}
+label_values!(
+    Door,
+    Direction,
+    RefusalReason,
+    ProviderKind,
+    ToolCallKind,
+    ToolOutcomeLabel
+);
+
+/// `{door}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DoorLabels {
+    door: Door,
+}
+
+/// `{door, direction}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirectionLabels {
+    door: Door,
+    direction: Direction,
+}
+
+/// `{door, reason}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RefusalLabels {
+    door: Door,
+    reason: RefusalReason,
+}
+
+/// `{door, outcome}` for the speculation counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SpeculationLabels {
+    door: Door,
+    outcome: &'static str,
+}
+
+/// `{provider}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: ProviderKind,
+}
+
+/// `{door, provider}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DoorProviderLabels {
+    door: Door,
+    provider: ProviderKind,
+}
+
+/// `{door, kind}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ToolLabels {
+    door: Door,
+    kind: ToolCallKind,
+}
+
+/// `{door, kind, outcome}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ToolOutcomeLabels {
+    door: Door,
+    kind: ToolCallKind,
+    outcome: ToolOutcomeLabel,
 }
 
 /// Upper bounds of the server-added latency buckets, in microseconds: fine below 10 ms,
@@ -223,48 +429,12 @@ const SERVER_ADDED_BUCKETS_MICROS: [u64; 14] = [
     1_000_000,
 ];
 
-/// A Prometheus histogram of durations over [`SERVER_ADDED_BUCKETS_MICROS`]: one relaxed
-/// add per observation into its bucket (not cumulative; summed when rendered).
-#[derive(Debug, Default)]
-struct Histogram {
-    buckets: [AtomicU64; SERVER_ADDED_BUCKETS_MICROS.len()],
-    /// Observations above the last bound.
-    over: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, d: Duration) {
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        match SERVER_ADDED_BUCKETS_MICROS
-            .iter()
-            .position(|&b| micros <= b)
-        {
-            Some(i) => self.buckets[i].fetch_add(1, Ordering::Relaxed),
-            None => self.over.fetch_add(1, Ordering::Relaxed),
-        };
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
-    }
-
-    /// Renders the `_bucket`, `_sum` and `_count` lines with `labels` (`door="x"`).
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (bound, bucket) in SERVER_ADDED_BUCKETS_MICROS.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            #[allow(clippy::cast_precision_loss, reason = "bucket bounds are small")]
-            let le = *bound as f64 / 1e6;
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        cumulative += self.over.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-        #[allow(clippy::cast_precision_loss, reason = "seconds for display")]
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {cumulative}"
-        );
-    }
-}
+/// Upper bounds of the turn, provider and tool latency buckets, in microseconds: 5 ms to
+/// 30 s, dense around the few hundred milliseconds a conversational turn lives in.
+const LATENCY_BUCKETS_MICROS: [u64; 16] = [
+    5_000, 10_000, 25_000, 50_000, 100_000, 200_000, 300_000, 500_000, 750_000, 1_000_000,
+    1_500_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 30_000_000,
+];
 
 /// The `outcome` labels of `voxgate_speculations_total`: pauses speculated at, speculations
 /// the real pipeline took work from, speculations none of whose work was used.
@@ -273,6 +443,98 @@ pub const SPECULATION_OUTCOMES: [&str; 3] = ["started", "adopted", "discarded"];
 /// The `outcome` labels of `voxgate_speculative_requests_total`: speculative provider
 /// requests sent, adopted by the real pipeline, cancelled at the provider.
 pub const SPECULATIVE_REQUEST_OUTCOMES: [&str; 3] = ["sent", "adopted", "cancelled"];
+
+/// What a histogram holds so far (for tests and `/health`-like readers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HistogramSnapshot {
+    /// Observations.
+    pub count: u64,
+    /// Their sum.
+    pub sum: Duration,
+}
+
+/// A histogram of durations whose observation is two relaxed atomic adds, no lock: the
+/// crate's own `Histogram` takes a mutex per observation and shows its sum and count to
+/// tests only. It is encoded by `prometheus_client`'s encoder like the crate's own.
+#[derive(Debug, Clone)]
+struct DurationHistogram(Arc<HistogramCells>);
+
+#[derive(Debug)]
+struct HistogramCells {
+    /// Upper bounds in microseconds, ascending.
+    bounds: &'static [u64],
+    /// Observations per bucket (not cumulative): one per bound, then one over the last.
+    buckets: Box<[AtomicU64]>,
+    /// Sum of the observations in microseconds (exact, unlike an `f64` sum).
+    sum_micros: AtomicU64,
+}
+
+impl DurationHistogram {
+    fn new(bounds: &'static [u64]) -> Self {
+        Self(Arc::new(HistogramCells {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }))
+    }
+
+    fn observe(&self, d: Duration) {
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let cells = &self.0;
+        // The first bound at or above the value; past the last bound, the overflow bucket.
+        let i = cells.bounds.partition_point(|&b| b < micros);
+        if let Some(bucket) = cells.buckets.get(i) {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        cells.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            count: self
+                .0
+                .buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .sum(),
+            sum: Duration::from_micros(self.0.sum_micros.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "bounds and sums in seconds for the exposition"
+)]
+fn seconds(micros: u64) -> f64 {
+    micros as f64 / 1e6
+}
+
+impl TypedMetric for DurationHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DurationHistogram {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), fmt::Error> {
+        let cells = &self.0;
+        let buckets: Vec<(f64, u64)> = cells
+            .bounds
+            .iter()
+            .map(|&b| seconds(b))
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(cells.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+            .collect();
+        // The count is the buckets' total, so `_count` always equals the `+Inf` bucket even
+        // while observations land during the encoding.
+        let count = buckets.iter().map(|b| b.1).sum();
+        let sum = seconds(cells.sum_micros.load(Ordering::Relaxed));
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
 
 /// Keeps a session counted as active until dropped.
 #[derive(Debug)]
@@ -283,32 +545,322 @@ pub struct SessionGuard<'a> {
 
 impl Drop for SessionGuard<'_> {
     fn drop(&mut self) {
-        self.metrics.sessions_active[self.door.index()].fetch_sub(1, Ordering::Relaxed);
+        self.metrics.sessions_active[self.door.index()].dec();
     }
 }
 
+/// The server's metrics; shared by every session through an `Arc`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    sessions_total: [Counter; DOORS],
+    sessions_active: [Gauge; DOORS],
+    turns: [Counter; DOORS],
+    errors: [Counter; DOORS],
+    /// Indexed by [`Direction::index`], then door.
+    dropped_frames: [[Counter; DOORS]; 2],
+    /// Indexed by [`RefusalReason::index`], then door.
+    refused: [[Counter; DOORS]; REASONS],
+    /// The overload guard's current figure, in seconds.
+    scheduling_delay: Gauge<f64, AtomicU64>,
+    /// By door, then provider kind.
+    provider_latency: [[DurationHistogram; PROVIDERS]; DOORS],
+    provider_failures: [Counter; PROVIDERS],
+    /// Requests whose deadline (first output or idle) ran out.
+    provider_timeouts: [Counter; PROVIDERS],
+    /// Requests handed to the fallback provider.
+    provider_fallbacks: [Counter; PROVIDERS],
+    /// WebRTC reply frames sent more than a frame late.
+    webrtc_late_frames: Counter,
+    /// WebRTC datagrams dropped because their connection was behind.
+    webrtc_dropped_datagrams: Counter,
+    /// Per door: the server's own time from a turn's decision to its first reply audio
+    /// frame written, provider waits excluded.
+    server_added: [DurationHistogram; DOORS],
+    /// Speculations by outcome ([`SPECULATION_OUTCOMES`]), then door.
+    speculations: [[Counter; DOORS]; 3],
+    /// Speculative provider requests by outcome ([`SPECULATIVE_REQUEST_OUTCOMES`]), then door.
+    speculative_requests: [[Counter; DOORS]; 3],
+    /// By [`Stage::index`], then door.
+    stages: [[DurationHistogram; DOORS]; STAGES],
+    /// By door, then tool call kind.
+    tool_call_latency: [[DurationHistogram; TOOL_KINDS]; DOORS],
+    /// By door, then tool call kind, then outcome.
+    tool_calls: [[[Counter; TOOL_OUTCOMES]; TOOL_KINDS]; DOORS],
+    interruptions: [Counter; DOORS],
+    false_interruptions: [Counter; DOORS],
+    replies_cut: [Counter; DOORS],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Registers `family` under `name` and returns it, to create its children from.
+fn family<S, M, C>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    family: Family<S, M, C>,
+) -> Family<S, M, C>
+where
+    Family<S, M, C>: EncodeMetric + Clone + Send + Sync + fmt::Debug + 'static,
+{
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// A counter family with one child per door, registered under `name` (without `_total`: the
+/// encoder adds it).
+fn per_door_counters(registry: &mut Registry, name: &str, help: &str) -> [Counter; DOORS] {
+    let f = family(
+        registry,
+        name,
+        help,
+        Family::<DoorLabels, Counter>::default(),
+    );
+    Door::ALL.map(|door| f.get_or_create_owned(&DoorLabels { door }))
+}
+
+/// A histogram family over `bounds` with one child per door.
+fn per_door_histograms(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    bounds: &'static [u64],
+) -> [DurationHistogram; DOORS] {
+    let f = family(
+        registry,
+        name,
+        help,
+        Family::<DoorLabels, _, _>::new_with_constructor(move || DurationHistogram::new(bounds)),
+    );
+    Door::ALL.map(|door| f.get_or_create_owned(&DoorLabels { door }))
+}
+
 impl Metrics {
-    /// An empty registry.
+    /// A registry with every metric at zero, each series present from the start.
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        let mut r = Registry::default();
+        let sessions_total =
+            per_door_counters(&mut r, "voxgate_sessions", "Sessions opened, by door");
+        let f = family(
+            &mut r,
+            "voxgate_sessions_active",
+            "Sessions open now, by door",
+            Family::<DoorLabels, Gauge>::default(),
+        );
+        let sessions_active = Door::ALL.map(|door| f.get_or_create_owned(&DoorLabels { door }));
+        let turns = per_door_counters(
+            &mut r,
+            "voxgate_turns",
+            "Responses finished (complete or interrupted), by door",
+        );
+        let errors = per_door_counters(
+            &mut r,
+            "voxgate_errors",
+            "Errors reported to clients, by door",
+        );
+        let f = family(
+            &mut r,
+            "voxgate_dropped_frames",
+            "Audio frames dropped under back-pressure, by door and direction (uplink: the \
+             server fell behind the client; downlink: the client side fell behind)",
+            Family::<DirectionLabels, Counter>::default(),
+        );
+        let dropped_frames = Direction::ALL.map(|direction| {
+            Door::ALL.map(|door| f.get_or_create_owned(&DirectionLabels { door, direction }))
+        });
+        let speculation_family = |r: &mut Registry, name: &str, help: &str, outcomes: [_; 3]| {
+            let f = family(
+                r,
+                name,
+                help,
+                Family::<SpeculationLabels, Counter>::default(),
+            );
+            outcomes.map(|outcome| {
+                Door::ALL.map(|door| f.get_or_create_owned(&SpeculationLabels { door, outcome }))
+            })
+        };
+        let speculations = speculation_family(
+            &mut r,
+            "voxgate_speculations",
+            "Speculative generation at pauses in speech, by door and outcome: started, \
+             adopted (the real pipeline used its work), discarded (none of it was used: the \
+             user went on)",
+            SPECULATION_OUTCOMES,
+        );
+        let speculative_requests = speculation_family(
+            &mut r,
+            "voxgate_speculative_requests",
+            "Provider requests made by speculation, by door and outcome: sent, adopted by the \
+             real pipeline, cancelled at the provider",
+            SPECULATIVE_REQUEST_OUTCOMES,
+        );
+        let f = family(
+            &mut r,
+            "voxgate_sessions_refused",
+            "Sessions refused before the WebSocket handshake, by door and reason",
+            Family::<RefusalLabels, Counter>::default(),
+        );
+        let refused = RefusalReason::ALL.map(|reason| {
+            Door::ALL.map(|door| f.get_or_create_owned(&RefusalLabels { door, reason }))
+        });
+        let scheduling_delay = Gauge::<f64, AtomicU64>::default();
+        r.register(
+            "voxgate_scheduling_delay_seconds",
+            "How late the runtime wakes a timer (smoothed), the overload guard's figure",
+            scheduling_delay.clone(),
+        );
+        let server_added = per_door_histograms(
+            &mut r,
+            "voxgate_turn_server_added_seconds",
+            "The server's own time from a turn's end decision to its first reply audio frame \
+             written, provider waits excluded, by door",
+            &SERVER_ADDED_BUCKETS_MICROS,
+        );
+        let stages = Stage::ALL.map(|stage| {
+            per_door_histograms(
+                &mut r,
+                stage.metric_name(),
+                stage.help(),
+                &LATENCY_BUCKETS_MICROS,
+            )
+        });
+        let f = family(
+            &mut r,
+            "voxgate_provider_latency_seconds",
+            "Time to the first answer of a provider request (LLM: first event; ASR: the \
+             transcript; TTS: first audio), by door and provider",
+            Family::<DoorProviderLabels, _, _>::new_with_constructor(|| {
+                DurationHistogram::new(&LATENCY_BUCKETS_MICROS)
+            }),
+        );
+        let provider_latency = Door::ALL.map(|door| {
+            ProviderKind::ALL
+                .map(|provider| f.get_or_create_owned(&DoorProviderLabels { door, provider }))
+        });
+        let per_provider = |r: &mut Registry, name: &str, help: &str| {
+            let f = family(r, name, help, Family::<ProviderLabels, Counter>::default());
+            ProviderKind::ALL.map(|provider| f.get_or_create_owned(&ProviderLabels { provider }))
+        };
+        let provider_failures = per_provider(
+            &mut r,
+            "voxgate_provider_failures",
+            "Provider requests that failed (after any fallback), by provider",
+        );
+        let provider_timeouts = per_provider(
+            &mut r,
+            "voxgate_provider_timeouts",
+            "Provider requests whose deadline ran out (first output or idle), by provider",
+        );
+        let provider_fallbacks = per_provider(
+            &mut r,
+            "voxgate_provider_fallbacks",
+            "Provider requests handed to the fallback after the primary failed before any \
+             output, by provider",
+        );
+        let f = family(
+            &mut r,
+            "voxgate_tool_call_seconds",
+            "Tool call round trips, from the model's call to its result, by door and who ran \
+             it (client, mcp, device, action)",
+            Family::<ToolLabels, _, _>::new_with_constructor(|| {
+                DurationHistogram::new(&LATENCY_BUCKETS_MICROS)
+            }),
+        );
+        let tool_call_latency = Door::ALL.map(|door| {
+            ToolCallKind::ALL.map(|kind| f.get_or_create_owned(&ToolLabels { door, kind }))
+        });
+        let f = family(
+            &mut r,
+            "voxgate_tool_calls",
+            "Tool calls, by door, who ran them and outcome (ok, error, cancelled, timeout)",
+            Family::<ToolOutcomeLabels, Counter>::default(),
+        );
+        let tool_calls = Door::ALL.map(|door| {
+            ToolCallKind::ALL.map(|kind| {
+                ToolOutcomeLabel::ALL.map(|outcome| {
+                    f.get_or_create_owned(&ToolOutcomeLabels {
+                        door,
+                        kind,
+                        outcome,
+                    })
+                })
+            })
+        });
+        let interruptions = per_door_counters(
+            &mut r,
+            "voxgate_interruptions",
+            "Replies the user interrupted (by speech or text), by door, including ones later \
+             resumed",
+        );
+        let false_interruptions = per_door_counters(
+            &mut r,
+            "voxgate_false_interruptions",
+            "Interruptions that proved false, so the interrupted reply resumed, by door",
+        );
+        let replies_cut = per_door_counters(
+            &mut r,
+            "voxgate_replies_cut",
+            "Replies that ended cut off rather than complete, by door",
+        );
+        let webrtc_late_frames = Counter::default();
+        r.register(
+            "voxgate_webrtc_late_frames",
+            "WebRTC reply audio frames sent more than 20 ms after their time",
+            webrtc_late_frames.clone(),
+        );
+        let webrtc_dropped_datagrams = Counter::default();
+        r.register(
+            "voxgate_webrtc_dropped_datagrams",
+            "WebRTC datagrams dropped because their session was behind",
+            webrtc_dropped_datagrams.clone(),
+        );
+        Self {
+            registry: r,
+            sessions_total,
+            sessions_active,
+            turns,
+            errors,
+            dropped_frames,
+            refused,
+            scheduling_delay,
+            provider_latency,
+            provider_failures,
+            provider_timeouts,
+            provider_fallbacks,
+            webrtc_late_frames,
+            webrtc_dropped_datagrams,
+            server_added,
+            speculations,
+            speculative_requests,
+            stages,
+            tool_call_latency,
+            tool_calls,
+            interruptions,
+            false_interruptions,
+            replies_cut,
+        }
     }
 
     /// Counts WebRTC reply frames that went out more than a frame late.
     pub fn webrtc_late_frames(&self, frames: u64) {
-        self.webrtc_late_frames.fetch_add(frames, Ordering::Relaxed);
+        self.webrtc_late_frames.inc_by(frames);
     }
 
     /// Counts a WebRTC datagram dropped because its connection's queue was full.
     pub fn webrtc_dropped_datagram(&self) {
-        self.webrtc_dropped_datagrams
-            .fetch_add(1, Ordering::Relaxed);
+        self.webrtc_dropped_datagrams.inc();
     }
 
     /// Counts a new session; it stays active until the guard is dropped.
     pub fn session(&self, door: Door) -> SessionGuard<'_> {
-        self.sessions_total[door.index()].fetch_add(1, Ordering::Relaxed);
-        self.sessions_active[door.index()].fetch_add(1, Ordering::Relaxed);
+        self.sessions_total[door.index()].inc();
+        self.sessions_active[door.index()].inc();
         SessionGuard {
             metrics: self,
             door,
@@ -321,21 +873,97 @@ impl Metrics {
         self.server_added[door.index()].observe(d);
     }
 
+    /// `voxgate_turn_server_added_seconds` at one door so far.
+    #[must_use]
+    pub fn server_added_observed(&self, door: Door) -> HistogramSnapshot {
+        self.server_added[door.index()].snapshot()
+    }
+
+    /// Records one stage of a turn at `door` (see [`Stage`] for what each measures).
+    pub fn stage(&self, door: Door, stage: Stage, d: Duration) {
+        self.stages[stage.index()][door.index()].observe(d);
+    }
+
+    /// One stage's histogram at one door so far.
+    #[must_use]
+    pub fn stage_observed(&self, door: Door, stage: Stage) -> HistogramSnapshot {
+        self.stages[stage.index()][door.index()].snapshot()
+    }
+
+    /// Records a finished tool call: its round trip and how it ended.
+    pub fn tool_call(
+        &self,
+        door: Door,
+        kind: ToolCallKind,
+        outcome: ToolOutcomeLabel,
+        d: Duration,
+    ) {
+        let (door, kind) = (door.index(), kind.index());
+        self.tool_call_latency[door][kind].observe(d);
+        self.tool_calls[door][kind][outcome.index()].inc();
+    }
+
+    /// `voxgate_tool_call_seconds` for one door and kind so far.
+    #[must_use]
+    pub fn tool_call_observed(&self, door: Door, kind: ToolCallKind) -> HistogramSnapshot {
+        self.tool_call_latency[door.index()][kind.index()].snapshot()
+    }
+
+    /// Tool calls so far at one door, of one kind, with one outcome.
+    #[must_use]
+    pub fn tool_calls(&self, door: Door, kind: ToolCallKind, outcome: ToolOutcomeLabel) -> u64 {
+        self.tool_calls[door.index()][kind.index()][outcome.index()].get()
+    }
+
+    /// Counts a reply the user interrupted (by speech or text), even one later resumed.
+    pub fn interruption(&self, door: Door) {
+        self.interruptions[door.index()].inc();
+    }
+
+    /// Interruptions counted so far at `door`.
+    #[must_use]
+    pub fn interruptions(&self, door: Door) -> u64 {
+        self.interruptions[door.index()].get()
+    }
+
+    /// Counts an interruption that proved false: the interrupted reply resumed.
+    pub fn false_interruption(&self, door: Door) {
+        self.false_interruptions[door.index()].inc();
+    }
+
+    /// False interruptions counted so far at `door`.
+    #[must_use]
+    pub fn false_interruptions(&self, door: Door) -> u64 {
+        self.false_interruptions[door.index()].get()
+    }
+
+    /// Counts a reply that ended cut off.
+    pub fn reply_cut(&self, door: Door) {
+        self.replies_cut[door.index()].inc();
+    }
+
+    /// Cut replies counted so far at `door`.
+    #[must_use]
+    pub fn replies_cut(&self, door: Door) -> u64 {
+        self.replies_cut[door.index()].get()
+    }
+
     /// Adds a session's new speculation counts (the difference since its last report).
     pub fn speculation(&self, door: Door, new: &voxgate_engine::SpeculationStats) {
         let d = door.index();
-        for (i, n) in [new.started, new.adopted, new.discarded]
-            .into_iter()
-            .enumerate()
+        for (counters, n) in self
+            .speculations
+            .iter()
+            .zip([new.started, new.adopted, new.discarded])
         {
             if n > 0 {
-                self.speculations[i][d].fetch_add(n, Ordering::Relaxed);
+                counters[d].inc_by(n);
             }
         }
         let requests = [new.requests, new.requests_adopted, new.requests_cancelled];
-        for (i, n) in requests.into_iter().enumerate() {
+        for (counters, n) in self.speculative_requests.iter().zip(requests) {
             if n > 0 {
-                self.speculative_requests[i][d].fetch_add(n, Ordering::Relaxed);
+                counters[d].inc_by(n);
             }
         }
     }
@@ -345,372 +973,131 @@ impl Metrics {
     pub fn speculations(&self, door: Door, outcome: usize) -> u64 {
         self.speculations
             .get(outcome)
-            .map_or(0, |v| v[door.index()].load(Ordering::Relaxed))
+            .map_or(0, |v| v[door.index()].get())
     }
 
     /// Counts a finished response.
     pub fn turn(&self, door: Door) {
-        self.turns[door.index()].fetch_add(1, Ordering::Relaxed);
+        self.turns[door.index()].inc();
+    }
+
+    /// Responses finished so far at `door`.
+    #[must_use]
+    pub fn turns(&self, door: Door) -> u64 {
+        self.turns[door.index()].get()
     }
 
     /// Counts an error reported to a client.
     pub fn error(&self, door: Door) {
-        self.errors[door.index()].fetch_add(1, Ordering::Relaxed);
+        self.errors[door.index()].inc();
+    }
+
+    /// Errors reported so far at `door`.
+    #[must_use]
+    pub fn errors(&self, door: Door) -> u64 {
+        self.errors[door.index()].get()
     }
 
     /// Counts audio frames dropped under back-pressure; the direction tells whether the server
     /// (uplink) or the client side (downlink) fell behind.
     pub fn dropped(&self, door: Door, direction: Direction, frames: u64) {
-        self.dropped_frames[direction.index()][door.index()].fetch_add(frames, Ordering::Relaxed);
+        self.dropped_frames[direction.index()][door.index()].inc_by(frames);
     }
 
     /// Audio frames dropped so far at one door in one direction.
     #[must_use]
     pub fn dropped_frames(&self, door: Door, direction: Direction) -> u64 {
-        self.dropped_frames[direction.index()][door.index()].load(Ordering::Relaxed)
+        self.dropped_frames[direction.index()][door.index()].get()
     }
 
     /// Counts a session refused before its handshake.
     pub fn refused(&self, door: Door, reason: RefusalReason) {
-        self.refused[reason.index()][door.index()].fetch_add(1, Ordering::Relaxed);
+        self.refused[reason.index()][door.index()].inc();
     }
 
     /// Sessions refused so far at one door for one reason.
     #[must_use]
     pub fn refused_sessions(&self, door: Door, reason: RefusalReason) -> u64 {
-        self.refused[reason.index()][door.index()].load(Ordering::Relaxed)
+        self.refused[reason.index()][door.index()].get()
     }
 
     /// Sets the runtime's scheduling delay as the overload guard measures it.
     pub fn set_scheduling_delay(&self, delay: Duration) {
-        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
-        self.scheduling_delay_micros
-            .store(micros, Ordering::Relaxed);
+        self.scheduling_delay.set(delay.as_secs_f64());
     }
 
-    /// The runtime's scheduling delay as last measured.
+    /// The runtime's scheduling delay as last measured (to the microsecond).
     #[must_use]
     pub fn scheduling_delay(&self) -> Duration {
-        Duration::from_micros(self.scheduling_delay_micros.load(Ordering::Relaxed))
+        let micros = (self.scheduling_delay.get() * 1e6).round();
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "a delay set from a Duration; the cast saturates"
+        )]
+        Duration::from_micros(micros as u64)
     }
 
-    /// Records one provider latency.
-    pub fn latency(&self, kind: ProviderKind, elapsed: Duration) {
-        let l = &self.latency[kind.index()];
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        l.micros.fetch_add(micros, Ordering::Relaxed);
-        l.count.fetch_add(1, Ordering::Relaxed);
+    /// Records the time to a provider's first answer in a session at `door`.
+    pub fn latency(&self, door: Door, kind: ProviderKind, elapsed: Duration) {
+        self.provider_latency[door.index()][kind.index()].observe(elapsed);
+    }
+
+    /// `voxgate_provider_latency_seconds` for one door and provider so far.
+    #[must_use]
+    pub fn latency_observed(&self, door: Door, kind: ProviderKind) -> HistogramSnapshot {
+        self.provider_latency[door.index()][kind.index()].snapshot()
     }
 
     /// Counts a failed provider request.
     pub fn provider_failure(&self, kind: ProviderKind) {
-        self.latency[kind.index()]
-            .failures
-            .fetch_add(1, Ordering::Relaxed);
+        self.provider_failures[kind.index()].inc();
+    }
+
+    /// Failed provider requests so far.
+    #[must_use]
+    pub fn provider_failures(&self, kind: ProviderKind) -> u64 {
+        self.provider_failures[kind.index()].get()
     }
 
     /// Counts a provider request whose deadline ran out (`[llm] timeout_secs`...).
     pub fn provider_timeout(&self, kind: ProviderKind) {
-        self.latency[kind.index()]
-            .timeouts
-            .fetch_add(1, Ordering::Relaxed);
+        self.provider_timeouts[kind.index()].inc();
     }
 
     /// Counts a request handed to the fallback provider after the primary failed before
     /// any output.
     pub fn provider_fallback(&self, kind: ProviderKind) {
-        self.latency[kind.index()]
-            .fallbacks
-            .fetch_add(1, Ordering::Relaxed);
+        self.provider_fallbacks[kind.index()].inc();
     }
 
     /// Provider deadlines that ran out so far.
     #[must_use]
     pub fn provider_timeouts(&self, kind: ProviderKind) -> u64 {
-        self.latency[kind.index()].timeouts.load(Ordering::Relaxed)
+        self.provider_timeouts[kind.index()].get()
     }
 
     /// Requests handed to a fallback provider so far.
     #[must_use]
     pub fn provider_fallbacks(&self, kind: ProviderKind) -> u64 {
-        self.latency[kind.index()].fallbacks.load(Ordering::Relaxed)
+        self.provider_fallbacks[kind.index()].get()
     }
 
     /// Sessions currently open on `door`.
     #[must_use]
     pub fn active_sessions(&self, door: Door) -> u64 {
-        self.sessions_active[door.index()].load(Ordering::Relaxed)
+        u64::try_from(self.sessions_active[door.index()].get()).unwrap_or(0)
     }
 
-    /// The registry in the Prometheus text exposition format (version 0.0.4).
+    /// The registry in the Prometheus text exposition format, version 0.0.4
+    /// ([`CONTENT_TYPE`]).
     #[must_use]
     pub fn render(&self) -> String {
-        let mut out = String::with_capacity(2048);
-        let per_door =
-            |out: &mut String, name: &str, kind: &str, help: &str, v: &[AtomicU64; DOORS]| {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-                for door in Door::ALL {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{door=\"{}\"}} {}",
-                        door.label(),
-                        v[door.index()].load(Ordering::Relaxed)
-                    );
-                }
-            };
-        per_door(
-            &mut out,
-            "voxgate_sessions_total",
-            "counter",
-            "Sessions opened, by door.",
-            &self.sessions_total,
-        );
-        per_door(
-            &mut out,
-            "voxgate_sessions_active",
-            "gauge",
-            "Sessions open now, by door.",
-            &self.sessions_active,
-        );
-        per_door(
-            &mut out,
-            "voxgate_turns_total",
-            "counter",
-            "Responses finished (complete or interrupted), by door.",
-            &self.turns,
-        );
-        per_door(
-            &mut out,
-            "voxgate_errors_total",
-            "counter",
-            "Errors reported to clients, by door.",
-            &self.errors,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_dropped_frames_total Audio frames dropped under back-pressure, by door \
-             and direction.\n# TYPE voxgate_dropped_frames_total counter"
-        );
-        for door in Door::ALL {
-            for direction in [Direction::Uplink, Direction::Downlink] {
-                let _ = writeln!(
-                    out,
-                    "voxgate_dropped_frames_total{{door=\"{}\",direction=\"{}\"}} {}",
-                    door.label(),
-                    direction.label(),
-                    self.dropped_frames(door, direction)
-                );
-            }
-        }
-        for (name, help, outcomes, values) in [
-            (
-                "voxgate_speculations_total",
-                "Speculative generation at pauses in speech, by door and outcome: started, \
-                 adopted (the real pipeline used its work), discarded (none of it was used: \
-                 the user went on).",
-                SPECULATION_OUTCOMES,
-                &self.speculations,
-            ),
-            (
-                "voxgate_speculative_requests_total",
-                "Provider requests made by speculation, by door and outcome: sent, adopted \
-                 by the real pipeline, cancelled at the provider.",
-                SPECULATIVE_REQUEST_OUTCOMES,
-                &self.speculative_requests,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for door in Door::ALL {
-                for (i, outcome) in outcomes.iter().enumerate() {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{door=\"{}\",outcome=\"{outcome}\"}} {}",
-                        door.label(),
-                        values[i][door.index()].load(Ordering::Relaxed)
-                    );
-                }
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_sessions_refused_total Sessions refused before the WebSocket \
-             handshake, by door and reason.\n# TYPE voxgate_sessions_refused_total counter"
-        );
-        for door in Door::ALL {
-            for reason in RefusalReason::ALL {
-                let _ = writeln!(
-                    out,
-                    "voxgate_sessions_refused_total{{door=\"{}\",reason=\"{}\"}} {}",
-                    door.label(),
-                    reason.label(),
-                    self.refused_sessions(door, reason)
-                );
-            }
-        }
-        #[allow(clippy::cast_precision_loss, reason = "seconds for display")]
-        let delay = self.scheduling_delay_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_scheduling_delay_seconds How late the runtime wakes a timer \
-             (smoothed), the overload guard's figure.\n\
-             # TYPE voxgate_scheduling_delay_seconds gauge\n\
-             voxgate_scheduling_delay_seconds {delay}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_turn_server_added_seconds The server's own time from a turn's end \
-             decision to its first reply audio frame written, provider waits excluded.\n\
-             # TYPE voxgate_turn_server_added_seconds histogram"
-        );
-        for door in Door::ALL {
-            self.server_added[door.index()].render(
-                &mut out,
-                "voxgate_turn_server_added_seconds",
-                &format!("door=\"{}\"", door.label()),
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_provider_latency_seconds Time to the first answer of a provider request.\n\
-             # TYPE voxgate_provider_latency_seconds summary"
-        );
-        for kind in ProviderKind::ALL {
-            let l = &self.latency[kind.index()];
-            #[allow(clippy::cast_precision_loss, reason = "seconds for display")]
-            let sum = l.micros.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(
-                out,
-                "voxgate_provider_latency_seconds_sum{{provider=\"{0}\"}} {sum}\n\
-                 voxgate_provider_latency_seconds_count{{provider=\"{0}\"}} {1}",
-                kind.label(),
-                l.count.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_provider_failures_total Provider requests that failed.\n\
-             # TYPE voxgate_provider_failures_total counter"
-        );
-        for kind in ProviderKind::ALL {
-            let _ = writeln!(
-                out,
-                "voxgate_provider_failures_total{{provider=\"{}\"}} {}",
-                kind.label(),
-                self.latency[kind.index()].failures.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_provider_timeouts_total Provider requests whose deadline ran out \
-             (first output or idle).\n# TYPE voxgate_provider_timeouts_total counter"
-        );
-        for kind in ProviderKind::ALL {
-            let _ = writeln!(
-                out,
-                "voxgate_provider_timeouts_total{{provider=\"{}\"}} {}",
-                kind.label(),
-                self.provider_timeouts(kind)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_provider_fallbacks_total Provider requests handed to the fallback \
-             after the primary failed before any output.\n\
-             # TYPE voxgate_provider_fallbacks_total counter"
-        );
-        for kind in ProviderKind::ALL {
-            let _ = writeln!(
-                out,
-                "voxgate_provider_fallbacks_total{{provider=\"{}\"}} {}",
-                kind.label(),
-                self.provider_fallbacks(kind)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP voxgate_webrtc_late_frames_total WebRTC reply audio frames sent more than \
-             20 ms after their time.\n\
-             # TYPE voxgate_webrtc_late_frames_total counter\n\
-             voxgate_webrtc_late_frames_total {}\n\
-             # HELP voxgate_webrtc_dropped_datagrams_total WebRTC datagrams dropped because \
-             their session was behind.\n\
-             # TYPE voxgate_webrtc_dropped_datagrams_total counter\n\
-             voxgate_webrtc_dropped_datagrams_total {}",
-            self.webrtc_late_frames.load(Ordering::Relaxed),
-            self.webrtc_dropped_datagrams.load(Ordering::Relaxed)
-        );
+        let mut out = String::with_capacity(128 * 1024);
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
         out
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_render_as_prometheus_text() {
-        let m = Metrics::new();
-        {
-            let _g = m.session(Door::Realtime);
-            assert_eq!(m.active_sessions(Door::Realtime), 1);
-            m.turn(Door::Realtime);
-            m.dropped(Door::Realtime, Direction::Downlink, 3);
-            m.latency(ProviderKind::Tts, Duration::from_millis(250));
-            let mut s = voxgate_engine::SpeculationStats::default();
-            s.started = 2;
-            s.discarded = 1;
-            s.requests = 3;
-            s.requests_cancelled = 2;
-            m.speculation(Door::Xiaozhi, &s);
-        }
-        assert_eq!(m.active_sessions(Door::Realtime), 0);
-        let text = m.render();
-        for line in [
-            "voxgate_sessions_total{door=\"realtime\"} 1",
-            "voxgate_sessions_active{door=\"realtime\"} 0",
-            "voxgate_turns_total{door=\"realtime\"} 1",
-            "voxgate_dropped_frames_total{door=\"realtime\",direction=\"downlink\"} 3",
-            "voxgate_dropped_frames_total{door=\"realtime\",direction=\"uplink\"} 0",
-            "voxgate_provider_latency_seconds_sum{provider=\"tts\"} 0.25",
-            "voxgate_provider_latency_seconds_count{provider=\"tts\"} 1",
-            "voxgate_speculations_total{door=\"xiaozhi\",outcome=\"started\"} 2",
-            "voxgate_speculations_total{door=\"xiaozhi\",outcome=\"adopted\"} 0",
-            "voxgate_speculative_requests_total{door=\"xiaozhi\",outcome=\"cancelled\"} 2",
-            "voxgate_speculative_requests_total{door=\"realtime\",outcome=\"cancelled\"} 0",
-        ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
-        }
-    }
-
-    #[test]
-    fn refusals_and_scheduling_delay_render() {
-        let m = Metrics::new();
-        m.refused(Door::Xiaozhi, RefusalReason::CapacityDoor);
-        m.refused(Door::Xiaozhi, RefusalReason::CapacityDoor);
-        m.refused(Door::Mcp, RefusalReason::HandshakeRate);
-        m.set_scheduling_delay(Duration::from_micros(12_500));
-        assert_eq!(
-            m.refused_sessions(Door::Xiaozhi, RefusalReason::CapacityDoor),
-            2
-        );
-        assert_eq!(m.scheduling_delay(), Duration::from_micros(12_500));
-        let text = m.render();
-        for line in [
-            "# TYPE voxgate_sessions_refused_total counter",
-            "voxgate_sessions_refused_total{door=\"xiaozhi\",reason=\"capacity_door\"} 2",
-            "voxgate_sessions_refused_total{door=\"mcp\",reason=\"handshake_rate\"} 1",
-            "voxgate_sessions_refused_total{door=\"realtime\",reason=\"overload\"} 0",
-            "voxgate_sessions_refused_total{door=\"gemini\",reason=\"per_ip\"} 0",
-            "voxgate_sessions_refused_total{door=\"retell\",reason=\"capacity_server\"} 0",
-            "# TYPE voxgate_scheduling_delay_seconds gauge",
-            "voxgate_scheduling_delay_seconds 0.0125",
-        ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
-        }
-        let series = text
-            .lines()
-            .filter(|l| l.starts_with("voxgate_sessions_refused_total{"))
-            .count();
-        assert_eq!(series, Door::ALL.len() * RefusalReason::ALL.len());
-    }
-}
+mod tests;

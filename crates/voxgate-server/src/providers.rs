@@ -264,7 +264,8 @@ impl DoorProviderSet {
             Door::Gemini => &self.doors[2],
             Door::Retell => &self.doors[3],
             Door::Vip => &self.doors[5],
-            _ => &self.server,
+            Door::Bridge => &self.doors[4],
+            Door::Mcp => &self.server,
         }
     }
 
@@ -330,6 +331,8 @@ impl EventTx {
 pub(crate) struct Runner {
     providers: Providers,
     metrics: Arc<Metrics>,
+    /// The door whose session this runner serves (the `door` label of provider latencies).
+    door: Door,
     tx: EventTx,
     tasks: HashMap<RequestId, AbortHandle>,
     /// Runs `CallTool` requests; without it they fail at once.
@@ -352,9 +355,10 @@ impl Runner {
     pub(crate) fn new(
         providers: Providers,
         metrics: Arc<Metrics>,
+        door: Door,
     ) -> (Self, mpsc::Receiver<Arrived>) {
         // A runner serves one conversation: stateful brains (an ACP agent) get their own handle.
-        Self::for_conversation(providers.for_conversation(), metrics)
+        Self::for_conversation(providers.for_conversation(), metrics, door)
     }
 
     /// A runner over providers already made for one conversation with
@@ -363,12 +367,14 @@ impl Runner {
     pub(crate) fn for_conversation(
         providers: Providers,
         metrics: Arc<Metrics>,
+        door: Door,
     ) -> (Self, mpsc::Receiver<Arrived>) {
         let (tx, rx) = mpsc::channel(256);
         (
             Self {
                 providers,
                 metrics,
+                door,
                 tx: EventTx(tx),
                 tasks: HashMap::new(),
                 mcp: None,
@@ -411,6 +417,7 @@ impl Runner {
     pub(crate) fn start(&mut self, request: ProviderRequest) {
         let tx = self.tx.clone();
         let metrics = Arc::clone(&self.metrics);
+        let door = self.door;
         let (id, task) = match request {
             ProviderRequest::Cancel { id } => {
                 if let Some(t) = self.tasks.remove(&id) {
@@ -428,7 +435,7 @@ impl Runner {
                     };
                     let event = match asr.transcribe(utterance).await {
                         Ok(t) => {
-                            metrics.latency(ProviderKind::Asr, t0.elapsed());
+                            metrics.latency(door, ProviderKind::Asr, t0.elapsed());
                             ProviderEvent::Transcript {
                                 id,
                                 text: t.text,
@@ -489,7 +496,7 @@ impl Runner {
                             Ok(chunk) => {
                                 if first {
                                     first = false;
-                                    metrics.latency(ProviderKind::Tts, t0.elapsed());
+                                    metrics.latency(door, ProviderKind::Tts, t0.elapsed());
                                 }
                                 ProviderEvent::Audio {
                                     id,
@@ -570,13 +577,14 @@ impl Runner {
         let mut stream = self.providers.llm.generate(request);
         let tx = self.tx.clone();
         let metrics = Arc::clone(&self.metrics);
+        let door = self.door;
         tokio::spawn(async move {
             let t0 = Instant::now();
             let mut first = true;
             while let Some(event) = stream.next().await {
                 if first {
                     first = false;
-                    metrics.latency(ProviderKind::Llm, t0.elapsed());
+                    metrics.latency(door, ProviderKind::Llm, t0.elapsed());
                 }
                 let (event, last) = match event {
                     LlmEvent::TextDelta(delta) => (ProviderEvent::TextDelta { id, delta }, false),
@@ -657,7 +665,11 @@ mod tests {
 
     #[tokio::test]
     async fn generate_streams_the_demo_reply_and_cancel_aborts() {
-        let (mut runner, mut rx) = Runner::new(Providers::embedded(), Arc::new(Metrics::new()));
+        let (mut runner, mut rx) = Runner::new(
+            Providers::embedded(),
+            Arc::new(Metrics::new()),
+            Door::Realtime,
+        );
         runner.start(ProviderRequest::Generate {
             id: RequestId(7),
             turn: voxgate_engine::TurnId(1),
@@ -693,7 +705,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_tool_call_without_the_hub_is_an_error_result() {
-        let (mut runner, mut rx) = Runner::new(Providers::embedded(), Arc::new(Metrics::new()));
+        let (mut runner, mut rx) = Runner::new(
+            Providers::embedded(),
+            Arc::new(Metrics::new()),
+            Door::Realtime,
+        );
         runner.start(ProviderRequest::CallTool {
             id: RequestId(3),
             turn: voxgate_engine::TurnId(1),

@@ -453,10 +453,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         app.metrics.render(),
     )
         .into_response()

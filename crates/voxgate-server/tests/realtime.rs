@@ -556,7 +556,9 @@ async fn health_and_metrics() {
         assert_eq!(response.status, 200, "{response:?}");
         let metrics = response.body;
         assert!(metrics.contains("voxgate_sessions_total{door=\"realtime\"} 1"));
-        assert!(metrics.contains("voxgate_provider_latency_seconds_count{provider=\"llm\"} 1"));
+        assert!(metrics.contains(
+            "voxgate_provider_latency_seconds_count{door=\"realtime\",provider=\"llm\"} 1"
+        ));
         if metrics.contains("voxgate_turns_total{door=\"realtime\"} 1") {
             break;
         }

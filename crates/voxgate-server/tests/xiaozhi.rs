@@ -1186,8 +1186,14 @@ async fn server_added_latency_leaves_the_providers_out() {
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
     // After the decision the turn waited for both providers (their own latency figures)...
-    let llm = value("voxgate_provider_latency_seconds_sum", "provider=\"llm\"");
-    let tts = value("voxgate_provider_latency_seconds_sum", "provider=\"tts\"");
+    let llm = value(
+        "voxgate_provider_latency_seconds_sum",
+        "door=\"xiaozhi\",provider=\"llm\"",
+    );
+    let tts = value(
+        "voxgate_provider_latency_seconds_sum",
+        "door=\"xiaozhi\",provider=\"tts\"",
+    );
     assert!(llm >= 0.15 && tts >= 0.2, "llm {llm} s, tts {tts} s");
     // ...but the server's own share, one turn timed, holds none of it.
     let door = "door=\"xiaozhi\"";

@@ -13,7 +13,7 @@ use voxgate_engine::emotion::EmojiPolicy;
 use voxgate_engine::{ClientEvent, Engine, EngineConfig, Input, Output, State, TriggerMode};
 
 use crate::mcp_endpoint::hub::{McpHub, Scope};
-use crate::metrics::Metrics;
+use crate::metrics::{Door, Metrics};
 use crate::providers::{Providers, Runner};
 
 /// How a conversation's replies are shaped.
@@ -151,7 +151,8 @@ impl Conversation {
             .providers
             .get_or_insert_with(|| ctx.providers.for_conversation())
             .clone();
-        let (runner, provider_rx) = Runner::for_conversation(providers, Arc::clone(ctx.metrics));
+        let (runner, provider_rx) =
+            Runner::for_conversation(providers, Arc::clone(ctx.metrics), Door::Bridge);
         let mut run = TurnRun {
             runner,
             tool_calls: JoinSet::new(),

@@ -600,7 +600,8 @@ async fn drive<T: Translator>(
     last_seen: Arc<AtomicU64>,
 ) -> End {
     let door = cx.door;
-    let (mut runner, provider_rx) = Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics));
+    let (mut runner, provider_rx) =
+        Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics), cx.door);
     runner.set_mcp(cx.mcp.clone());
     let mut session = Loop {
         peer,
