@@ -22,6 +22,7 @@ use crate::config::{AsrSpec, Config, LlmSpec, Plan, TtsSpec};
 use crate::fallback::{Deadline, Fallback};
 use crate::mcp_endpoint::hub::{McpHub, Scope};
 use crate::metrics::{Door, Metrics, ProviderKind};
+use tracing::Instrument as _;
 
 /// The back ends every session of a server shares.
 #[derive(Clone)]
@@ -415,6 +416,13 @@ impl Runner {
 
     /// Starts (or, for `Cancel`, stops) one request.
     pub(crate) fn start(&mut self, request: ProviderRequest) {
+        self.start_in(request, tracing::Span::none());
+    }
+
+    /// Starts (or stops) one request; its task runs in `span` (the driver's `asr`, `llm`,
+    /// `tts` or `tool` span, a child of the turn), which records when its first output came
+    /// (`first_ms`) and closes when the task ends.
+    pub(crate) fn start_in(&mut self, request: ProviderRequest, span: tracing::Span) {
         let tx = self.tx.clone();
         let metrics = Arc::clone(&self.metrics);
         let door = self.door;
@@ -427,31 +435,35 @@ impl Runner {
             }
             ProviderRequest::Transcribe { id, audio, .. } => {
                 let asr = Arc::clone(&self.providers.asr);
-                let task = tokio::spawn(async move {
-                    let t0 = Instant::now();
-                    let utterance = Utterance {
-                        pcm: audio,
-                        language: None,
-                    };
-                    let event = match asr.transcribe(utterance).await {
-                        Ok(t) => {
-                            metrics.latency(door, ProviderKind::Asr, t0.elapsed());
-                            ProviderEvent::Transcript {
-                                id,
-                                text: t.text,
-                                language: t.language.unwrap_or_default(),
+                let task = tokio::spawn(
+                    async move {
+                        let t0 = Instant::now();
+                        let utterance = Utterance {
+                            pcm: audio,
+                            language: None,
+                        };
+                        let event = match asr.transcribe(utterance).await {
+                            Ok(t) => {
+                                metrics.latency(door, ProviderKind::Asr, t0.elapsed());
+                                record_first(t0);
+                                ProviderEvent::Transcript {
+                                    id,
+                                    text: t.text,
+                                    language: t.language.unwrap_or_default(),
+                                }
                             }
-                        }
-                        Err(e) => {
-                            metrics.provider_failure(ProviderKind::Asr);
-                            ProviderEvent::Failed {
-                                id,
-                                message: crate::incident::report("speech recognition", &e),
+                            Err(e) => {
+                                metrics.provider_failure(ProviderKind::Asr);
+                                ProviderEvent::Failed {
+                                    id,
+                                    message: crate::incident::report("speech recognition", &e),
+                                }
                             }
-                        }
-                    };
-                    let _ = tx.send(event).await;
-                });
+                        };
+                        let _ = tx.send(event).await;
+                    }
+                    .instrument(span),
+                );
                 (id, task)
             }
             ProviderRequest::Generate {
@@ -469,7 +481,7 @@ impl Runner {
                     temperature: temperature.map(|t| t as f32),
                     max_tokens: None,
                 };
-                (id, self.spawn_llm(id, request))
+                (id, self.spawn_llm(id, request, span))
             }
             ProviderRequest::Query { id, mut messages } => {
                 // The engine appends the question (or the instructions) last; the providers
@@ -480,7 +492,7 @@ impl Runner {
                     intent: Intent::ConversationQuery { query },
                     ..LlmRequest::default()
                 };
-                (id, self.spawn_llm(id, request))
+                (id, self.spawn_llm(id, request, span))
             }
             ProviderRequest::Synthesize { id, text, .. } => {
                 let mut stream = self.providers.tts.synthesize(TtsRequest {
@@ -488,39 +500,46 @@ impl Runner {
                     voice: None,
                     language: None,
                 });
-                let task = tokio::spawn(async move {
-                    let t0 = Instant::now();
-                    let mut first = true;
-                    while let Some(item) = stream.next().await {
-                        let event = match item {
-                            Ok(chunk) => {
-                                if first {
-                                    first = false;
-                                    metrics.latency(door, ProviderKind::Tts, t0.elapsed());
-                                }
-                                ProviderEvent::Audio {
-                                    id,
-                                    samples: chunk.samples,
-                                    sample_rate: chunk.sample_rate,
-                                }
-                            }
-                            Err(e) => {
-                                metrics.provider_failure(ProviderKind::Tts);
-                                let _ = tx
-                                    .send(ProviderEvent::Failed {
+                let task = tokio::spawn(
+                    async move {
+                        let t0 = Instant::now();
+                        let mut first = true;
+                        while let Some(item) = stream.next().await {
+                            let event = match item {
+                                Ok(chunk) => {
+                                    if first {
+                                        first = false;
+                                        metrics.latency(door, ProviderKind::Tts, t0.elapsed());
+                                        record_first(t0);
+                                    }
+                                    ProviderEvent::Audio {
                                         id,
-                                        message: crate::incident::report("speech synthesis", &e),
-                                    })
-                                    .await;
+                                        samples: chunk.samples,
+                                        sample_rate: chunk.sample_rate,
+                                    }
+                                }
+                                Err(e) => {
+                                    metrics.provider_failure(ProviderKind::Tts);
+                                    let _ = tx
+                                        .send(ProviderEvent::Failed {
+                                            id,
+                                            message: crate::incident::report(
+                                                "speech synthesis",
+                                                &e,
+                                            ),
+                                        })
+                                        .await;
+                                    return;
+                                }
+                            };
+                            if tx.send(event).await.is_err() {
                                 return;
                             }
-                        };
-                        if tx.send(event).await.is_err() {
-                            return;
                         }
+                        let _ = tx.send(ProviderEvent::Done { id }).await;
                     }
-                    let _ = tx.send(ProviderEvent::Done { id }).await;
-                });
+                    .instrument(span),
+                );
                 (id, task)
             }
             ProviderRequest::CallTool {
@@ -530,7 +549,10 @@ impl Runner {
                 name,
                 arguments,
                 ..
-            } => (id, self.spawn_tool(id, call_id, source, name, arguments)),
+            } => (
+                id,
+                self.spawn_tool(id, call_id, source, name, arguments, span),
+            ),
             other => {
                 tracing::warn!(
                     ?other,
@@ -551,9 +573,11 @@ impl Runner {
         source: String,
         name: String,
         arguments: serde_json::Value,
+        span: tracing::Span,
     ) -> tokio::task::JoinHandle<()> {
         let tx = self.tx.clone();
         let mcp = self.mcp.clone();
+        span.record("tool", name.as_str());
         tokio::spawn(async move {
             let (text, ok) = match mcp {
                 Some(m) => {
@@ -570,62 +594,79 @@ impl Runner {
                 None => ("Error: MCP tools are not available here".to_owned(), false),
             };
             let _ = tx.send(ProviderEvent::ToolOutput { id, text, ok }).await;
-        })
+        }.instrument(span))
     }
 
-    fn spawn_llm(&self, id: RequestId, request: LlmRequest) -> tokio::task::JoinHandle<()> {
+    fn spawn_llm(
+        &self,
+        id: RequestId,
+        request: LlmRequest,
+        span: tracing::Span,
+    ) -> tokio::task::JoinHandle<()> {
         let mut stream = self.providers.llm.generate(request);
         let tx = self.tx.clone();
         let metrics = Arc::clone(&self.metrics);
         let door = self.door;
-        tokio::spawn(async move {
-            let t0 = Instant::now();
-            let mut first = true;
-            while let Some(event) = stream.next().await {
-                if first {
-                    first = false;
-                    metrics.latency(door, ProviderKind::Llm, t0.elapsed());
+        tokio::spawn(
+            async move {
+                let t0 = Instant::now();
+                let mut first = true;
+                while let Some(event) = stream.next().await {
+                    if first {
+                        first = false;
+                        metrics.latency(door, ProviderKind::Llm, t0.elapsed());
+                        record_first(t0);
+                    }
+                    let (event, last) = match event {
+                        LlmEvent::TextDelta(delta) => {
+                            (ProviderEvent::TextDelta { id, delta }, false)
+                        }
+                        LlmEvent::ToolCall(call) => {
+                            let arguments = call
+                                .parse_arguments()
+                                .unwrap_or(serde_json::Value::String(call.arguments.clone()));
+                            (
+                                ProviderEvent::ToolCall {
+                                    id,
+                                    call_id: call.id,
+                                    name: call.name,
+                                    arguments,
+                                },
+                                false,
+                            )
+                        }
+                        LlmEvent::Done { .. } => (ProviderEvent::Done { id }, true),
+                        LlmEvent::Error(e) => {
+                            metrics.provider_failure(ProviderKind::Llm);
+                            (
+                                ProviderEvent::Failed {
+                                    id,
+                                    message: crate::incident::report("the language model", &e),
+                                },
+                                true,
+                            )
+                        }
+                        other => {
+                            tracing::debug!(?other, "LLM event ignored");
+                            continue;
+                        }
+                    };
+                    if tx.send(event).await.is_err() || last {
+                        return;
+                    }
                 }
-                let (event, last) = match event {
-                    LlmEvent::TextDelta(delta) => (ProviderEvent::TextDelta { id, delta }, false),
-                    LlmEvent::ToolCall(call) => {
-                        let arguments = call
-                            .parse_arguments()
-                            .unwrap_or(serde_json::Value::String(call.arguments.clone()));
-                        (
-                            ProviderEvent::ToolCall {
-                                id,
-                                call_id: call.id,
-                                name: call.name,
-                                arguments,
-                            },
-                            false,
-                        )
-                    }
-                    LlmEvent::Done { .. } => (ProviderEvent::Done { id }, true),
-                    LlmEvent::Error(e) => {
-                        metrics.provider_failure(ProviderKind::Llm);
-                        (
-                            ProviderEvent::Failed {
-                                id,
-                                message: crate::incident::report("the language model", &e),
-                            },
-                            true,
-                        )
-                    }
-                    other => {
-                        tracing::debug!(?other, "LLM event ignored");
-                        continue;
-                    }
-                };
-                if tx.send(event).await.is_err() || last {
-                    return;
-                }
+                // A stream that ends without Done/Error still ends the request.
+                let _ = tx.send(ProviderEvent::Done { id }).await;
             }
-            // A stream that ends without Done/Error still ends the request.
-            let _ = tx.send(ProviderEvent::Done { id }).await;
-        })
+            .instrument(span),
+        )
     }
+}
+
+/// Records on the current provider span how long its first output took.
+fn record_first(t0: Instant) {
+    let ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::Span::current().record("first_ms", ms);
 }
 
 fn context_message(m: &ContextMessage) -> ChatMessage {

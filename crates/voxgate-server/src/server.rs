@@ -96,6 +96,7 @@ impl App {
             sessions: Arc::clone(&self.sessions),
             mcp: None,
             webrtc: self.webrtc.clone(),
+            identity: crate::door::observe::Identity::default(),
         }
     }
 

@@ -6,7 +6,8 @@
 //! | `POST /api/message` | `{"content", "channel"?, "session_id"?}` → `{"response"}`: one text turn through the configured LLM with the MCP endpoint's tools; history kept per `channel:session_id` |
 //! | `POST /api/perception/event` | `{"name", "data"?, "device_id", "session_id"?, "ts"?}` → `{"ok":true}`, published on the [perception bus](perception) |
 //! | `GET /api/perception/events` | the bus as Server-Sent Events (one `perception` event per bus event) |
-//! | `GET /admin/sessions` | open sessions by door, conversations, bus subscribers, MCP connections |
+//! | `GET /admin/sessions` | open sessions (door, age, state, last turn's latency) and counts by door, conversations, bus subscribers, MCP connections |
+//! | `GET /admin/sessions/{id}` | one open session and its recent turn timeline |
 //! | `GET /admin/perception[/{device_id}]` | per-device perception state |
 //! | `POST /admin/perception/event` | publish a test event |
 //! | `GET /admin/conversations`, `POST /admin/conversations/clear` | list / forget `/api/message` histories |
@@ -231,6 +232,7 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         )
         .route("/api/{*rest}", any(not_found))
         .route("/admin/sessions", get(admin_sessions))
+        .route("/admin/sessions/{id}", get(admin_session))
         .route("/admin/perception", get(admin_perception))
         .route(
             "/admin/perception/event",
@@ -520,17 +522,35 @@ async fn admin_not_found(_: Admin) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such admin route")
 }
 
+/// Open sessions `GET /admin/sessions` lists at most (oldest first); `open_total` says how
+/// many there are.
+const MAX_LISTED_SESSIONS: usize = 1000;
+
 async fn admin_sessions(Admin(app): Admin) -> ApiResult {
     let sessions: serde_json::Map<String, Value> = Door::ALL
         .iter()
         .map(|d| (d.label().to_owned(), app.metrics.active_sessions(*d).into()))
         .collect();
+    let (open, open_total) = app.sessions.registry.list(MAX_LISTED_SESSIONS);
     ok_json(json!({
+        "open": open,
+        "open_total": open_total,
         "sessions": sessions,
         "conversations": app.shared.conversations.list(),
         "perception_subscribers": app.shared.perception.subscribers(),
         "mcp_connections": app.shared.mcp.connections(),
     }))
+}
+
+async fn admin_session(Admin(app): Admin, Path(id): Path<String>) -> ApiResult {
+    match app.sessions.registry.get(&id) {
+        Some(detail) => ok_json(json!(detail)),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no open session {id:?}"),
+        )),
+    }
 }
 
 async fn admin_perception(Admin(app): Admin) -> ApiResult {

@@ -39,8 +39,11 @@ use voxgate_providers::Tts;
 use crate::metrics::{Direction, Door, Metrics};
 use crate::providers::{Arrived, McpTools, Providers, Runner};
 
+pub(crate) mod observe;
 mod turn_timer;
 use crate::webrtc::{Endpoint, MediaEvent, PeerCommand, PeerHandle, PeerOptions};
+use observe::{Identity, Observer};
+use tracing::Instrument as _;
 use turn_timer::{FirstAudio, Step, Trigger, TurnTimer};
 
 /// WebSocket close codes the doors use (RFC 6455 section 7.4.1).
@@ -335,6 +338,10 @@ pub(crate) trait Translator: Send + 'static {
     /// An event from [`events`](Self::events); `None` when that source closed (the
     /// translator must then stop returning it).
     fn on_event(&mut self, _now: Instant, _event: Option<Self::Event>, _out: &mut Out) {}
+
+    /// Moves the engine's turn events since the last call into `sink` (metrics, traces and
+    /// the admin timeline); doors without an engine have none.
+    fn take_telemetry(&mut self, _sink: &mut Vec<voxgate_engine::TurnEvent>) {}
 }
 
 /// Lifecycle limits of one session. `None` turns a timer off.
@@ -382,6 +389,8 @@ impl SessionLimits {
 pub(crate) struct Sessions {
     open: AtomicUsize,
     closed: Notify,
+    /// What `GET /admin/sessions` lists.
+    pub(crate) registry: Arc<observe::Registry>,
 }
 
 impl Sessions {
@@ -431,6 +440,8 @@ pub(crate) struct DriverContext {
     pub(crate) mcp: Option<McpTools>,
     /// The WebRTC endpoint, for doors that carry audio over WebRTC.
     pub(crate) webrtc: Option<Arc<Endpoint>>,
+    /// Who the session is, for its logs, spans and admin entry (the door fills it in).
+    pub(crate) identity: Identity,
 }
 
 /// What the reader passes to the session loop.
@@ -458,6 +469,20 @@ enum End {
     DeadPeer,
     SlowReader,
     Shutdown,
+}
+
+impl End {
+    /// The `reason` of the `session closed` line.
+    fn label(self) -> &'static str {
+        match self {
+            Self::PeerClosed => "peer_closed",
+            Self::PeerGone => "peer_gone",
+            Self::Requested => "closed_by_server",
+            Self::DeadPeer => "dead_peer",
+            Self::SlowReader => "slow_reader",
+            Self::Shutdown => "shutdown",
+        }
+    }
 }
 
 /// What woke the session loop.
@@ -600,8 +625,15 @@ async fn drive<T: Translator>(
     last_seen: Arc<AtomicU64>,
 ) -> End {
     let door = cx.door;
+    let observer = Observer::open(
+        door,
+        cx.identity.clone(),
+        Arc::clone(&cx.metrics),
+        Arc::clone(&cx.sessions.registry),
+    );
+    let span = observer.span().clone();
     let (mut runner, provider_rx) =
-        Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics), cx.door);
+        Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics), door);
     runner.set_mcp(cx.mcp.clone());
     let mut session = Loop {
         peer,
@@ -626,11 +658,16 @@ async fn drive<T: Translator>(
         turn: TurnTimer::default(),
         first_audio: None,
         draining: None,
+        obs: observer,
     };
-    let end = session.run(in_rx, provider_rx, cx.shutdown.clone()).await;
-    tracing::debug!(door = door.label(), ?end, "session ended");
-    session.finish(end).await;
-    end
+    async move {
+        let end = session.run(in_rx, provider_rx, cx.shutdown.clone()).await;
+        session.finish(end).await;
+        session.obs.close(end.label());
+        end
+    }
+    .instrument(span)
+    .await
 }
 
 /// Reads and discards what the peer still sends until it answers our close frame; the
@@ -770,6 +807,8 @@ struct Loop<T: Translator> {
     draining: Option<Instant>,
     /// The translator's speculation counters as last added to the metrics.
     speculation: voxgate_engine::SpeculationStats,
+    /// The session's span, lines, turn figures and admin entry.
+    obs: Observer,
     /// The MCP hub whose tools the door offers, its change notices and the scope.
     tools: Option<(
         Arc<crate::mcp_endpoint::hub::McpHub>,
@@ -847,6 +886,7 @@ impl<T: Translator> Loop<T> {
                         answer_to: Some(event.id()),
                     };
                     self.runner.finished(&event);
+                    self.obs.provider_event(&event, at);
                     self.t.on_provider(now, event, &mut out);
                 }
                 Wake::Event(e) => self.t.on_event(now, e, &mut out),
@@ -991,6 +1031,8 @@ impl<T: Translator> Loop<T> {
     /// Carries out one step's output; `Some` when the session must end.
     fn apply(&mut self, out: Out) -> Option<End> {
         self.report_speculation();
+        self.t.take_telemetry(self.obs.events());
+        self.obs.take_events();
         let Out {
             frames,
             requests,
@@ -1006,8 +1048,10 @@ impl<T: Translator> Loop<T> {
         if let Some(tts) = tts {
             self.runner.set_tts(tts);
         }
+        let now = Instant::now();
         for r in requests {
-            self.runner.start(r);
+            let span = self.obs.request(&r, now);
+            self.runner.start_in(r, span);
         }
         for (frame, droppable) in frames {
             let first = if droppable {
@@ -1158,8 +1202,11 @@ impl<T: Translator> Loop<T> {
         let mut out = Out::new();
         self.t.on_close(now, &mut out);
         self.report_speculation();
+        self.t.take_telemetry(self.obs.events());
+        self.obs.take_events();
         for r in out.requests.drain(..) {
-            self.runner.start(r);
+            let span = self.obs.request(&r, now);
+            self.runner.start_in(r, span);
         }
         match end {
             End::Shutdown => self.overflow.push_back(ToWriter::Close(CloseRequest {

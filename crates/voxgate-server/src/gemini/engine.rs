@@ -276,6 +276,11 @@ impl EngineSession {
         self.engine.speculation_stats()
     }
 
+    /// Moves the engine's turn events into `sink`.
+    pub(super) fn take_telemetry(&mut self, sink: &mut Vec<voxgate_engine::TurnEvent>) {
+        sink.extend(self.engine.take_telemetry());
+    }
+
     /// A session with `config` whose requests carry `ids`; [`start`](Self::start) applies
     /// its tools.
     pub(super) fn new(

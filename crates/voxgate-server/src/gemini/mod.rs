@@ -136,17 +136,18 @@ fn upgrade(
         .max_frame_size(hard_limit)
         .on_upgrade(move |socket| async move {
             let _permit = permit;
-            serve(socket, app).await;
+            serve(socket, app, peer).await;
         })
 }
 
 /// Serves one upgraded connection on the door driver until the client leaves, the session is
 /// closed or the server shuts down.
-async fn serve(socket: WebSocket, app: Arc<App>) {
+async fn serve(socket: WebSocket, app: Arc<App>, peer: std::net::SocketAddr) {
     let mut config = app.config.gemini.clone();
     // The sessions see `[gemini.engine]` over `[engine]`.
     config.engine = config.engine.over(&app.config.engine);
     let mut cx = app.driver(Door::Gemini);
+    cx.identity.peer = Some(peer);
     cx.max_frame_bytes = config.max_frame_bytes;
     cx.limits.init_timeout = config.connect_timeout(cx.limits.init_timeout);
     // Pass-through sessions have no engine; their translator ignores the tools.

@@ -525,6 +525,12 @@ impl Translator for GeminiDoor {
         }
     }
 
+    fn take_telemetry(&mut self, sink: &mut Vec<voxgate_engine::TurnEvent>) {
+        if let Some(Backend::Engine(s)) = &mut self.backend {
+            s.take_telemetry(sink);
+        }
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         self.end_session(now, out);
         self.hang_up(out);

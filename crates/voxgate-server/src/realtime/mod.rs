@@ -52,7 +52,7 @@ pub(crate) fn routes() -> Router<Arc<App>> {
 
 /// Serves one upgraded connection until the client leaves, a fatal error, a timeout or
 /// shutdown.
-pub(crate) async fn serve(socket: WebSocket, app: Arc<App>) {
+pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, peer: SocketAddr) {
     let settings = RealtimeSettings {
         elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
         max_context_chars: app.config.realtime.max_context_chars,
@@ -61,6 +61,7 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>) {
     };
     let door = RealtimeDoor::new(Arc::clone(&app.metrics), settings);
     let mut cx = app.driver(Door::Realtime);
+    cx.identity.peer = Some(peer);
     cx.mcp = app.mcp_tools(app.config.realtime.mcp_tools);
     crate::door::run(socket, door, cx).await;
 }
@@ -112,7 +113,7 @@ async fn realtime_upgrade(
         .max_frame_size(hard_limit)
         .on_upgrade(move |socket| async move {
             let _permit = permit;
-            serve(socket, app).await;
+            serve(socket, app, peer).await;
         })
 }
 

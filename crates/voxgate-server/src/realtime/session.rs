@@ -214,6 +214,12 @@ impl Translator for RealtimeDoor {
         self.session.as_ref().map(|s| s.engine.speculation_stats())
     }
 
+    fn take_telemetry(&mut self, sink: &mut Vec<voxgate_engine::TurnEvent>) {
+        if let Some(s) = &mut self.session {
+            sink.extend(s.engine.take_telemetry());
+        }
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         if let Some(s) = &mut self.session {
             let _ = s.engine.handle_input(now, Input::Close);

@@ -309,7 +309,7 @@ async fn serve_upgrade(
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _permit = permit;
-            session::serve(socket, app, lease).await;
+            session::serve(socket, app, lease, peer).await;
         })
 }
 

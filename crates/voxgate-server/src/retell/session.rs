@@ -13,7 +13,7 @@ use axum::extract::ws::WebSocket;
 use tokio::sync::mpsc;
 use voxgate_engine::emotion::{self, FragmentStripper};
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall};
-use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnId};
+use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnEvent, TurnId};
 use voxgate_retell::{
     AgentInterrupt, BeginMessage, Call, ConfigBody, Generate, Metadata, RequestKind,
     ResponseRequest, ResponseTracker, RetellEvent, ServerEvent, ToolCallInvocation, ToolCallResult,
@@ -84,15 +84,23 @@ const MAX_TOOL_CALLS_PER_ROUND: usize = 8;
 
 /// Serves one upgraded Retell socket for the call in `lease`; the call is released (parked
 /// for a reconnect) when the session ends, with the lease.
-pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, lease: Lease) {
+pub(crate) async fn serve(
+    socket: WebSocket,
+    app: Arc<App>,
+    lease: Lease,
+    peer: std::net::SocketAddr,
+) {
     let cfg = &app.config.retell.with_engine(&app.config.engine);
     tracing::info!(
         call_id = %lease.call_id(),
         resumed = lease.resumed(),
         "Retell call socket"
     );
+    let call_id = lease.call_id().to_owned();
     let session = RetellSession::new(cfg.clone(), Arc::clone(&app.metrics), lease);
     let mut cx = app.driver(Door::Retell);
+    cx.identity.peer = Some(peer);
+    cx.identity.device = Some(call_id);
     cx.mcp = app.mcp_tools(cfg.mcp_tools);
     // Retell sends the whole transcript in every event: the door's own frame limit.
     cx.max_frame_bytes = cfg.max_frame_bytes;
@@ -182,6 +190,9 @@ pub(crate) struct RetellSession {
     /// The latest request whose frame was unreadable: it gets the apology instead of the LLM.
     /// One is enough: the tracker turns it into a `Generate` at once.
     apologize: Option<u64>,
+    /// Turn events for the driver's metrics and traces (Retell has no engine: the door tells
+    /// when a response is asked for, superseded or done).
+    telemetry: Vec<TurnEvent>,
 }
 
 impl RetellSession {
@@ -198,6 +209,7 @@ impl RetellSession {
             next_request: 0,
             active: None,
             apologize: None,
+            telemetry: Vec::new(),
         }
     }
 
@@ -221,7 +233,7 @@ impl RetellSession {
                     Err(e) => tracing::warn!(%e, "cannot encode a Retell event"),
                 },
                 TrackerOutput::Generate(g) => self.start(now, &g, out),
-                TrackerOutput::Stop { response_id } => self.stop(response_id, out),
+                TrackerOutput::Stop { response_id } => self.stop(now, response_id, out),
                 TrackerOutput::CallDetails(call) => self.state.call = Some(call),
                 TrackerOutput::Update(_) => {}
                 TrackerOutput::Unknown(u) => {
@@ -260,10 +272,16 @@ impl RetellSession {
     fn start(&mut self, now: Instant, g: &Generate, out: &mut Out) {
         if let Some(old) = self.active.take() {
             old.cancel(out);
+            self.cut(now, old.response_id);
         }
         if g.kind == RequestKind::Begin {
             return;
         }
+        self.telemetry.push(TurnEvent::UserTurn {
+            turn: turn_id(g.response_id),
+            speech: true,
+            at: now,
+        });
         if self.apologize.take_if(|id| *id == g.response_id).is_some() {
             let apology = self.cfg.apology.clone();
             self.finish_response(now, g.response_id, apology, None, &[]);
@@ -297,14 +315,14 @@ impl RetellSession {
         active.rounds += 1;
         out.provider(ProviderRequest::Generate {
             id: active.request,
-            turn: TurnId(u32::try_from(active.response_id).unwrap_or(u32::MAX)),
+            turn: turn_id(active.response_id),
             messages: active.messages.clone(),
             tools: self.tools.specs().to_vec(),
             temperature: None,
         });
     }
 
-    fn stop(&mut self, response_id: u64, out: &mut Out) {
+    fn stop(&mut self, now: Instant, response_id: u64, out: &mut Out) {
         if self
             .active
             .as_ref()
@@ -312,7 +330,23 @@ impl RetellSession {
             && let Some(a) = self.active.take()
         {
             a.cancel(out);
+            self.cut(now, response_id);
         }
+    }
+
+    /// A response still generating was superseded or stopped: Retell interrupted it.
+    fn cut(&mut self, now: Instant, response_id: u64) {
+        let turn = turn_id(response_id);
+        self.telemetry.push(TurnEvent::Interrupted {
+            turn,
+            barge_in: None,
+            at: now,
+        });
+        self.telemetry.push(TurnEvent::ResponseEnded {
+            turn,
+            interrupted: true,
+            at: now,
+        });
     }
 
     fn provider_event(&mut self, now: Instant, event: ProviderEvent, out: &mut Out) {
@@ -437,7 +471,7 @@ impl RetellSession {
                 let id = RequestId(self.next_request);
                 out.provider(ProviderRequest::CallTool {
                     id,
-                    turn: TurnId(u32::try_from(active.response_id).unwrap_or(u32::MAX)),
+                    turn: turn_id(active.response_id),
                     call_id: call_id.clone(),
                     source,
                     name: tool,
@@ -582,6 +616,11 @@ impl RetellSession {
             return;
         }
         self.metrics.turn(Door::Retell);
+        self.telemetry.push(TurnEvent::ResponseEnded {
+            turn: turn_id(response_id),
+            interrupted: false,
+            at: now,
+        });
         if self.cfg.metadata {
             let mut m = serde_json::json!({
                 "voxgate": {
@@ -638,6 +677,11 @@ impl RetellSession {
             }
         }
     }
+}
+
+/// The turn id a Retell response id stands for in the engine's terms.
+fn turn_id(response_id: u64) -> TurnId {
+    TurnId(u32::try_from(response_id).unwrap_or(u32::MAX))
 }
 
 impl Translator for RetellSession {
@@ -731,6 +775,10 @@ impl Translator for RetellSession {
     ) {
         // Offered from the next round on (calls already sent finish as they were sent).
         self.tools = Offered::new(&self.cfg, tools);
+    }
+
+    fn take_telemetry(&mut self, sink: &mut Vec<TurnEvent>) {
+        sink.append(&mut self.telemetry);
     }
 
     fn on_close(&mut self, now: Instant, out: &mut Out) {

@@ -250,6 +250,7 @@ async fn offer(
         }
     };
     let mut cx = app.driver(Door::Vip);
+    cx.identity.peer = Some(peer);
     cx.mcp = app.mcp_tools(config.mcp_tools);
     // ICE consent checks tell a dead peer; WebSocket pings mean nothing here.
     cx.limits.ping_interval = None;

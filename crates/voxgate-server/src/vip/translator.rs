@@ -468,6 +468,10 @@ impl Translator for VipDoor {
         Some(self.engine.speculation_stats())
     }
 
+    fn take_telemetry(&mut self, sink: &mut Vec<voxgate_engine::TurnEvent>) {
+        sink.extend(self.engine.take_telemetry());
+    }
+
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         let _ = self.engine.handle_input(now, Input::Close);
         while let Some(o) = self.engine.poll_output() {

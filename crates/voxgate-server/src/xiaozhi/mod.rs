@@ -256,7 +256,7 @@ async fn upgrade(
         .read_buffer_size(READ_BUFFER_BYTES)
         .on_upgrade(move |socket| async move {
             let _permit = permit;
-            session::serve(socket, app, info).await;
+            session::serve(socket, app, info, peer).await;
         })
 }
 

@@ -63,8 +63,15 @@ pub(crate) struct ConnInfo {
 }
 
 /// Serves one upgraded connection until the device leaves, a timeout, or shutdown.
-pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, info: ConnInfo) {
+pub(crate) async fn serve(
+    socket: WebSocket,
+    app: Arc<App>,
+    info: ConnInfo,
+    peer: std::net::SocketAddr,
+) {
     let mut cx = app.driver(Door::Xiaozhi);
+    cx.identity.peer = Some(peer);
+    cx.identity.device.clone_from(&info.device_id);
     cx.limits = limits(&app.config.xiaozhi, &cx.limits);
     cx.mcp = app.mcp_tools(app.config.xiaozhi.mcp_tools);
     door::run(socket, XiaozhiDoor::new(app, info), cx).await;
@@ -230,6 +237,12 @@ impl Translator for XiaozhiDoor {
 
     fn speculation_stats(&self) -> Option<voxgate_engine::SpeculationStats> {
         self.session.as_ref().map(|s| s.engine.speculation_stats())
+    }
+
+    fn take_telemetry(&mut self, sink: &mut Vec<voxgate_engine::TurnEvent>) {
+        if let Some(s) = &mut self.session {
+            sink.extend(s.engine.take_telemetry());
+        }
     }
 
     fn on_close(&mut self, now: Instant, out: &mut Out) {
