@@ -671,6 +671,12 @@ impl TurnMachine {
                 }
             }
             _ => {
+                // An empty transcript is no speech: it must not start a words-only candidate,
+                // which counts as long enough and would let VAD speech that joins it skip the
+                // minimum interruption speech.
+                if self.candidate.is_none() && word_count(text) == 0 {
+                    return;
+                }
                 let speaking = self.user_speaking;
                 let mode = self.speech_trigger;
                 let c = self.candidate.get_or_insert_with(|| Candidate {

@@ -692,6 +692,28 @@ fn speech_shorter_than_the_minimum_does_not_interrupt() {
 }
 
 #[test]
+fn an_empty_transcript_while_speaking_does_not_shorten_the_minimum_speech() {
+    let mut h = harness();
+    let turn = user_says(&mut h, "hi", ms(300));
+    reply(&mut h, turn, &["Hello, nice to meet you."], 2000);
+    // A recognizer streaming during the reply sends an empty partial before any speech.
+    assert!(h.input(words("", false)).unwrap().is_empty());
+    h.advance(ms(100));
+    h.input(Input::SpeechStarted).unwrap();
+    let outs = h.advance(ms(200));
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::ClearPlayback { .. })),
+        "interrupted before the minimum speech: {outs:?}"
+    );
+    assert_eq!(h.state(), State::Speaking);
+    let outs = h.advance(ms(150));
+    assert_eq!(outs[0], Output::ClearPlayback { turn });
+    assert_eq!(h.machine().stats().interruptions, 1);
+}
+
+#[test]
 fn min_words_holds_the_interruption_until_the_words_arrive() {
     let mut h = harness_with(Config {
         min_interruption_words: 2,

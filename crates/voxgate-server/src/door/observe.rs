@@ -227,9 +227,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, ms)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, ms)
 }
 
 /// A session id: 16 hex digits from the OS random source (a counter if it fails: the id only
