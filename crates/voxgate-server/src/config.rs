@@ -114,11 +114,11 @@ use self::env::{EnvVars, Secret};
 pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
-pub use self::telemetry::{LogFormat, TelemetryConfig};
 pub use self::providers::{
     AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
     TtsSpec,
 };
+pub use self::telemetry::{LogFormat, TelemetryConfig};
 pub use self::webrtc::WebRtcConfig;
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};

@@ -116,10 +116,12 @@ impl Telemetry {
         let Some(e) = &self.export else {
             return Ok(());
         };
-        e.provider.force_flush().map_err(|err| TelemetryError::Export {
-            url: e.url.clone(),
-            message: err.to_string(),
-        })
+        e.provider
+            .force_flush()
+            .map_err(|err| TelemetryError::Export {
+                url: e.url.clone(),
+                message: err.to_string(),
+            })
     }
 
     /// Sends the spans still queued and stops the exporter; spans ending later are dropped.
@@ -219,11 +221,10 @@ fn log_layer(config: &TelemetryConfig) -> Box<dyn Layer<Registry> + Send + Sync>
 
 /// What is exported: `INFO` and above, except the export machinery's own spans.
 fn export_filter() -> Targets {
-    EXPORT_MACHINERY
-        .iter()
-        .fold(Targets::new().with_default(LevelFilter::INFO), |t, target| {
-            t.with_target(*target, LevelFilter::OFF)
-        })
+    EXPORT_MACHINERY.iter().fold(
+        Targets::new().with_default(LevelFilter::INFO),
+        |t, target| t.with_target(*target, LevelFilter::OFF),
+    )
 }
 
 /// A tracer provider batching spans to `url` over OTLP/HTTP (protobuf), sampled by
@@ -300,6 +301,8 @@ mod tests {
         let url = config.traces_url().unwrap();
         let provider = tracer_provider(&config, &url).unwrap();
         // Nothing queued: shutting down sends nothing and needs no collector.
-        provider.shutdown_with_timeout(Duration::from_secs(1)).unwrap();
+        provider
+            .shutdown_with_timeout(Duration::from_secs(1))
+            .unwrap();
     }
 }

@@ -48,7 +48,8 @@ impl FromStr for LogFormat {
         match s.trim().to_ascii_lowercase().as_str() {
             "text" => Ok(Self::Text),
             "json" => Ok(Self::Json),
-            _ => Err(format!("{s:?} is not a log format (text or json)")),
+            // The callers (the environment, `--log-format`) quote the value themselves.
+            _ => Err("not a log format: expected text or json".to_owned()),
         }
     }
 }
@@ -282,11 +283,20 @@ mod tests {
                 "is not an http:// or https:// URL",
             ),
             ("otlp_endpoint = \"http://\"", "is not a URL"),
-            ("otlp_endpoint = \"http://c:4318/?x=1\"", "must not have a query"),
-            ("otlp_sample_ratio = 1.5", "otlp_sample_ratio = 1.5 is outside 0..=1"),
+            (
+                "otlp_endpoint = \"http://c:4318/?x=1\"",
+                "must not have a query",
+            ),
+            (
+                "otlp_sample_ratio = 1.5",
+                "otlp_sample_ratio = 1.5 is outside 0..=1",
+            ),
             ("otlp_sample_ratio = -0.1", "is outside 0..=1"),
             ("otlp_sample_ratio = nan", "is outside 0..=1"),
-            ("service_name = \" \"", "[telemetry] service_name must not be blank"),
+            (
+                "service_name = \" \"",
+                "[telemetry] service_name must not be blank",
+            ),
             ("otlp_protocol = \"grpc\"", "unknown field `otlp_protocol`"),
         ] {
             let e = Config::from_toml(&format!("[telemetry]\n{toml}\n"))
@@ -315,16 +325,22 @@ mod tests {
 
         // The standard variable fills in only when ours and the file leave it unset.
         let mut c = Config::default();
-        c.apply_env(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")]))
-            .unwrap();
+        c.apply_env(env(&[(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "http://collector:4318",
+        )]))
+        .unwrap();
         assert_eq!(
             c.telemetry.otlp_endpoint.as_deref(),
             Some("http://collector:4318")
         );
         let mut c =
             Config::from_toml("[telemetry]\notlp_endpoint = \"http://from-file:4318\"\n").unwrap();
-        c.apply_env(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")]))
-            .unwrap();
+        c.apply_env(env(&[(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "http://collector:4318",
+        )]))
+        .unwrap();
         assert_eq!(
             c.telemetry.otlp_endpoint.as_deref(),
             Some("http://from-file:4318")
@@ -341,7 +357,7 @@ mod tests {
             (
                 &[("VOXGATE_LOG_FORMAT", "yaml")][..],
                 "VOXGATE_LOG_FORMAT",
-                "\"yaml\" is not a log format (text or json)",
+                "\"yaml\": not a log format: expected text or json",
             ),
             (
                 &[("VOXGATE_OTLP_ENDPOINT", "collector:4318")][..],
