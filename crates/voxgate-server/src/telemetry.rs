@@ -1,10 +1,9 @@
 //! Logs and traces: the process-wide `tracing` subscriber the `voxgate-server` binary installs
 //! from `[telemetry]` ([`TelemetryConfig`]).
 //!
-//! - **Logs** go to stderr, as text or one JSON object per line
-//!   ([`LogFormat`](crate::config::LogFormat)), filtered by `RUST_LOG` (default `info`). Text
-//!   is coloured only when stderr is a terminal, so colour codes never reach a log file or a
-//!   pipe; JSON never is.
+//! - **Logs** go to stderr, as text or one JSON object per line ([`LogFormat`]), filtered by
+//!   `RUST_LOG` (default `info`). Text is coloured only when stderr is a terminal, so colour
+//!   codes never reach a log file or a pipe; JSON never is.
 //! - **Traces**: with `otlp_endpoint` set, every span at `INFO` or above (whatever `RUST_LOG`
 //!   says: it only governs log lines) is exported as OpenTelemetry over OTLP/HTTP with protobuf
 //!   bodies, batched, with the resource attribute `service.name`. A span's `tracing` fields
