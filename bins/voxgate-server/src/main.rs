@@ -1,7 +1,7 @@
 //! `voxgate-server`: the voxgate reference voice-agent server.
 //!
 //! ```text
-//! voxgate-server [--config FILE] [--listen ADDR] [--print-config]
+//! voxgate-server [--config FILE] [--listen ADDR] [--log-format text|json] [--print-config]
 //! ```
 //!
 //! Runs on the embedded defaults when given nothing: `127.0.0.1:8080`, the offline demo agent,
@@ -16,8 +16,12 @@
 //!
 //! Serves `GET /health`, Prometheus `GET /metrics`, and the realtime protobuf protocol over
 //! WebSocket at `/realtime` and `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]`.
-//! Logs go to stderr, filtered by `RUST_LOG` (default `info`). Ctrl-C or SIGTERM shuts down
-//! gracefully.
+//! Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text (coloured only on a
+//! terminal) or JSON lines (`--log-format`, over `[telemetry] log_format` and
+//! `VOXGATE_LOG_FORMAT`). With `[telemetry] otlp_endpoint` (or `VOXGATE_OTLP_ENDPOINT`, or the
+//! standard `OTEL_EXPORTER_OTLP_ENDPOINT`) spans are also exported over OTLP/HTTP, and the last
+//! ones are sent before the process exits (`voxgate_server::telemetry`, `docs/operations.md`).
+//! Ctrl-C or SIGTERM shuts down gracefully.
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::PathBuf;
@@ -25,6 +29,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
+use voxgate_server::config::LogFormat;
 use voxgate_server::{Config, Server};
 
 /// The voxgate reference voice-agent server.
@@ -38,6 +43,10 @@ struct Args {
     /// the file and VOXGATE_LISTEN.
     #[arg(long, value_name = "ADDR", value_parser = resolve)]
     listen: Option<SocketAddr>,
+    /// Log line format, `text` or `json` (one object a line), overriding the file and
+    /// VOXGATE_LOG_FORMAT.
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -76,6 +85,9 @@ fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>)> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    if let Some(format) = args.log_format {
+        config.telemetry.log_format = format;
+    }
     Ok((config, env_warnings))
 }
 
@@ -97,6 +109,37 @@ fn report(e: &anyhow::Error) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let (config, env_warnings) = match config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            report(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    let warnings = voxgate_server::exposure_warnings(&config);
+    if args.print_config {
+        print!(
+            "{}{}",
+            voxgate_server::exposure::as_toml_comments(&warnings),
+            config.to_toml()
+        );
+        return ExitCode::SUCCESS;
+    }
+    // Installed before the runtime and shut down after it: the exporter runs on its own
+    // thread, so the spans of tasks ending while the runtime stops are still sent.
+    let telemetry = match voxgate_server::telemetry::install(&config.telemetry) {
+        Ok(t) => t,
+        Err(e) => {
+            report(&e.into());
+            return ExitCode::FAILURE;
+        }
+    };
+    for warning in env_warnings.iter().chain(&warnings) {
+        tracing::warn!("{warning}");
+    }
+    if let Some(url) = telemetry.traces_url() {
+        tracing::info!("exporting traces to {url}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -107,7 +150,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args)) {
+    let served = runtime.block_on(serve(config));
+    drop(runtime);
+    if let Err(e) = telemetry.shutdown() {
+        eprintln!("warning: {e}");
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             report(&e);
@@ -116,27 +164,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
-    let (config, env_warnings) = config(&args)?;
-    let warnings = voxgate_server::exposure_warnings(&config);
-    if args.print_config {
-        print!(
-            "{}{}",
-            voxgate_server::exposure::as_toml_comments(&warnings),
-            config.to_toml()
-        );
-        return Ok(());
-    }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    for warning in env_warnings.iter().chain(&warnings) {
-        tracing::warn!("{warning}");
-    }
+async fn serve(config: Config) -> anyhow::Result<()> {
     let server = Server::bind(config).await.context("starting the server")?;
     for line in server.startup_lines() {
         tracing::info!("{line}");

@@ -1,5 +1,6 @@
 //! The server binary as a user runs it: version, errors printed once, listener clashes that
-//! name the setting to change, host names for `--listen`, and the start-up lines.
+//! name the setting to change, host names for `--listen`, the start-up lines, and the log
+//! formats.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead as _, BufReader};
@@ -11,7 +12,8 @@ fn server() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxgate-server"));
     // Only what a test sets: no VOXGATE_* from the environment running the tests.
     for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("VOXGATE_") {
+        let k_text = k.to_string_lossy();
+        if k_text.starts_with("VOXGATE_") || k_text.starts_with("OTEL_") {
             cmd.env_remove(k);
         }
     }
@@ -87,13 +89,10 @@ fn listen_takes_a_host_name() {
     assert!(!out.status.success());
 }
 
-#[test]
-fn start_up_names_doors_providers_and_unread_variables() {
-    let mut child = server()
-        .args(["--listen", "127.0.0.1:0"])
-        .env("VOXGATE_GEMINI_LISTEN", "off")
-        .env("VOXGATE_LLM_BASEURL", "http://127.0.0.1:9/v1")
-        .env("VOXGATE_LLM_API_KEY", "k")
+/// What `cmd` (a server on a free port) writes to stderr up to its `listening on` line;
+/// the server is killed then.
+fn start_up(cmd: &mut Command) -> String {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -120,6 +119,18 @@ fn start_up_names_doors_providers_and_unread_variables() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    seen
+}
+
+#[test]
+fn start_up_names_doors_providers_and_unread_variables() {
+    let seen = start_up(
+        server()
+            .args(["--listen", "127.0.0.1:0"])
+            .env("VOXGATE_GEMINI_LISTEN", "off")
+            .env("VOXGATE_LLM_BASEURL", "http://127.0.0.1:9/v1")
+            .env("VOXGATE_LLM_API_KEY", "k"),
+    );
     for want in [
         "VOXGATE_LLM_BASEURL is set but is not a variable this server reads",
         "VOXGATE_LLM_API_KEY is set but not used: it needs VOXGATE_LLM_BASE_URL",
@@ -132,5 +143,54 @@ fn start_up_names_doors_providers_and_unread_variables() {
     assert!(
         !seen.contains("\"k\""),
         "the key's value is never logged:\n{seen}"
+    );
+}
+
+#[test]
+fn logs_are_json_lines_on_request_and_never_coloured_in_a_pipe() {
+    // Text into a pipe: no colour codes even though NO_COLOR is not set.
+    let seen = start_up(
+        server()
+            .env_remove("NO_COLOR")
+            .args(["--listen", "127.0.0.1:0"])
+            .env("VOXGATE_GEMINI_LISTEN", "off"),
+    );
+    assert!(seen.contains(" INFO "), "{seen}");
+    assert!(!seen.contains('\x1b'), "colour codes in a pipe:\n{seen}");
+
+    // JSON, from the flag over the variable: every log line is one object.
+    let seen = start_up(
+        server()
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .env("VOXGATE_LOG_FORMAT", "text")
+            .env("VOXGATE_GEMINI_LISTEN", "off"),
+    );
+    let logs: Vec<serde_json::Value> = seen
+        .lines()
+        .filter(|l| !l.starts_with("voxgate-server listening on"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(
+        logs.iter().any(|l| l["level"] == "INFO"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("realtime door: ws://127.0.0.1:"))),
+        "{seen}"
+    );
+
+    // The variable alone, and a bad value named.
+    let seen = start_up(
+        server()
+            .args(["--listen", "127.0.0.1:0"])
+            .env("VOXGATE_LOG_FORMAT", "json")
+            .env("VOXGATE_GEMINI_LISTEN", "off"),
+    );
+    assert!(seen.starts_with('{'), "{seen}");
+    let out = run(server().env("VOXGATE_LOG_FORMAT", "xml"));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("VOXGATE_LOG_FORMAT") && err.contains("expected text or json"),
+        "{err}"
     );
 }

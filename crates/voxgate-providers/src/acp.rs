@@ -80,6 +80,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 use voxgate_mcp::jsonrpc::{self, ErrorObject, Id, Message, Payload};
 
 use crate::error::{ProviderError, TimeoutPhase};
@@ -338,6 +339,10 @@ pub struct AcpConversation {
 struct Inner {
     config: Arc<AcpConfig>,
     actor: Mutex<Option<(mpsc::Sender<Job>, AbortHandle)>>,
+    /// The span current when the conversation was made (a server session's), which the
+    /// agent's task runs in: its log lines name the session they belong to, though the
+    /// agent outlives any one turn.
+    span: tracing::Span,
 }
 
 impl Drop for Inner {
@@ -355,6 +360,7 @@ impl AcpConversation {
             inner: Arc::new(Inner {
                 config,
                 actor: Mutex::new(None),
+                span: tracing::Span::current(),
             }),
         }
     }
@@ -383,7 +389,7 @@ impl Inner {
                         jobs: rx,
                         agent: None,
                     };
-                    let task = runtime.spawn(actor.run());
+                    let task = runtime.spawn(actor.run().instrument(self.span.clone()));
                     *slot = Some((tx.clone(), task.abort_handle()));
                     tx
                 }
@@ -534,8 +540,12 @@ impl Actor {
                                 }
                                 None => {
                                     let status = agent.exit_status().await;
-                                    tracing::warn!(%status, "ACP agent exited between turns; \
-                                        a new one starts on the next turn");
+                                    tracing::warn!(
+                                        %status,
+                                        acp_session = %agent.session_id,
+                                        "ACP agent exited between turns; a new one starts on \
+                                         the next turn"
+                                    );
                                     self.agent = None;
                                 }
                             }
@@ -647,8 +657,9 @@ impl AgentProcess {
             ));
         };
         let (tx, lines) = mpsc::channel(64);
-        let reader = tokio::spawn(read_lines(stdout, tx));
-        let logger = tokio::spawn(log_stderr(stderr, child.id()));
+        // In the conversation's span, as the actor is.
+        let reader = tokio::spawn(read_lines(stdout, tx).in_current_span());
+        let logger = tokio::spawn(log_stderr(stderr, child.id()).in_current_span());
         let mut agent = Self {
             child,
             stdin,
@@ -658,7 +669,7 @@ impl AgentProcess {
             session_id: String::new(),
             tools: HashMap::new(),
         };
-        tracing::info!(pid = ?agent.child.id(), command = %config.command, "ACP agent started");
+        tracing::info!(pid = agent.child.id(), command = %config.command, "ACP agent started");
         let deadline = Instant::now() + config.startup_timeout;
         let init = agent
             .call(
@@ -717,7 +728,14 @@ impl AgentProcess {
             )
             .await?;
         match result.get("sessionId").and_then(Value::as_str) {
-            Some(id) if !id.is_empty() => Ok(id.to_owned()),
+            Some(id) if !id.is_empty() => {
+                tracing::info!(
+                    acp_session = id,
+                    pid = self.child.id(),
+                    "ACP session opened"
+                );
+                Ok(id.to_owned())
+            }
             _ => Err((
                 ProviderError::Protocol(format!("session/new returned no sessionId: {result}")),
                 AgentState::Alive,
@@ -847,9 +865,11 @@ impl AgentProcess {
             }
             Message::Notification(n) => {
                 if n.method == "session/update"
-                    && let Some(update) = n.params.as_ref().and_then(|p| p.get("update"))
+                    && let Some(params) = &n.params
+                    && let Some(update) = params.get("update")
                 {
-                    self.note_update(update);
+                    let session = params.get("sessionId").and_then(Value::as_str);
+                    self.note_update(session.unwrap_or_default(), update);
                 }
                 AgentState::Alive
             }
@@ -857,8 +877,9 @@ impl AgentProcess {
         }
     }
 
-    /// Records and logs tool calls and plans; returns the text of a message chunk.
-    fn note_update(&mut self, update: &Value) -> Option<String> {
+    /// Records and logs tool calls and plans of the ACP session `acp_session`; returns the
+    /// text of a message chunk.
+    fn note_update(&mut self, acp_session: &str, update: &Value) -> Option<String> {
         let kind = update.get("sessionUpdate").and_then(Value::as_str)?;
         match kind {
             "agent_message_chunk" => {
@@ -869,7 +890,7 @@ impl AgentProcess {
                         .and_then(Value::as_str)
                         .map(str::to_owned);
                 }
-                tracing::debug!(%content, "non-text ACP message chunk skipped");
+                tracing::debug!(acp_session, %content, "non-text ACP message chunk skipped");
             }
             "tool_call" | "tool_call_update" => {
                 let id = update.get("toolCallId").and_then(Value::as_str)?;
@@ -877,6 +898,7 @@ impl AgentProcess {
                 merge_tool_info(entry, update);
                 let status = update.get("status").and_then(Value::as_str).unwrap_or("");
                 tracing::info!(
+                    acp_session,
                     tool_call = id,
                     title = entry.title.as_deref().unwrap_or(""),
                     kind = entry.kind.as_deref().unwrap_or("other"),
@@ -894,9 +916,9 @@ impl AgentProcess {
                             .collect()
                     })
                     .unwrap_or_default();
-                tracing::info!(?steps, "ACP agent plan");
+                tracing::info!(acp_session, steps = %steps.join(" | "), "ACP agent plan");
             }
-            other => tracing::debug!(update = other, "ACP session update ignored"),
+            other => tracing::debug!(acp_session, update = other, "ACP session update ignored"),
         }
         None
     }
@@ -931,7 +953,7 @@ impl AgentProcess {
             };
             let line = tokio::select! {
                 () = events.closed(), if cancelled_at.is_none() => {
-                    tracing::debug!(session = session_id, "turn cancelled: session/cancel");
+                    tracing::debug!(acp_session = session_id, "turn cancelled: session/cancel");
                     if self.cancel(session_id).await.is_err() {
                         return AgentState::Gone;
                     }
@@ -941,6 +963,7 @@ impl AgentProcess {
                 () = tokio::time::sleep_until(deadline) => {
                     if cancelled_at.is_some() {
                         tracing::warn!(
+                            acp_session = session_id,
                             "the ACP agent did not end a cancelled prompt within {:?}; killed",
                             config.cancel_timeout
                         );
@@ -962,7 +985,7 @@ impl AgentProcess {
             };
             let Some(line) = line else {
                 let status = self.exit_status().await;
-                tracing::warn!(%status, "ACP agent exited during a turn");
+                tracing::warn!(%status, acp_session = session_id, "ACP agent exited during a turn");
                 if cancelled_at.is_none() {
                     let _ = events
                         .send(LlmEvent::Error(ProviderError::Command(format!(
@@ -989,7 +1012,11 @@ impl AgentProcess {
                             };
                             let _ = events.send(event).await;
                         } else {
-                            tracing::debug!(outcome = ?r.outcome, "cancelled prompt ended");
+                            tracing::debug!(
+                                acp_session = session_id,
+                                outcome = ?r.outcome,
+                                "cancelled prompt ended"
+                            );
                         }
                         return AgentState::Alive;
                     }
@@ -1004,7 +1031,7 @@ impl AgentProcess {
                         let Some(update) = params.get("update") else {
                             continue;
                         };
-                        if let Some(text) = self.note_update(update)
+                        if let Some(text) = self.note_update(session_id, update)
                             && cancelled_at.is_none()
                             && !text.is_empty()
                         {
@@ -1066,7 +1093,12 @@ impl AgentProcess {
             .map(Vec::as_slice)
             .unwrap_or_default();
         let answer = config.permissions.answer(&tool, options);
+        let acp_session = params
+            .and_then(|p| p.get("sessionId"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         tracing::info!(
+            acp_session,
             title = tool.title.as_deref().unwrap_or(""),
             kind = tool.kind.as_deref().unwrap_or("other"),
             ?answer,
@@ -1188,7 +1220,7 @@ async fn log_stderr(stderr: impl AsyncRead + Unpin, pid: Option<u32>) {
             Ok(0) | Err(_) => return,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&buf);
-                tracing::debug!(?pid, "ACP agent stderr: {}", text.trim_end());
+                tracing::debug!(pid, "ACP agent stderr: {}", text.trim_end());
             }
         }
     }

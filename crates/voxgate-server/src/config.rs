@@ -64,6 +64,10 @@
 //!
 //! [xiaozhi.engine]               # per door, over [engine]; also realtime, gemini, ...
 //! greeting = "Hi there!"
+//!
+//! [telemetry]                    # logs and trace export (docs/operations.md)
+//! log_format = "json"            # text | json
+//! otlp_endpoint = "http://localhost:4318"  # OTLP/HTTP collector; absent: no export
 //! ```
 //!
 //! # Environment overrides
@@ -91,6 +95,9 @@
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
+//! | `VOXGATE_LOG_FORMAT` (`text` / `json`) | `telemetry.log_format` |
+//! | `VOXGATE_OTLP_ENDPOINT` (empty: unset); the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when neither it nor the file sets one | `telemetry.otlp_endpoint` ([`telemetry`]) |
+//! | `VOXGATE_SERVICE_NAME`, `VOXGATE_OTLP_SAMPLE_RATIO` | `telemetry.service_name`, `telemetry.otlp_sample_ratio` |
 //!
 //! Setting a section's `*_BASE_URL` (which infers `provider = "openai"` with the default model
 //! names `gpt-4o-mini`, `whisper-1`, `tts-1` with voice `alloy`), `*_PROVIDER` or
@@ -111,6 +118,7 @@ pub use self::providers::{
     AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
     TtsSpec,
 };
+pub use self::telemetry::{LogFormat, TelemetryConfig};
 pub use self::webrtc::WebRtcConfig;
 pub use crate::bridge::BridgeConfig;
 pub use crate::gemini::{GeminiConfig, GeminiMode};
@@ -124,6 +132,7 @@ pub mod engine;
 pub(crate) mod env;
 pub mod limits;
 pub mod providers;
+pub mod telemetry;
 pub mod webrtc;
 
 /// The whole server configuration. See the [module docs](self) for the file format.
@@ -162,6 +171,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Who may use `/admin/*`.
     pub admin: AdminConfig,
+    /// Log format and OpenTelemetry trace export (`crate::telemetry`).
+    pub telemetry: TelemetryConfig,
     /// The language model (`provider` = `openai`, `demo`, `acp`); `None`: the offline demo
     /// agent with the default deadlines.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -350,6 +361,7 @@ impl Default for Config {
             vip: VipConfig::default(),
             limits: LimitsConfig::default(),
             admin: AdminConfig::default(),
+            telemetry: TelemetryConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -543,6 +555,7 @@ impl Config {
         self.webrtc.apply_env(&var)?;
         self.vip.apply_env(&var)?;
         self.limits.apply_env(&var)?;
+        self.telemetry.apply_env(&var)?;
         self.engine.apply_env(&engine::SERVER_ENV, &var)?;
         self.xiaozhi.engine.apply_env(&engine::XIAOZHI_ENV, &var)?;
         self.realtime
@@ -565,6 +578,7 @@ impl Config {
         self.mcp.check()?;
         self.webrtc.check()?;
         self.admin.check()?;
+        self.telemetry.check()?;
         self.check_engine()?;
         self.llm_plan()?;
         self.asr_plan()?;
@@ -640,6 +654,7 @@ impl Config {
         shown.mcp.mask_secrets();
         shown.vip.mask_secrets();
         shown.admin.mask_secrets();
+        shown.telemetry.mask_secrets();
         providers::mask_sections(&mut shown.llm, &mut shown.asr, &mut shown.tts);
         if let Some(a) = &mut shown.acp {
             a.env.mask();

@@ -49,6 +49,7 @@ mod realtime;
 mod retell;
 mod secret;
 mod server;
+pub mod telemetry;
 mod vip;
 mod webrtc;
 mod xiaozhi;
@@ -63,6 +64,7 @@ pub use exposure::exposure_warnings;
 pub use metrics::Metrics;
 pub use providers::Providers;
 pub use server::{Server, ServerError, shutdown_signal};
+pub use telemetry::Telemetry;
 
 /// Pure validation otherwise private, for the fuzz targets in `fuzz/`; not a stable API.
 #[doc(hidden)]

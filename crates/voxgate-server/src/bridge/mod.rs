@@ -481,7 +481,12 @@ fn admin_guard(app: &App, peer: SocketAddr, headers: &HeaderMap) -> Result<(), A
     let origin = Origin::resolve(&app.config.trusted_proxies, peer.ip(), headers);
     let tokens = &app.config.admin.tokens;
     if let Err(refusal) = access::check(&origin, tokens, headers) {
-        tracing::debug!(peer = %origin.peer, client = ?origin.client, ?refusal, "/admin refused");
+        tracing::debug!(
+            peer = %origin.peer,
+            client = origin.client.map(tracing::field::display),
+            ?refusal,
+            "/admin refused"
+        );
         let (code, detail) = match refusal {
             Refusal::NotLocal => (
                 "forbidden",

@@ -231,7 +231,7 @@ async fn upgrade(
         // `allowed_devices` and activation only decide who OTA issues a token to.
         if let Err(e) = params.authenticate(&secret, unix_now().0) {
             app.metrics.error(crate::metrics::Door::Xiaozhi);
-            tracing::info!(device = ?params.device_id, error = %e, "xiaozhi upgrade refused");
+            tracing::info!(device = params.device_id.as_deref(), error = %e, "xiaozhi upgrade refused");
             return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
         }
     }
