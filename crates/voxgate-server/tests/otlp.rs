@@ -12,9 +12,14 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use std::time::Duration;
+
 use otlp::OtlpReceiver;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
 use tracing::Instrument as _;
 use voxgate_server::config::TelemetryConfig;
+use voxgate_server::metrics::Door;
 
 /// Spans shaped like a door's session: a `session` root (its `device` known only later, as
 /// after a `hello`), a `turn` inside it, and an `llm` stage run as a task of its own, as
@@ -41,6 +46,113 @@ async fn a_session(session_id: &str) {
     }
     .instrument(session)
     .await;
+}
+
+/// Runs one text turn on a real server's Xiaozhi door, flushes, and checks its span tree.
+async fn a_real_turn(
+    receiver: &OtlpReceiver,
+    telemetry: voxgate_server::Telemetry,
+) -> voxgate_server::Telemetry {
+    let server = support::Running::start(voxgate_server::Config::default()).await;
+    let mut ws = support::xiaozhi_device(server.addr).await;
+    support::send_json(
+        &mut ws,
+        &json!({
+            "type": "hello", "version": 1, "transport": "websocket",
+            "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}
+        }),
+    )
+    .await;
+    support::send_json(
+        &mut ws,
+        &json!({"session_id": "s", "type": "listen", "state": "detect", "text": "hello there"}),
+    )
+    .await;
+    loop {
+        match support::next_message(&mut ws, support::WAIT).await {
+            Some(Message::Text(t)) if t.contains("\"stop\"") && t.contains("\"tts\"") => break,
+            Some(_) => {}
+            None => panic!("the server closed before the reply ended"),
+        }
+    }
+    ws.close(None).await.unwrap();
+    // The session span ends when the session does.
+    for _ in 0..200 {
+        if server.metrics.active_sessions(Door::Xiaozhi) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+    let telemetry = tokio::task::spawn_blocking(move || {
+        telemetry.flush().unwrap();
+        telemetry
+    })
+    .await
+    .unwrap();
+    let tree = receiver
+        .wait_for(|t| {
+            t.named("session")
+                .iter()
+                .any(|s| s.attr("door") == "xiaozhi" && s.attr("session").len() == 16)
+        })
+        .await;
+    let session = tree
+        .named("session")
+        .into_iter()
+        .find(|s| s.attr("session").len() == 16)
+        .unwrap();
+    assert_eq!(session.attr("door"), "xiaozhi");
+    assert_eq!(session.attr("device"), "aa:bb:cc:dd:ee:ff");
+    assert!(
+        session.attr("peer").starts_with("127.0.0.1:"),
+        "{}",
+        tree.render()
+    );
+    let turns: Vec<_> = tree
+        .children(session)
+        .into_iter()
+        .filter(|c| c.name == "turn")
+        .collect();
+    assert_eq!(turns.len(), 1, "{}", tree.render());
+    let turn = turns[0];
+    assert_eq!(turn.attr("outcome"), "completed", "{}", tree.render());
+    assert_eq!(turn.attr("speech"), "false");
+    let stages: Vec<&str> = tree
+        .children(turn)
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(
+        stages.contains(&"llm") && stages.contains(&"tts"),
+        "{stages:?}\n{}",
+        tree.render()
+    );
+    for stage in tree.children(turn) {
+        assert_eq!(stage.trace_id, session.trace_id);
+        assert!(
+            turn.start_unix_nanos <= stage.start_unix_nanos,
+            "{} starts before its turn",
+            stage.name
+        );
+        assert!(
+            !stage.attr("first_ms").is_empty(),
+            "{} has no first_ms",
+            stage.name
+        );
+    }
+    // The session's lines are events of its span.
+    assert!(
+        session.events.iter().any(|e| e.contains("session opened")),
+        "{:?}",
+        session.events
+    );
+    assert!(
+        session.events.iter().any(|e| e.contains("session closed")),
+        "{:?}",
+        session.events
+    );
+    telemetry
 }
 
 #[tokio::test]
@@ -118,18 +230,35 @@ async fn spans_reach_an_otlp_receiver_with_parents_and_attributes() {
         );
     }
 
+    // The real thing: a Xiaozhi device's text turn on a server (demo agent, embedded
+    // synthesizer) makes a session span with the device, a turn and its llm and tts stages.
+    let telemetry = a_real_turn(&receiver, telemetry).await;
+
     // A second session is a trace of its own; shutting down sends it without a flush.
     a_session("s-2").await;
     tokio::task::spawn_blocking(move || telemetry.shutdown())
         .await
         .unwrap()
         .unwrap();
-    let tree = receiver.wait_for_spans(6).await;
-    let sessions = tree.named("session");
+    let tree = receiver.wait_for(|t| t.named("session").len() >= 3).await;
+    let sessions: Vec<_> = tree
+        .named("session")
+        .into_iter()
+        .filter(|s| s.attr("session").starts_with("s-"))
+        .collect();
     assert_eq!(sessions.len(), 2, "{}", tree.render());
     assert_ne!(sessions[0].trace_id, sessions[1].trace_id);
     assert_eq!(sessions[1].attr("session"), "s-2");
-    assert_eq!(tree.child_names("turn"), ["llm", "llm"]);
+    for s in sessions {
+        let turns = tree.children(s);
+        assert_eq!(turns.len(), 1);
+        let stages: Vec<&str> = tree
+            .children(turns[0])
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(stages, ["llm"]);
+    }
     assert!(tree.named("noise").is_empty() && tree.named("connect").is_empty());
     assert_eq!(receiver.requests().1, 0, "no export was refused");
     receiver.stop().await;

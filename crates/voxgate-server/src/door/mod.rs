@@ -632,8 +632,10 @@ async fn drive<T: Translator>(
         Arc::clone(&cx.sessions.registry),
     );
     let span = observer.span().clone();
+    // Made in the session's span: a stateful brain (an ACP agent) keeps the span current at
+    // its creation for its own tasks, so its lines name the session.
     let (mut runner, provider_rx) =
-        Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics), door);
+        span.in_scope(|| Runner::new(cx.providers.clone(), Arc::clone(&cx.metrics), door));
     runner.set_mcp(cx.mcp.clone());
     let mut session = Loop {
         peer,

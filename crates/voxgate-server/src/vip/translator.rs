@@ -322,7 +322,7 @@ impl VipDoor {
             }
             ClientMessage::SessionEnd => out.close(close_code::NORMAL, "session.end"),
             ClientMessage::ErrorFatal { code, message } => {
-                tracing::info!(session = %self.session_id, %code, %message, "vip: client gave up");
+                tracing::info!(%code, %message, "vip: client gave up");
                 out.close(close_code::NORMAL, "error.fatal from the client");
             }
             ClientMessage::Unknown { type_name } => {
@@ -501,7 +501,7 @@ impl Translator for VipDoor {
                         self.session_id.clone(),
                     )),
                 );
-                tracing::info!(session = %self.session_id, "vip: session connected");
+                tracing::info!("vip: session connected");
             }
             MediaEvent::Audio(samples) => {
                 self.floats.clear();
@@ -514,7 +514,7 @@ impl Translator for VipDoor {
                 self.drain(now, out);
             }
             MediaEvent::Closed(reason) => {
-                tracing::info!(session = %self.session_id, %reason, "vip: connection closed");
+                tracing::info!(%reason, "vip: connection closed");
                 out.close(close_code::NORMAL, "connection closed");
             }
             _ => {}

@@ -207,7 +207,7 @@ impl Translator for XiaozhiDoor {
 
     fn on_init_timeout(&mut self, _now: Instant, _out: &mut Out) {
         // The protocol has no error message: the driver closes with 1008.
-        tracing::info!(device = ?self.info.device_id, "no hello in time, closing");
+        tracing::info!("no hello in time, closing");
     }
 
     fn is_idle(&self) -> bool {
@@ -376,11 +376,11 @@ impl XiaozhiDoor {
                 return;
             }
         };
+        // The session span names the device and our session id; this is the device's own.
         tracing::info!(
-            device = ?self.info.device_id,
-            session = %session.id,
+            xiaozhi_session = %session.id,
             version = version.number(),
-            mcp = ?h.features.mcp,
+            mcp = h.features.mcp.unwrap_or(false),
             "xiaozhi hello"
         );
         send(out, session.server_hello());
@@ -613,7 +613,7 @@ impl XiaozhiDoor {
             }
             ClientEvent::Error { category, message } => {
                 metrics.error(Door::Xiaozhi);
-                tracing::info!(?category, %message, session = %sid, "xiaozhi session error");
+                tracing::info!(?category, %message, xiaozhi_session = %sid, "xiaozhi session error");
             }
             // Text fragments (the door always speaks), VAD telemetry, history and queries
             // have no Xiaozhi message.
