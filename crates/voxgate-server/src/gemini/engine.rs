@@ -777,8 +777,9 @@ impl EngineSession {
                     }),
                 );
             }
-            ClientEvent::Error { message, .. } => {
+            ClientEvent::Error { category, message } => {
                 self.metrics.error(Door::Gemini);
+                tracing::info!(?category, %message, "gemini session error");
                 emit(out, &ServerMessage::error(message));
             }
             // VAD telemetry, subtitles, faces and device MCP have no bridge message.

@@ -701,6 +701,8 @@ impl Session {
                 message,
             } => {
                 metrics.error(Door::Realtime);
+                // Provider detail is logged under the error id the message names.
+                tracing::info!(category = ?c, %message, "realtime session error");
                 vec![ClientBoundMessage::error(category(c), message, None)]
             }
             // The protocol has no face: the reply's leading emoji is neither spoken nor shown

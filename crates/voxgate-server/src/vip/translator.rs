@@ -259,7 +259,8 @@ impl VipDoor {
                 },
             ),
             ClientEvent::ActionError { error, .. } => self.refuse(out, from_engine(&error)),
-            ClientEvent::Error { message, .. } => {
+            ClientEvent::Error { category, message } => {
+                tracing::info!(?category, %message, "vip session error");
                 self.refuse(out, ErrorPayload::new(ErrorCode::Unavailable, message));
             }
             _ => {}
