@@ -706,8 +706,9 @@ fn share_within(buckets: &[(f64, f64)], bound: f64) -> Option<f64> {
     (total > 0.0).then(|| at / total)
 }
 
-/// Mean latencies the server's `/metrics` has, in ms: every `*latency*_seconds` summary
-/// (`_sum` / `_count`) per label set, e.g. `voxgate_provider_latency_seconds{provider="llm"}`.
+/// Mean latencies the server's `/metrics` has, in ms: every `*latency*_seconds` histogram's
+/// `_sum` / `_count` per label set, e.g.
+/// `voxgate_provider_latency_seconds{door="xiaozhi",provider="llm"}`.
 fn mean_latencies(text: &str) -> Vec<(String, serde_json::Value)> {
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
