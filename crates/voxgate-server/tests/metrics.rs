@@ -5,76 +5,12 @@
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use prometheus_parse::{LineInfo, Sample, Scrape, Value};
 use serde_json::json;
-use support::{Running, WAIT, http, post_json};
+use support::{Running, WAIT, histogram_count, post_json, scalar, scrape};
 use voxgate_server::Config;
 use voxgate_server::metrics::{Door, ProviderKind, Stage};
-
-/// `GET /metrics`: the response's `Content-Type` and the parsed exposition, after checking
-/// that every line is one the parser reads (it skips the others silently).
-async fn scrape(server: &Running) -> (String, Scrape) {
-    let r = http(server.addr, "GET", "/metrics", &[], b"").await;
-    assert_eq!(r.status, 200, "{r:?}");
-    let content_type = r
-        .head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-type")
-                .then(|| v.trim().to_owned())
-        })
-        .expect("a Content-Type");
-    for line in r.body.lines() {
-        assert!(
-            matches!(
-                LineInfo::parse(line),
-                LineInfo::Doc { .. } | LineInfo::Type { .. } | LineInfo::Sample { .. }
-            ),
-            "unreadable line {line:?}"
-        );
-    }
-    let scrape = Scrape::parse(r.body.lines().map(|l| Ok(l.to_owned()))).unwrap();
-    (content_type, scrape)
-}
-
-fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn sample<'a>(scrape: &'a Scrape, metric: &str, pairs: &[(&str, &str)]) -> &'a Sample {
-    let want = labels(pairs);
-    scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == metric && *s.labels == want)
-        .unwrap_or_else(|| panic!("no {metric}{pairs:?}"))
-}
-
-fn scalar(scrape: &Scrape, metric: &str, pairs: &[(&str, &str)]) -> f64 {
-    match sample(scrape, metric, pairs).value {
-        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
-        ref other => panic!("{metric} is {other:?}"),
-    }
-}
-
-/// The `+Inf` bucket (the observation count) of one histogram series.
-fn histogram_count(scrape: &Scrape, metric: &str, pairs: &[(&str, &str)]) -> f64 {
-    let Value::Histogram(buckets) = &sample(scrape, metric, pairs).value else {
-        panic!("{metric} is not a histogram");
-    };
-    assert!(buckets.len() > 10, "{metric}: {buckets:?}");
-    buckets
-        .iter()
-        .find(|b| b.less_than == f64::INFINITY)
-        .expect("an +Inf bucket")
-        .count
-}
 
 #[tokio::test]
 async fn metrics_over_http_parse_and_show_every_family_from_the_start() {

@@ -8,102 +8,15 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use futures::SinkExt;
-use serde_json::{Value, json};
-use support::{Running, WAIT, Ws, next_message, send_json, try_connect};
-use tokio_tungstenite::tungstenite::Message;
-use voxgate_audio::opus::{FrameDuration, OpusEncoder, OpusEncoderConfig};
+use support::{Running, opus_device, opus_packets, question, stream_opus, until_tts_stop};
 use voxgate_server::Config;
 use voxgate_server::config::{AsrConfig, LlmConfig, TtsConfig};
 use voxgate_server::metrics::Door;
 use voxgate_test_support::fake_providers::{
     FakeDelays, FakeOptions, FakeProviders, SHORT_REPLY, SHORT_TRANSCRIPT, TRANSCRIPT,
 };
-use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
-
-/// `question.wav`, 16 kHz mono.
-fn question() -> Vec<i16> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../voxgate-audio/tests/fixtures/question.wav"
-    );
-    let wav = voxgate_audio::wav::read_wav(&std::fs::read(path).unwrap()).unwrap();
-    assert_eq!(wav.sample_rate, 16_000);
-    wav.to_mono_i16()
-}
-
-/// 60 ms Opus packets of `pcm` (16 kHz) followed by `silence_ms` of silence.
-fn opus_packets(pcm: &[i16], silence_ms: usize) -> Vec<Vec<u8>> {
-    let mut enc = OpusEncoder::new(OpusEncoderConfig {
-        frame_duration: FrameDuration::Ms60,
-        ..OpusEncoderConfig::voice(16_000)
-    })
-    .unwrap();
-    let n = enc.frame_samples();
-    let mut all = pcm.to_vec();
-    all.extend(std::iter::repeat_n(0, silence_ms * 16));
-    all.chunks(n)
-        .map(|c| {
-            let mut frame = c.to_vec();
-            frame.resize(n, 0);
-            enc.encode(&frame).unwrap().to_vec()
-        })
-        .collect()
-}
-
-async fn device(addr: SocketAddr) -> (Ws, FrameCodec) {
-    let mut ws = try_connect(
-        &format!("ws://{addr}/xiaozhi/v1/"),
-        &[
-            ("Protocol-Version", "1"),
-            ("Device-Id", "aa:bb:cc:dd:ee:01"),
-            ("Client-Id", "3b5c1f2e-0000-4000-8000-000000000009"),
-        ],
-        WAIT,
-    )
-    .await
-    .unwrap();
-    send_json(
-        &mut ws,
-        &json!({
-            "type": "hello", "version": 1, "transport": "websocket",
-            "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}
-        }),
-    )
-    .await;
-    let Some(Message::Text(_)) = next_message(&mut ws, WAIT).await else {
-        panic!("no server hello");
-    };
-    send_json(
-        &mut ws,
-        &json!({"session_id": "s", "type": "listen", "state": "start", "mode": "auto"}),
-    )
-    .await;
-    (ws, FrameCodec::new(ProtocolVersion::V1))
-}
-
-/// The JSON messages up to `tts stop` (audio frames counted).
-async fn until_tts_stop(ws: &mut Ws) -> (Vec<Value>, usize) {
-    let mut json = Vec::new();
-    let mut audio = 0;
-    loop {
-        match next_message(ws, WAIT).await.expect("the server answers") {
-            Message::Text(t) => {
-                let v: Value = serde_json::from_str(&t).unwrap();
-                let stop = v["type"] == "tts" && v["state"] == "stop";
-                json.push(v);
-                if stop {
-                    return (json, audio);
-                }
-            }
-            Message::Binary(_) => audio += 1,
-            _ => {}
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_mid_question_is_speculated_on_cancelled_and_the_question_answered() {
@@ -135,14 +48,9 @@ async fn a_pause_mid_question_is_speculated_on_cancelled_and_the_question_answer
         ..TtsConfig::default()
     });
     let server = Running::start(config).await;
-    let (mut ws, codec) = device(server.addr).await;
+    let (mut ws, codec) = opus_device(server.addr, "auto").await;
     // Real time: one 60 ms packet every 60 ms, then 1.2 s of silence.
-    for p in opus_packets(&question(), 1_200) {
-        let mut out = Vec::new();
-        codec.encode(&Frame::opus(&p), &mut out).unwrap();
-        ws.send(Message::Binary(out.into())).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
-    }
+    stream_opus(&mut ws, &codec, &opus_packets(&question(), 1_200)).await;
     let (events, audio) = until_tts_stop(&mut ws).await;
     let said: Vec<&str> = events
         .iter()
@@ -224,13 +132,8 @@ async fn speculation_is_off_by_default() {
         ..Config::default()
     };
     let server = Running::start(config).await;
-    let (mut ws, codec) = device(server.addr).await;
-    for p in opus_packets(&question(), 1_200) {
-        let mut out = Vec::new();
-        codec.encode(&Frame::opus(&p), &mut out).unwrap();
-        ws.send(Message::Binary(out.into())).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
-    }
+    let (mut ws, codec) = opus_device(server.addr, "auto").await;
+    stream_opus(&mut ws, &codec, &opus_packets(&question(), 1_200)).await;
     let (events, _) = until_tts_stop(&mut ws).await;
     assert!(
         events

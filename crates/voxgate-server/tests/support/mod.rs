@@ -1,27 +1,33 @@
 //! Scaffolding shared by the server's integration tests: a server on ephemeral ports that
-//! stops on request, WebSocket connect / receive with a timeout, raw HTTP/1.1 requests, and the
+//! stops on request, WebSocket connect / receive with a timeout, raw HTTP/1.1 requests, the
 //! Bridge/MCP helpers (Server-Sent Events, a scripted MCP server that connects in over
-//! WebSocket the way `mcp2xiaozhi` / `xiaozhi-mcp` relay one). Door-specific helpers stay in
-//! their test files. voxgate-client's end-to-end tests include this file too (`#[path]`).
+//! WebSocket the way `mcp2xiaozhi` / `xiaozhi-mcp` relay one), a Xiaozhi device streaming
+//! `question.wav` as real-time Opus, and `/metrics` read with a real Prometheus parser
+//! (`prometheus-parse`). Door-specific helpers used by one file stay in it. voxgate-client's
+//! end-to-end tests include this file too (`#[path]`).
 
 // Every test binary compiles this module (`mod support;`) but uses only part of it; without
 // these allows the unused rest would warn, and clippy `-D warnings` would fail, per binary.
 #![allow(dead_code, unreachable_pub, reason = "each test binary uses a subset")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{SinkExt, Stream, StreamExt};
+use futures::{Sink, SinkExt, Stream, StreamExt};
+use prometheus_parse::{LineInfo, Sample, Scrape};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use voxgate_audio::opus::{FrameDuration, OpusEncoder, OpusEncoderConfig};
 use voxgate_server::metrics::Door;
 use voxgate_server::{Config, Metrics, Providers, Server};
+use voxgate_xiaozhi::frame::{Frame, FrameCodec, ProtocolVersion};
 
 /// How long a test waits for any one thing (a connection, a message, a shutdown) unless it
 /// says otherwise.
@@ -416,12 +422,18 @@ pub async fn mcp_server(
 /// Answers `tools/call` requests until `n` were served: `echo` returns its text, anything else
 /// an error result. Returns the calls seen.
 pub async fn serve_calls(ws: &mut Ws, n: usize) -> Vec<Value> {
+    serve_calls_after(ws, n, Duration::ZERO).await
+}
+
+/// [`serve_calls`], answering each call `delay` after it arrived (a tool that takes its time).
+pub async fn serve_calls_after(ws: &mut Ws, n: usize, delay: Duration) -> Vec<Value> {
     let mut seen = Vec::new();
     while seen.len() < n {
         let call = recv_json(ws).await;
         if call["method"] != "tools/call" {
             continue;
         }
+        tokio::time::sleep(delay).await;
         let name = call["params"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -484,5 +496,212 @@ pub fn refusing_llm() -> Providers {
     Providers {
         llm: Arc::new(RefusingLlm),
         ..Providers::embedded()
+    }
+}
+
+// ---- Xiaozhi speech -------------------------------------------------------------------------
+
+/// `question.wav` ("Hello.", a 128 ms pause the VAD sees, then a question; about 2.1 s),
+/// 16 kHz mono. Included (not read by path) so voxgate-client's tests find it too.
+pub fn question() -> Vec<i16> {
+    let wav = voxgate_audio::wav::read_wav(include_bytes!(
+        "../../../voxgate-audio/tests/fixtures/question.wav"
+    ))
+    .unwrap();
+    assert_eq!(wav.sample_rate, 16_000);
+    wav.to_mono_i16()
+}
+
+/// 60 ms Opus packets of `pcm` (16 kHz) followed by `silence_ms` of silence.
+pub fn opus_packets(pcm: &[i16], silence_ms: usize) -> Vec<Vec<u8>> {
+    let mut enc = OpusEncoder::new(OpusEncoderConfig {
+        frame_duration: FrameDuration::Ms60,
+        ..OpusEncoderConfig::voice(16_000)
+    })
+    .unwrap();
+    let n = enc.frame_samples();
+    let mut all = pcm.to_vec();
+    all.extend(std::iter::repeat_n(0, silence_ms * 16));
+    all.chunks(n)
+        .map(|c| {
+            let mut frame = c.to_vec();
+            frame.resize(n, 0);
+            enc.encode(&frame).unwrap().to_vec()
+        })
+        .collect()
+}
+
+/// A Xiaozhi device ([`xiaozhi_device`]) after its hello (Opus, 16 kHz, 60 ms frames) that
+/// started listening in `mode` (`auto`, `manual` or `realtime`), and its frame codec.
+pub async fn opus_device(addr: SocketAddr, mode: &str) -> (Ws, FrameCodec) {
+    let mut ws = xiaozhi_device(addr).await;
+    send_json(
+        &mut ws,
+        &json!({
+            "type": "hello", "version": 1, "transport": "websocket",
+            "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}
+        }),
+    )
+    .await;
+    let Some(Message::Text(_)) = next_message(&mut ws, WAIT).await else {
+        panic!("no server hello");
+    };
+    send_json(
+        &mut ws,
+        &json!({"session_id": "s", "type": "listen", "state": "start", "mode": mode}),
+    )
+    .await;
+    (ws, FrameCodec::new(ProtocolVersion::V1))
+}
+
+/// Sends `packets` as Opus frames at real time, one 60 ms packet every 60 ms, as a device
+/// streams its microphone.
+pub async fn stream_opus<S>(sink: &mut S, codec: &FrameCodec, packets: &[Vec<u8>])
+where
+    S: Sink<Message> + Unpin,
+    S::Error: std::fmt::Debug,
+{
+    for p in packets {
+        let mut out = Vec::new();
+        codec.encode(&Frame::opus(p), &mut out).unwrap();
+        sink.send(Message::Binary(out.into())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+}
+
+/// The JSON messages up to `tts stop` (audio frames counted).
+pub async fn until_tts_stop<S>(ws: &mut S) -> (Vec<Value>, usize)
+where
+    S: Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let mut json = Vec::new();
+    let mut audio = 0;
+    loop {
+        match next_message(ws, WAIT).await.expect("the server answers") {
+            Message::Text(t) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                let stop = v["type"] == "tts" && v["state"] == "stop";
+                json.push(v);
+                if stop {
+                    return (json, audio);
+                }
+            }
+            Message::Binary(_) => audio += 1,
+            _ => {}
+        }
+    }
+}
+
+// ---- /metrics -------------------------------------------------------------------------------
+
+/// `GET /metrics`: the response's `Content-Type` and the parsed exposition, after checking
+/// that every line is one the parser reads (it skips the others silently).
+pub async fn scrape(server: &Running) -> (String, Scrape) {
+    let r = http(server.addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let content_type = r
+        .head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_owned())
+        })
+        .expect("a Content-Type");
+    for line in r.body.lines() {
+        assert!(
+            matches!(
+                LineInfo::parse(line),
+                LineInfo::Doc { .. } | LineInfo::Type { .. } | LineInfo::Sample { .. }
+            ),
+            "unreadable line {line:?}"
+        );
+    }
+    let scrape = Scrape::parse(r.body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    (content_type, scrape)
+}
+
+/// Scrapes `/metrics` until `ready` accepts it (metrics of a turn are recorded as the
+/// session's events are processed, which may be just after the client saw the reply end).
+pub async fn scrape_until(server: &Running, what: &str, ready: impl Fn(&Scrape) -> bool) -> Scrape {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, s) = scrape(server).await;
+        if ready(&s) {
+            return s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// The sample of `metric` with exactly the labels `pairs`.
+pub fn sample<'a>(scrape: &'a Scrape, metric: &str, pairs: &[(&str, &str)]) -> &'a Sample {
+    let want = labels(pairs);
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == metric && *s.labels == want)
+        .unwrap_or_else(|| panic!("no {metric}{pairs:?}"))
+}
+
+/// The value of a counter, gauge or untyped sample (a histogram's `_sum` and `_count`).
+pub fn scalar(scrape: &Scrape, metric: &str, pairs: &[(&str, &str)]) -> f64 {
+    match sample(scrape, metric, pairs).value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => v,
+        ref other => panic!("{metric} is {other:?}"),
+    }
+}
+
+/// The `+Inf` bucket (the observation count) of one histogram series.
+pub fn histogram_count(scrape: &Scrape, metric: &str, pairs: &[(&str, &str)]) -> f64 {
+    let prometheus_parse::Value::Histogram(buckets) = &sample(scrape, metric, pairs).value else {
+        panic!("{metric} is not a histogram");
+    };
+    assert!(buckets.len() > 10, "{metric}: {buckets:?}");
+    buckets
+        .iter()
+        .find(|b| b.less_than == f64::INFINITY)
+        .expect("an +Inf bucket")
+        .count
+}
+
+/// One histogram series: its observation count and their sum, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Histogram {
+    /// Observations (the `+Inf` bucket, equal to `_count`).
+    pub count: f64,
+    /// Their sum (`_sum`).
+    pub sum: f64,
+}
+
+/// One histogram series, checked for consistency: `_count` equals the `+Inf` bucket and the
+/// buckets never decrease.
+pub fn histogram(scrape: &Scrape, metric: &str, pairs: &[(&str, &str)]) -> Histogram {
+    let count = histogram_count(scrape, metric, pairs);
+    assert_eq!(
+        scalar(scrape, &format!("{metric}_count"), pairs),
+        count,
+        "{metric}{pairs:?}"
+    );
+    let prometheus_parse::Value::Histogram(buckets) = &sample(scrape, metric, pairs).value else {
+        unreachable!("checked by histogram_count");
+    };
+    assert!(
+        buckets.windows(2).all(|w| w[0].count <= w[1].count),
+        "{metric}{pairs:?}: {buckets:?}"
+    );
+    Histogram {
+        count,
+        sum: scalar(scrape, &format!("{metric}_sum"), pairs),
     }
 }
