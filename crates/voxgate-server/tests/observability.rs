@@ -541,8 +541,8 @@ const MCP_TOOL: Duration = Duration::from_millis(200);
 const CALL: &str = r#"call text_echo {"text":"ping pong"}"#;
 
 /// A server with one MCP server offering `text.echo` connected to `/mcp`, answering `n`
-/// calls after [`MCP_TOOL`] each.
-async fn with_slow_echo_server(n: usize) -> (Running, tokio::task::JoinHandle<Vec<Value>>) {
+/// calls after [`MCP_TOOL`] each (then its socket stays open, answering nothing).
+async fn with_slow_echo_server(n: usize) -> (Running, tokio::task::JoinHandle<(Ws, Vec<Value>)>) {
     let server = Running::start(Config::default()).await;
     let mut ws = mcp_server(
         server.addr,
@@ -552,7 +552,10 @@ async fn with_slow_echo_server(n: usize) -> (Running, tokio::task::JoinHandle<Ve
     )
     .await;
     wait_tools(server.addr, |names| names == ["text_echo"]).await;
-    let calls = tokio::spawn(async move { serve_calls_after(&mut ws, n, MCP_TOOL).await });
+    let calls = tokio::spawn(async move {
+        let seen = serve_calls_after(&mut ws, n, MCP_TOOL).await;
+        (ws, seen)
+    });
     (server, calls)
 }
 
@@ -563,7 +566,7 @@ async fn an_mcp_tool_call_on_the_realtime_door_is_timed() {
         let mut ws = realtime(server.addr).await;
         let said = realtime_turn(&mut ws, CALL, "returned").await;
         assert!(said.contains("echo: ping pong"), "{said}");
-        assert_eq!(calls.await.unwrap().len(), 1);
+        assert_eq!(calls.await.unwrap().1.len(), 1);
         let after = scrape_until(&server, "the MCP call", |s| {
             tool_calls(s, Door::Realtime, "mcp").count >= 1.0
         })
@@ -675,7 +678,7 @@ async fn retell_responses_move_provider_latency_and_a_superseded_one_is_an_inter
 }
 
 #[tokio::test]
-async fn an_mcp_tool_call_on_the_retell_door_is_timed() {
+async fn mcp_tool_calls_on_the_retell_door_are_timed_and_a_superseded_one_is_cancelled() {
     bounded(async {
         let (server, calls) = with_slow_echo_server(1).await;
         let mut ws = connect(server.addr, "/llm-websocket/call_mcp").await;
@@ -687,7 +690,8 @@ async fn an_mcp_tool_call_on_the_retell_door_is_timed() {
                 .any(|f| f["response_type"] == "tool_call_result"),
             "{frames:#?}"
         );
-        assert_eq!(calls.await.unwrap().len(), 1);
+        let (mcp, seen) = calls.await.unwrap();
+        assert_eq!(seen.len(), 1);
         let after = scrape_until(&server, "the MCP call", |s| {
             tool_calls(s, Door::Retell, "mcp").count >= 1.0
         })
@@ -700,6 +704,33 @@ async fn an_mcp_tool_call_on_the_retell_door_is_timed() {
         );
         let ok = [("door", "retell"), ("kind", "mcp"), ("outcome", "ok")];
         assert_eq!(scalar(&after, "voxgate_tool_calls_total", &ok), 1.0);
+
+        // A call the MCP server leaves unanswered, its response superseded: cancelled.
+        response_required(&mut ws, 2, CALL).await;
+        loop {
+            let f = recv_json(&mut ws).await;
+            if f["response_type"] == "tool_call_invocation" {
+                break;
+            }
+        }
+        response_required(&mut ws, 3, "never mind").await;
+        until_complete(&mut ws, 3).await;
+        let cancelled = [
+            ("door", "retell"),
+            ("kind", "mcp"),
+            ("outcome", "cancelled"),
+        ];
+        let after = scrape_until(&server, "the cancelled call", |s| {
+            scalar(s, "voxgate_tool_calls_total", &cancelled) >= 1.0
+        })
+        .await;
+        assert_eq!(scalar(&after, "voxgate_tool_calls_total", &cancelled), 1.0);
+        assert_eq!(tool_calls(&after, Door::Retell, "mcp").count, 2.0);
+        assert_eq!(
+            counter(&after, "voxgate_interruptions_total", Door::Retell),
+            1.0
+        );
+        drop(mcp);
         server.stop().await;
     })
     .await;

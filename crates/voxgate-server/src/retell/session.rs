@@ -13,7 +13,10 @@ use axum::extract::ws::WebSocket;
 use tokio::sync::mpsc;
 use voxgate_engine::emotion::{self, FragmentStripper};
 use voxgate_engine::provider::{ChatRole, ContextMessage, ContextToolCall};
-use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId, TurnEvent, TurnId};
+use voxgate_engine::{
+    ProviderEvent, ProviderRequest, RequestId, ToolKind, ToolOutcome as CallOutcome, TurnEvent,
+    TurnId,
+};
 use voxgate_retell::{
     AgentInterrupt, BeginMessage, Call, ConfigBody, Generate, Metadata, RequestKind,
     ResponseRequest, ResponseTracker, RetellEvent, ServerEvent, ToolCallInvocation, ToolCallResult,
@@ -148,18 +151,50 @@ struct Active {
     /// Retell speaks `content` and has no emotion channel: the model's emoji (the demo agent
     /// starts every reply with one) are removed across the whole response, not read aloud.
     stripper: FragmentStripper,
-    /// MCP endpoint calls of this round still running: their request and the model's call id.
-    server_calls: Vec<(RequestId, String)>,
+    /// MCP endpoint calls of this round still running.
+    server_calls: Vec<ServerCall>,
     /// The round's generation is done; it continues once `server_calls` are answered.
     round_over: bool,
 }
 
+/// An MCP endpoint call of the round still running.
+struct ServerCall {
+    /// The request carrying it.
+    id: RequestId,
+    /// The model's call id.
+    call_id: String,
+    /// The tool's name at its MCP server, for the tool call's turn event.
+    tool: String,
+    /// When it was sent: its round trip (`voxgate_tool_call_seconds`) counts from here.
+    sent: Instant,
+}
+
+impl ServerCall {
+    /// The call's turn event, ended at `now` with `outcome`.
+    fn ended(&self, response_id: u64, outcome: CallOutcome, now: Instant) -> TurnEvent {
+        TurnEvent::ToolCall {
+            turn: turn_id(response_id),
+            kind: ToolKind::Mcp,
+            name: self.tool.clone(),
+            elapsed: now.saturating_duration_since(self.sent),
+            outcome,
+            at: now,
+        }
+    }
+}
+
 impl Active {
     /// Cancels every request of the response: the LLM round and its MCP calls.
-    fn cancel(&self, out: &mut Out) {
+    fn cancel(&self, now: Instant, out: &mut Out, telemetry: &mut Vec<TurnEvent>) {
         out.provider(ProviderRequest::Cancel { id: self.request });
-        for (id, _) in &self.server_calls {
-            out.provider(ProviderRequest::Cancel { id: *id });
+        self.cancel_calls(now, out, telemetry);
+    }
+
+    /// Cancels the MCP calls still running, reported as cancelled tool calls.
+    fn cancel_calls(&self, now: Instant, out: &mut Out, telemetry: &mut Vec<TurnEvent>) {
+        for call in &self.server_calls {
+            out.provider(ProviderRequest::Cancel { id: call.id });
+            telemetry.push(call.ended(self.response_id, CallOutcome::Cancelled, now));
         }
     }
 }
@@ -271,7 +306,7 @@ impl RetellSession {
 
     fn start(&mut self, now: Instant, g: &Generate, out: &mut Out) {
         if let Some(old) = self.active.take() {
-            old.cancel(out);
+            old.cancel(now, out, &mut self.telemetry);
             self.cut(now, old.response_id);
         }
         if g.kind == RequestKind::Begin {
@@ -329,7 +364,7 @@ impl RetellSession {
             .is_some_and(|a| a.response_id == response_id)
             && let Some(a) = self.active.take()
         {
-            a.cancel(out);
+            a.cancel(now, out, &mut self.telemetry);
             self.cut(now, response_id);
         }
     }
@@ -353,11 +388,7 @@ impl RetellSession {
         let Some(mut active) = self.active.take() else {
             return;
         };
-        if let Some(i) = active
-            .server_calls
-            .iter()
-            .position(|(id, _)| *id == event.id())
-        {
+        if let Some(i) = active.server_calls.iter().position(|c| c.id == event.id()) {
             self.server_result(now, active, i, event, out);
             return;
         }
@@ -413,9 +444,7 @@ impl RetellSession {
                 } else {
                     format!(" {apology}")
                 };
-                for (id, _) in &active.server_calls {
-                    out.provider(ProviderRequest::Cancel { id: *id });
-                }
+                active.cancel_calls(now, out, &mut self.telemetry);
                 self.finish_response(now, active.response_id, content, None, &active.tools_used);
             }
             _ => self.active = Some(active),
@@ -474,7 +503,7 @@ impl RetellSession {
                     turn: turn_id(active.response_id),
                     call_id: call_id.clone(),
                     source,
-                    name: tool,
+                    name: tool.clone(),
                     arguments,
                 });
                 active.round_calls.push(ContextToolCall {
@@ -482,7 +511,12 @@ impl RetellSession {
                     name,
                     arguments: args,
                 });
-                active.server_calls.push((id, call_id));
+                active.server_calls.push(ServerCall {
+                    id,
+                    call_id,
+                    tool,
+                    sent: now,
+                });
                 return;
             }
         };
@@ -530,15 +564,27 @@ impl RetellSession {
         event: ProviderEvent,
         out: &mut Out,
     ) {
-        let content = match event {
-            ProviderEvent::ToolOutput { text, .. } => text,
-            ProviderEvent::Failed { message, .. } => format!("Error: {message}"),
+        let (content, outcome) = match event {
+            ProviderEvent::ToolOutput { text, ok, .. } => (
+                text,
+                if ok {
+                    CallOutcome::Ok
+                } else {
+                    CallOutcome::Error
+                },
+            ),
+            ProviderEvent::Failed { message, .. } => {
+                (format!("Error: {message}"), CallOutcome::Error)
+            }
             _ => {
                 self.active = Some(active);
                 return;
             }
         };
-        let (_, call_id) = active.server_calls.remove(i);
+        let call = active.server_calls.remove(i);
+        self.telemetry
+            .push(call.ended(active.response_id, outcome, now));
+        let call_id = call.call_id;
         self.send(
             now,
             ServerEvent::ToolCallResult(ToolCallResult {
@@ -783,7 +829,7 @@ impl Translator for RetellSession {
 
     fn on_close(&mut self, now: Instant, out: &mut Out) {
         if let Some(a) = self.active.take() {
-            a.cancel(out);
+            a.cancel(now, out, &mut self.telemetry);
         }
         self.feed(now, TrackerInput::Disconnected);
         // Only stops of the response just cancelled remain; the socket is gone.
