@@ -9,10 +9,17 @@ use voxgate_audio::vad::{MODEL_RATE, Vad, VadConfig, VadError, VadOutput, VadSta
 /// What one block of audio produced.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum CaptureEvent {
-    /// A VAD state change: `(from, to, position, behind)`, `behind` being how much audio of
-    /// the block just processed came after the deciding sample (so the decision happened that
-    /// long before the block's end arrived).
-    Transition(VadState, VadState, u64, std::time::Duration),
+    /// A VAD state change: `(from, to, position, behind, evidence)`, `behind` being how much
+    /// audio of the block just processed came after the deciding sample (so the decision
+    /// happened that long before the block's end arrived), `evidence` how much audio the VAD
+    /// judged before deciding (for `SILENCE`: the silence since the last voiced audio).
+    Transition(
+        VadState,
+        VadState,
+        u64,
+        std::time::Duration,
+        std::time::Duration,
+    ),
     /// Per-frame telemetry.
     Frame(voxgate_audio::vad::VadFrame),
     /// Speech was declared (after the VAD's start hysteresis). `(onset, ago)`: the input
@@ -118,6 +125,7 @@ impl Capture {
                         t.to,
                         self.offset + t.position,
                         std::time::Duration::ZERO,
+                        self.duration(t.position.saturating_sub(t.onset)),
                     ));
                     match (t.from, t.to) {
                         (VadState::SpeechStarting, VadState::Speech) if !self.capturing => {
@@ -221,6 +229,7 @@ impl Capture {
                 VadState::Silence,
                 self.position,
                 std::time::Duration::ZERO,
+                std::time::Duration::ZERO,
             ));
             self.state = VadState::Silence;
         }
@@ -248,14 +257,18 @@ impl Capture {
     /// `behind` (and a speech start's `ago`) is measured here, from the block's end.
     pub(crate) fn poll_event(&mut self) -> Option<CaptureEvent> {
         let mut event = self.events.pop_front()?;
-        if let CaptureEvent::Transition(_, _, position, behind)
+        if let CaptureEvent::Transition(_, _, position, behind, _)
         | CaptureEvent::SpeechStarted(position, behind) = &mut event
         {
-            let samples = self.position.saturating_sub(*position);
-            *behind = std::time::Duration::from_micros(
-                samples.saturating_mul(1_000_000) / u64::from(self.rate.max(1)),
-            );
+            *behind = self.duration(self.position.saturating_sub(*position));
         }
         Some(event)
+    }
+
+    /// How long `samples` input samples last.
+    fn duration(&self, samples: u64) -> std::time::Duration {
+        std::time::Duration::from_micros(
+            samples.saturating_mul(1_000_000) / u64::from(self.rate.max(1)),
+        )
     }
 }

@@ -563,7 +563,7 @@ impl Engine {
 
     fn capture_event(&mut self, now: Instant, event: CaptureEvent) {
         match event {
-            CaptureEvent::Transition(from, to, position, behind) => {
+            CaptureEvent::Transition(from, to, position, behind, evidence) => {
                 self.client(ClientEvent::VadState { from, to, position });
                 if (from, to) == (VadState::SpeechEnding, VadState::Speech) {
                     // The pause was part of the utterance: what was speculated is not it.
@@ -578,6 +578,11 @@ impl Engine {
                         // Opus frame later). The machine never lets time go backwards, so at
                         // worst this is its last `now`.
                         let at = now.checked_sub(behind).unwrap_or(now);
+                        // The operator's figures count from the last voiced audio, the VAD's
+                        // silence before this decision earlier.
+                        if let Some(voiced) = at.checked_sub(evidence) {
+                            self.telemetry.speech_ended(voiced);
+                        }
                         self.feed_internal(at, TurnInput::SpeechStopped);
                         self.pump(now);
                     }
@@ -599,6 +604,7 @@ impl Engine {
                 state: f.state,
             }),
             CaptureEvent::SpeechStarted(_, ago) => {
+                self.telemetry.speech_resumed();
                 if matches!(
                     self.turn.state(),
                     State::Processing | State::Speaking | State::Action
@@ -810,12 +816,17 @@ impl Engine {
                 }
                 t.push(TurnEvent::State { to: *to, at: now });
             }
-            TurnOutput::UserTurn(u) => t.push(TurnEvent::UserTurn {
-                turn: u.turn,
-                speech: u.source == UserSource::Speech,
-                at: now,
-            }),
-            TurnOutput::Latency(l) => t.push(TurnEvent::Latency(*l)),
+            TurnOutput::UserTurn(u) => {
+                let speech = u.source == UserSource::Speech;
+                t.user_turn(speech);
+                t.push(TurnEvent::UserTurn {
+                    turn: u.turn,
+                    speech,
+                    at: now,
+                });
+            }
+            TurnOutput::UserTurnDiscarded => t.speech_resumed(),
+            TurnOutput::Latency(l) => t.latency(*l),
             TurnOutput::ResponseBegun { turn } => t.begun(*turn),
             TurnOutput::ClearPlayback { turn } => t.cleared(*turn, now),
             TurnOutput::CancelResponse { turn } => t.cancelled(*turn, now),

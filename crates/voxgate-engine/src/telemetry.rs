@@ -61,7 +61,10 @@ pub enum TurnEvent {
         /// When it was committed.
         at: Instant,
     },
-    /// The turn machine's latency figures for a response (once per begun response).
+    /// The turn machine's latency figures for a response (once per begun response). For a
+    /// turn whose speech the VAD ended, they count from the last voiced audio (`origin`, in
+    /// audio time mapped to the wall clock), what the user experiences as stopping: the turn
+    /// machine counts from the VAD's decision, its `vad_stop_ms` of silence later.
     Latency(voxgate_turn::TurnLatency),
     /// The user interrupted the reply. `barge_in`: for speech, the time from the speech onset
     /// (the first voiced audio, in audio time mapped to the wall clock) to the moment the
@@ -190,6 +193,11 @@ pub(crate) struct Telemetry {
     onset: Option<Onset>,
     /// The session is closing: its cut-offs are not the user's interruptions.
     closing: bool,
+    /// The last voiced audio of the speech the VAD last ended (wall clock), until the user
+    /// speaks again or the utterance is committed or discarded.
+    voiced_end: Option<Instant>,
+    /// The committed spoken user turn's last voiced audio, for its response's figures.
+    turn_voiced_end: Option<Instant>,
 }
 
 impl Telemetry {
@@ -220,6 +228,40 @@ impl Telemetry {
         if self.onset.is_none_or(|o| o.rejected != rejected) {
             self.onset = Some(Onset { at, rejected });
         }
+    }
+
+    /// The VAD ended the user's speech; its last voiced audio was at `voiced`.
+    pub(crate) fn speech_ended(&mut self, voiced: Instant) {
+        self.voiced_end = Some(voiced);
+    }
+
+    /// The user speaks again (or the utterance was discarded): the end recorded is not the
+    /// turn's.
+    pub(crate) fn speech_resumed(&mut self) {
+        self.voiced_end = None;
+    }
+
+    /// A user turn was committed: a spoken one ended where its speech last ended.
+    pub(crate) fn user_turn(&mut self, speech: bool) {
+        if speech {
+            self.turn_voiced_end = self.voiced_end.take();
+        }
+    }
+
+    /// The turn machine's figures for a response, counted from the last voiced audio when
+    /// they answer speech the VAD ended (see [`TurnEvent::Latency`]).
+    pub(crate) fn latency(&mut self, mut l: voxgate_turn::TurnLatency) {
+        if l.endpointing.is_some()
+            && let Some(voiced) = self.turn_voiced_end.take()
+            && voiced <= l.origin
+        {
+            let lag = l.origin - voiced;
+            l.origin = voiced;
+            l.endpointing = l.endpointing.map(|d| d + lag);
+            l.to_response_start = l.to_response_start.map(|d| d + lag);
+            l.to_first_audio = l.to_first_audio.map(|d| d + lag);
+        }
+        self.push(TurnEvent::Latency(l));
     }
 
     /// The floor left the system (the candidate became the user's turn, or was dropped with

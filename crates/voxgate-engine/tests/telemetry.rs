@@ -173,6 +173,63 @@ fn a_spoken_turn_reports_its_states_user_turn_latency_and_end() {
 }
 
 #[test]
+fn a_spoken_turn_counts_from_the_last_voiced_audio_not_the_vads_decision() {
+    let config = EngineConfig::default();
+    let mut d = Driver::new(config.clone());
+    // Each utterance the VAD ends (the fixture has pauses) is transcribed at once, until the
+    // first turn is decided.
+    let mut out = Vec::new();
+    let mut answered = 0;
+    let mut asked_at = None;
+    let audio: Vec<i16> = speech().into_iter().chain(vec![0; 16 * 1000]).collect();
+    for frame in audio.chunks(320) {
+        out.extend(d.speak(frame));
+        let asked: Vec<(Duration, RequestId)> = d
+            .log
+            .iter()
+            .filter_map(|(at, o)| match o {
+                Output::Provider(ProviderRequest::Transcribe { id, .. }) => Some((*at, *id)),
+                _ => None,
+            })
+            .collect();
+        for (at, id) in asked.into_iter().skip(answered) {
+            answered += 1;
+            asked_at = Some(d.origin + at);
+            out.extend(d.provider(transcript(id, "hello")));
+        }
+        if requests(&out)
+            .iter()
+            .any(|r| matches!(r, ProviderRequest::Generate { .. }))
+        {
+            break;
+        }
+    }
+    let asked_at = asked_at.expect("the VAD ended the speech");
+    let (id, _) = generate(&out);
+    let mut out = d.provider(delta(id, "Hi there."));
+    out.extend(d.provider(done(id)));
+    let s = synth(&out);
+    d.provider(tts_audio(s[0].0, 300));
+    let ev = events(&mut d);
+    let latency = position(&ev, |e| matches!(e, TurnEvent::Latency(_)));
+    let TurnEvent::Latency(l) = &ev[latency] else {
+        unreachable!()
+    };
+    // The VAD heard `stop_duration` of silence after the last voiced audio before it decided
+    // (and the recognition went out); the turn then waited `min_endpoint_delay`.
+    assert!(asked_at - l.origin >= config.vad.stop_duration, "{l:?}");
+    assert!(
+        asked_at - l.origin < config.vad.stop_duration + 100 * MS,
+        "{l:?}"
+    );
+    let endpointing = l.endpointing.unwrap();
+    let least = config.vad.stop_duration + config.turn.min_endpoint_delay;
+    assert!(endpointing >= least, "{endpointing:?} < {least:?}");
+    assert!(endpointing < least + 200 * MS, "{endpointing:?}");
+    assert!(l.to_first_audio.unwrap() >= endpointing, "{l:?}");
+}
+
+#[test]
 fn a_barge_in_reports_the_time_from_speech_onset_to_cleared_playback() {
     let mut d = Driver::new(EngineConfig::default());
     // The client streams audio from the start of the session, as the voice doors do.
