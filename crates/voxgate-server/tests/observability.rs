@@ -26,8 +26,11 @@ use support::{
 };
 use tokio_tungstenite::tungstenite::Message;
 use voxgate_realtime::proto::client_bound_message::Payload as Down;
-use voxgate_realtime::proto::{InferenceTriggerMode, ToolDefinition};
-use voxgate_realtime::{AudioFormat, ClientBoundMessage, ServiceBoundMessage, SessionConfig};
+use voxgate_realtime::proto::{HostedTtsMode, InferenceTriggerMode, ToolDefinition};
+use voxgate_realtime::{
+    AudioFormat, ClientBoundMessage, HostedTtsSettings, HostedVoice, ServiceBoundMessage,
+    SessionConfig, TtsSettings,
+};
 use voxgate_server::Config;
 use voxgate_server::config::{AsrConfig, LlmConfig, TtsConfig};
 use voxgate_server::metrics::Door;
@@ -39,8 +42,8 @@ const ASR: Duration = Duration::from_millis(100);
 const LLM: Duration = Duration::from_millis(150);
 /// The fake synthesizer's delay to its first audio byte.
 const TTS: Duration = Duration::from_millis(200);
-/// The silence the Xiaozhi door's VAD waits for before it ends speech (`vad_stop_ms`'s
-/// default there): spoken-turn figures count from the last voiced audio, before it.
+/// The silence the VAD of the Xiaozhi, Gemini and VIP doors waits for before it ends speech
+/// (`vad_stop_ms`'s default): spoken-turn figures count from the last voiced audio, before it.
 const VAD_STOP: Duration = Duration::from_millis(200);
 
 const ENDPOINTING: &str = "voxgate_turn_endpointing_seconds";
@@ -430,7 +433,10 @@ async fn rt_send(ws: &mut Ws, m: &ServiceBoundMessage) {
     ws.send(Message::Binary(m.to_frame())).await.unwrap();
 }
 
-async fn rt_recv(ws: &mut Ws) -> Down {
+async fn rt_recv<S>(ws: &mut S) -> Down
+where
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
     loop {
         if let Message::Binary(b) = next_message(ws, WAIT).await.expect("socket open") {
             return ClientBoundMessage::decode_frame(b)
@@ -468,6 +474,93 @@ async fn realtime_turn(ws: &mut Ws, text: &str, until: &str) -> String {
             _ => {}
         }
     }
+}
+
+/// The realtime door's `vad_stop_ms` default.
+const REALTIME_VAD_STOP: Duration = Duration::from_millis(390);
+
+/// 16 kHz mono 16-bit little-endian PCM of `question.wav` and `silence_ms` of silence, in
+/// 100 ms packets.
+fn pcm_packets(silence_ms: usize) -> Vec<Vec<i16>> {
+    let mut pcm = question();
+    pcm.extend(std::iter::repeat_n(0, silence_ms * 16));
+    pcm.chunks(1_600).map(<[i16]>::to_vec).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoken_realtime_turn_moves_every_stage_under_its_door() {
+    bounded(async {
+        let fakes = fakes().await;
+        let server = Running::start(with_fakes(&fakes)).await;
+        let mut ws = connect(server.addr, "/realtime").await;
+        // Speech in, spoken replies from the server's own (hosted) synthesizer: the fake.
+        let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_24K);
+        config.tts = Some(TtsSettings::Hosted(HostedTtsSettings {
+            voice: HostedVoice::Ref {
+                voice_id: "default".into(),
+            },
+            mode: HostedTtsMode::LowLatency,
+        }));
+        rt_send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
+        assert!(matches!(rt_recv(&mut ws).await, Down::SessionReady(_)));
+        let (mut sink, mut stream) = ws.split();
+        // The user speaks at real time, from a task of its own, while the reply is read.
+        let talker = tokio::spawn(async move {
+            for (id, packet) in (1..).zip(pcm_packets(800)) {
+                let bytes: Vec<u8> = packet.iter().flat_map(|s| s.to_le_bytes()).collect();
+                let m = ServiceBoundMessage::user_audio(
+                    id,
+                    InferenceTriggerMode::Immediate,
+                    bytes.into(),
+                );
+                sink.send(Message::Binary(m.to_frame())).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            sink
+        });
+        let mut heard = false;
+        let mut audio = 0;
+        loop {
+            match rt_recv(&mut stream).await {
+                Down::UserTranscriptionResult(t) => {
+                    assert_eq!(t.text, TRANSCRIPT);
+                    heard = true;
+                }
+                Down::ModelAudioChunk(_) => audio += 1,
+                Down::ResponseEnd(_) if heard => break,
+                Down::Error(e) => panic!("error {e:?}"),
+                _ => {}
+            }
+        }
+        assert!(audio > 0, "a spoken reply");
+        let sink = talker.await.unwrap();
+        let after = scrape_until(&server, "the spoken turn's figures", |s| {
+            door_hist(s, FIRST_AUDIO, Door::Realtime).count >= 1.0
+                && door_hist(s, SERVER_ADDED, Door::Realtime).count >= 1.0
+        })
+        .await;
+        let endpointing = door_hist(&after, ENDPOINTING, Door::Realtime);
+        assert_eq!(endpointing.count, 1.0, "{endpointing:?}");
+        assert!(
+            (secs(REALTIME_VAD_STOP)..2.0).contains(&endpointing.sum),
+            "{endpointing:?}"
+        );
+        assert_waited(provider(&after, Door::Realtime, "asr"), 1.0, ASR, "asr");
+        assert_waited(provider(&after, Door::Realtime, "llm"), 1.0, LLM, "llm");
+        assert_waited(provider(&after, Door::Realtime, "tts"), 1.0, TTS, "tts");
+        assert_waited(
+            door_hist(&after, FIRST_AUDIO, Door::Realtime),
+            1.0,
+            REALTIME_VAD_STOP + ASR + LLM + TTS,
+            "first audio",
+        );
+        let added = door_hist(&after, SERVER_ADDED, Door::Realtime);
+        assert_eq!(added.count, 1.0, "{added:?}");
+        assert!(added.sum < 1.0, "{added:?}");
+        drop(sink.reunite(stream).unwrap());
+        server.stop().await;
+    })
+    .await;
 }
 
 /// How long the test's client takes to answer a tool call.
@@ -751,8 +844,33 @@ async fn mcp_tool_calls_on_the_retell_door_are_timed_and_a_superseded_one_is_can
 
 // ---- Gemini -----------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn a_gemini_text_turn_moves_provider_latency_under_its_door() {
+/// The Gemini door's messages up to `TURN_COMPLETE`: how many carried reply audio, and
+/// whether one carried the user's transcription.
+async fn gemini_turn<S>(ws: &mut S) -> (usize, bool)
+where
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let mut audio = 0;
+    let mut heard = false;
+    loop {
+        let Some(Message::Text(t)) = next_message(ws, WAIT).await else {
+            panic!("the Gemini socket closed");
+        };
+        let m: Value = serde_json::from_str(&t).unwrap();
+        assert_ne!(m["type"], "GEMINI_ERROR", "{m}");
+        let content = &m["payload"]["serverContent"];
+        heard |= content["inputTranscription"]["text"] == TRANSCRIPT;
+        audio += content["modelTurn"]["parts"].as_array().map_or(0, |p| {
+            p.iter().filter(|p| p.get("inlineData").is_some()).count()
+        });
+        if m["type"] == "TURN_COMPLETE" {
+            return (audio, heard);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_typed_and_spoken_turns_move_the_histograms_under_its_door() {
     bounded(async {
         let fakes = fakes().await;
         let server = Running::start(with_fakes(&fakes)).await;
@@ -766,27 +884,17 @@ async fn a_gemini_text_turn_moves_provider_latency_under_its_door() {
         .await;
         assert_eq!(recv_json(&mut ws).await["type"], "GEMINI_CONNECTED");
         assert_eq!(recv_json(&mut ws).await["type"], "SETUP_COMPLETE");
+
+        // A typed turn: model and synthesizer latency, no spoken-turn stages.
         send_json(
             &mut ws,
             &json!({"type": "SEND_MESSAGE", "payload": {
                 "parts": [{"text": "hello there"}], "turnComplete": true}}),
         )
         .await;
-        let mut audio = 0;
-        loop {
-            let m = recv_json(&mut ws).await;
-            assert_ne!(m["type"], "GEMINI_ERROR", "{m}");
-            audio += m["payload"]["serverContent"]["modelTurn"]["parts"]
-                .as_array()
-                .map_or(0, |p| {
-                    p.iter().filter(|p| p.get("inlineData").is_some()).count()
-                });
-            if m["type"] == "TURN_COMPLETE" {
-                break;
-            }
-        }
+        let (audio, _) = gemini_turn(&mut ws).await;
         assert!(audio > 0, "a spoken reply");
-        let after = scrape_until(&server, "the Gemini turn", |s| {
+        let after = scrape_until(&server, "the typed turn", |s| {
             provider(s, Door::Gemini, "tts").count >= 1.0
         })
         .await;
@@ -794,9 +902,56 @@ async fn a_gemini_text_turn_moves_provider_latency_under_its_door() {
         assert_waited(provider(&after, Door::Gemini, "tts"), 1.0, TTS, "tts");
         assert_eq!(provider(&after, Door::Xiaozhi, "llm").count, 0.0);
         assert_eq!(counter(&after, "voxgate_turns_total", Door::Gemini), 1.0);
-        // A typed turn: no end of speech, so no spoken-turn stages.
-        assert_eq!(door_hist(&after, ENDPOINTING, Door::Gemini).count, 0.0);
-        assert_eq!(door_hist(&after, FIRST_AUDIO, Door::Gemini).count, 0.0);
+        for metric in [ENDPOINTING, FIRST_AUDIO, SERVER_ADDED] {
+            assert_eq!(
+                door_hist(&after, metric, Door::Gemini).count,
+                0.0,
+                "{metric}"
+            );
+        }
+
+        // A spoken turn: 16 kHz PCM at real time, as the app streams its microphone.
+        let (mut sink, mut stream) = ws.split();
+        let talker = tokio::spawn(async move {
+            for packet in pcm_packets(800) {
+                let mut data = String::new();
+                voxgate_gemini::audio::encode_pcm_base64(&packet, &mut data);
+                let m = json!({"type": "SEND_REALTIME_INPUT", "payload": {"audio": {
+                    "mimeType": "audio/pcm;rate=16000", "data": data}}});
+                sink.send(Message::Text(m.to_string().into()))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            sink
+        });
+        let (audio, heard) = gemini_turn(&mut stream).await;
+        assert!(heard && audio > 0, "transcribed and answered");
+        let sink = talker.await.unwrap();
+        let after = scrape_until(&server, "the spoken turn", |s| {
+            door_hist(s, FIRST_AUDIO, Door::Gemini).count >= 1.0
+                && door_hist(s, SERVER_ADDED, Door::Gemini).count >= 1.0
+        })
+        .await;
+        let endpointing = door_hist(&after, ENDPOINTING, Door::Gemini);
+        assert_eq!(endpointing.count, 1.0, "{endpointing:?}");
+        assert!(
+            (secs(VAD_STOP)..1.5).contains(&endpointing.sum),
+            "{endpointing:?}"
+        );
+        assert_waited(provider(&after, Door::Gemini, "asr"), 1.0, ASR, "asr");
+        assert_waited(provider(&after, Door::Gemini, "llm"), 2.0, LLM, "llm");
+        assert_waited(provider(&after, Door::Gemini, "tts"), 2.0, TTS, "tts");
+        assert_waited(
+            door_hist(&after, FIRST_AUDIO, Door::Gemini),
+            1.0,
+            VAD_STOP + ASR + LLM + TTS,
+            "first audio",
+        );
+        let added = door_hist(&after, SERVER_ADDED, Door::Gemini);
+        assert_eq!(added.count, 1.0, "{added:?}");
+        assert!(added.sum < 1.0, "{added:?}");
+        drop(sink.reunite(stream).unwrap());
         server.stop().await;
     })
     .await;

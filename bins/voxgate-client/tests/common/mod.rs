@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 // The server's own test scaffolding (a server on free loopback ports until stopped, and more),
 // shared rather than copied.
 #[path = "../../../../crates/voxgate-server/tests/support/mod.rs"]
-mod support;
+pub mod support;
 
 pub use support::Running;
 

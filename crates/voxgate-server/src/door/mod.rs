@@ -187,7 +187,8 @@ impl Out {
     }
 
     /// Marks the end of a user turn: the time to the first reply audio frame written
-    /// (`send_droppable`), provider waits excluded, goes to the server-added histogram.
+    /// (`send_droppable`, or played on the session's WebRTC track), provider waits excluded,
+    /// goes to the server-added histogram.
     pub(crate) fn turn_decided(&mut self) {
         self.decided = true;
     }
@@ -925,7 +926,12 @@ impl<T: Translator> Loop<T> {
                     .frames
                     .iter()
                     .filter(|(_, droppable)| *droppable)
-                    .count(),
+                    .count()
+                    + out
+                        .media
+                        .iter()
+                        .filter(|m| matches!(m, MediaCommand::Play { .. }))
+                        .count(),
             };
             if let Some(first) = self.turn.step(trigger, now, &step) {
                 self.first_audio = Some(first);
@@ -1111,6 +1117,12 @@ impl<T: Translator> Loop<T> {
             MediaCommand::Play { samples, rate } => {
                 if let Some(p) = &mut self.peer {
                     let dropped = p.play(&samples, rate);
+                    // A turn's first reply audio handed to the WebRTC sender, which paces it
+                    // out: the WebSocket writer's write for the doors that play on a track.
+                    if let Some(first) = self.first_audio.take() {
+                        let added = first.server_added(Instant::now());
+                        self.metrics.server_added(self.door, added);
+                    }
                     if dropped > 0 {
                         self.metrics.dropped(self.door, Direction::Downlink, 1);
                     }

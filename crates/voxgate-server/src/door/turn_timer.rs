@@ -12,7 +12,8 @@
 //!
 //! The timer only observes what a translator step asks of the driver ([`Step`]), so it is
 //! the same for every door; a door marks the decision ([`super::Out::turn_decided`]) and its
-//! reply audio is the droppable frames.
+//! reply audio is the droppable frames, or the audio it plays on a WebRTC track (timed when
+//! handed to the track's sender).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -39,7 +40,7 @@ pub(crate) struct Step<'a> {
     pub(crate) decided: bool,
     /// Provider requests started (or cancelled) in this step.
     pub(crate) requests: &'a [ProviderRequest],
-    /// Reply audio frames queued in this step.
+    /// Reply audio frames queued (or played on a WebRTC track) in this step.
     pub(crate) audio_frames: usize,
 }
 

@@ -740,6 +740,8 @@ impl EngineSession {
                 // With calls pending the turn goes on once their results are in.
             }
             ClientEvent::UserTranscription { text, .. } => {
+                // A spoken turn was committed: the server-added time starts.
+                out.turn_decided();
                 // The user spoke over a turn that waits on tool results: it is cut off.
                 if !self.pending_calls.is_empty() {
                     self.interrupt(out);

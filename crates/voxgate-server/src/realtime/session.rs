@@ -465,6 +465,10 @@ impl RealtimeDoor {
             match o {
                 Output::Provider(r) => out.provider(r),
                 Output::Client(event) => {
+                    if matches!(event, ClientEvent::UserTranscription { .. }) {
+                        // A spoken turn was committed: the server-added time starts.
+                        out.turn_decided();
+                    }
                     for msg in session.client_messages(now, event, &self.metrics) {
                         let audio = matches!(
                             msg.payload,

@@ -216,6 +216,8 @@ impl VipDoor {
                 );
             }
             ClientEvent::UserTranscription { text, .. } => {
+                // A spoken turn was committed: the server-added time starts.
+                out.turn_decided();
                 if let Some(end) = self.turn_speech_end {
                     let ms = now.saturating_duration_since(end).as_millis();
                     self.transcript_ms = Some(u64::try_from(ms).unwrap_or(u64::MAX));
