@@ -10,17 +10,16 @@ mod support;
 
 use std::net::SocketAddr;
 
-use futures::SinkExt;
 use serde_json::{Value, json};
 use support::{
-    Running, WAIT, Ws, connect, mcp_server, next_message, recv_json, send_json, serve_calls, tool,
-    wait_tools, xiaozhi_device,
+    Running, WAIT, Ws, connect, mcp_server, next_message, realtime, recv_json, rt_recv, rt_send,
+    send_json, serve_calls, tool, wait_tools, xiaozhi_device,
 };
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
+use voxgate_realtime::ServiceBoundMessage;
 use voxgate_realtime::proto::client_bound_message::Payload as Down;
 use voxgate_realtime::proto::{InferenceTriggerMode, ToolDefinition};
-use voxgate_realtime::{AudioFormat, ClientBoundMessage, ServiceBoundMessage, SessionConfig};
 use voxgate_server::Config;
 
 const CALL: &str = r#"call text_echo {"text":"ping pong"}"#;
@@ -168,31 +167,6 @@ async fn a_door_with_mcp_tools_off_does_not_offer_them() {
 
 // ---- realtime --------------------------------------------------------------------------------
 
-async fn rt_send(ws: &mut Ws, m: &ServiceBoundMessage) {
-    ws.send(Message::Binary(m.to_frame())).await.unwrap();
-}
-
-async fn rt_recv(ws: &mut Ws) -> Down {
-    loop {
-        if let Message::Binary(b) = next_message(ws, WAIT).await.expect("socket open") {
-            return ClientBoundMessage::decode_frame(b)
-                .unwrap()
-                .payload
-                .unwrap();
-        }
-    }
-}
-
-async fn realtime(addr: SocketAddr) -> Ws {
-    let mut ws = connect(addr, "/realtime").await;
-    let config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
-    rt_send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
-    assert!(matches!(rt_recv(&mut ws).await, Down::SessionReady(_)));
-    ws
-}
-
-/// Sends `text` and collects the model's text until a tool result is reported; the client
-/// must never be asked to run a tool.
 async fn realtime_turn(ws: &mut Ws, text: &str) -> String {
     rt_send(
         ws,

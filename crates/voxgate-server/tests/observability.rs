@@ -21,15 +21,14 @@ use prometheus_parse::Scrape;
 use serde_json::{Value, json};
 use support::{
     Histogram, Running, WAIT, Ws, connect, histogram, http, mcp_server, next_message, opus_device,
-    opus_packets, question, recv_json, scalar, scrape, scrape_until, send_json, serve_calls_after,
-    stream_opus, tool, until_tts_stop, wait_tools,
+    opus_packets, question, realtime, recv_json, rt_recv, rt_send, scalar, scrape, scrape_until,
+    send_json, serve_calls_after, stream_opus, tool, until_tts_stop, wait_tools,
 };
 use tokio_tungstenite::tungstenite::Message;
 use voxgate_realtime::proto::client_bound_message::Payload as Down;
 use voxgate_realtime::proto::{HostedTtsMode, InferenceTriggerMode, ToolDefinition};
 use voxgate_realtime::{
-    AudioFormat, ClientBoundMessage, HostedTtsSettings, HostedVoice, ServiceBoundMessage,
-    SessionConfig, TtsSettings,
+    AudioFormat, HostedTtsSettings, HostedVoice, ServiceBoundMessage, SessionConfig, TtsSettings,
 };
 use voxgate_server::Config;
 use voxgate_server::config::{AsrConfig, LlmConfig, TtsConfig};
@@ -428,33 +427,6 @@ async fn speech_over_a_xiaozhi_reply_is_a_timed_barge_in_and_a_cut_reply() {
 }
 
 // ---- realtime ---------------------------------------------------------------------------------
-
-async fn rt_send(ws: &mut Ws, m: &ServiceBoundMessage) {
-    ws.send(Message::Binary(m.to_frame())).await.unwrap();
-}
-
-async fn rt_recv<S>(ws: &mut S) -> Down
-where
-    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
-{
-    loop {
-        if let Message::Binary(b) = next_message(ws, WAIT).await.expect("socket open") {
-            return ClientBoundMessage::decode_frame(b)
-                .unwrap()
-                .payload
-                .unwrap();
-        }
-    }
-}
-
-/// A text-only realtime session.
-async fn realtime(addr: SocketAddr) -> Ws {
-    let mut ws = connect(addr, "/realtime").await;
-    let config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
-    rt_send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
-    assert!(matches!(rt_recv(&mut ws).await, Down::SessionReady(_)));
-    ws
-}
 
 /// Sends `text` and reads the model's text until it contains `until`, then to the response's
 /// end; the client must never be asked to run a tool.

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use support::{Running, WAIT, Ws, next_message, send_json, try_connect};
-use tokio_tungstenite::tungstenite::Message;
-use voxgate_audio::opus::{
-    FrameDuration, OpusBackend, OpusDecoder, OpusEncoder, OpusEncoderConfig,
+use support::{
+    Running, WAIT, Ws, next_message, opus_packets, opus_packets_of, send_json, try_connect,
 };
+use tokio_tungstenite::tungstenite::Message;
+use voxgate_audio::opus::{FrameDuration, OpusBackend, OpusDecoder};
 use voxgate_providers::{DemoAgent, NoAsr, ToneTts};
 use voxgate_server::metrics::Door;
 use voxgate_server::{Config, Providers};
@@ -222,29 +222,6 @@ fn speech() -> Vec<i16> {
     let wav = voxgate_audio::wav::read_wav(&std::fs::read(path).unwrap()).unwrap();
     assert_eq!(wav.sample_rate, 16_000);
     wav.to_mono_i16()
-}
-
-/// 60 ms Opus packets of `pcm` (16 kHz) followed by `silence_ms` of silence.
-fn opus_packets(pcm: &[i16], silence_ms: usize) -> Vec<Vec<u8>> {
-    opus_packets_of(pcm, silence_ms, FrameDuration::Ms60)
-}
-
-fn opus_packets_of(pcm: &[i16], silence_ms: usize, frame: FrameDuration) -> Vec<Vec<u8>> {
-    let mut enc = OpusEncoder::new(OpusEncoderConfig {
-        frame_duration: frame,
-        ..OpusEncoderConfig::voice(16_000)
-    })
-    .unwrap();
-    let n = enc.frame_samples();
-    let mut all = pcm.to_vec();
-    all.extend(std::iter::repeat_n(0, silence_ms * 16));
-    all.chunks(n)
-        .map(|c| {
-            let mut frame = c.to_vec();
-            frame.resize(n, 0);
-            enc.encode(&frame).unwrap().to_vec()
-        })
-        .collect()
 }
 
 /// A fake OpenAI transcription endpoint answering `text`; records the uploaded body sizes.

@@ -514,8 +514,13 @@ pub fn question() -> Vec<i16> {
 
 /// 60 ms Opus packets of `pcm` (16 kHz) followed by `silence_ms` of silence.
 pub fn opus_packets(pcm: &[i16], silence_ms: usize) -> Vec<Vec<u8>> {
+    opus_packets_of(pcm, silence_ms, FrameDuration::Ms60)
+}
+
+/// Opus packets of `frame` duration of `pcm` (16 kHz) followed by `silence_ms` of silence.
+pub fn opus_packets_of(pcm: &[i16], silence_ms: usize, frame: FrameDuration) -> Vec<Vec<u8>> {
     let mut enc = OpusEncoder::new(OpusEncoderConfig {
-        frame_duration: FrameDuration::Ms60,
+        frame_duration: frame,
         ..OpusEncoderConfig::voice(16_000)
     })
     .unwrap();
@@ -704,4 +709,37 @@ pub fn histogram(scrape: &Scrape, metric: &str, pairs: &[(&str, &str)]) -> Histo
         count,
         sum: scalar(scrape, &format!("{metric}_sum"), pairs),
     }
+}
+
+// ---- the realtime protocol ------------------------------------------------------------------
+
+/// Sends one realtime message.
+pub async fn rt_send(ws: &mut Ws, m: &voxgate_realtime::ServiceBoundMessage) {
+    ws.send(Message::Binary(m.to_frame())).await.unwrap();
+}
+
+/// The next realtime message's payload.
+pub async fn rt_recv<S>(ws: &mut S) -> voxgate_realtime::proto::client_bound_message::Payload
+where
+    S: Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    loop {
+        if let Message::Binary(b) = next_message(ws, WAIT).await.expect("socket open") {
+            return voxgate_realtime::ClientBoundMessage::decode_frame(b)
+                .unwrap()
+                .payload
+                .unwrap();
+        }
+    }
+}
+
+/// A text-only realtime session (24 kHz speech formats), initialized.
+pub async fn realtime(addr: SocketAddr) -> Ws {
+    use voxgate_realtime::proto::client_bound_message::Payload;
+    use voxgate_realtime::{AudioFormat, ServiceBoundMessage, SessionConfig};
+    let mut ws = connect(addr, "/realtime").await;
+    let config = SessionConfig::new(AudioFormat::SPEECH_24K, AudioFormat::SPEECH_24K);
+    rt_send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
+    assert!(matches!(rt_recv(&mut ws).await, Payload::SessionReady(_)));
+    ws
 }
