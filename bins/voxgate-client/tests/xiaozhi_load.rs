@@ -10,29 +10,12 @@ use std::time::Duration;
 
 use common::Running;
 use voxgate_client::load::{LoadOptions, run};
-use voxgate_server::Config;
-use voxgate_server::config::{AsrConfig, LlmConfig, TtsConfig};
 use voxgate_test_support::fake_providers::{FakeDelays, FakeProviders};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_devices_get_every_question_answered_after_it_ends() {
     let fakes = FakeProviders::start(FakeDelays::default()).await.unwrap();
-    let base = fakes.base_url();
-    let config = Config {
-        asr: Some(AsrConfig {
-            base_url: Some(base.clone()),
-            ..AsrConfig::default()
-        }),
-        llm: Some(LlmConfig {
-            base_url: Some(base.clone()),
-            ..LlmConfig::default()
-        }),
-        tts: Some(TtsConfig {
-            base_url: Some(base),
-            ..TtsConfig::default()
-        }),
-        ..Config::default()
-    };
+    let config = common::support::with_fakes(&fakes.base_url());
     let server = Running::start(config).await;
     let mut opts = LoadOptions::new(format!("ws://{}/xiaozhi/v1/", server.addr), 3, 2);
     opts.ramp = Duration::from_millis(300);

@@ -31,7 +31,6 @@ use voxgate_realtime::{
     AudioFormat, HostedTtsSettings, HostedVoice, ServiceBoundMessage, SessionConfig, TtsSettings,
 };
 use voxgate_server::Config;
-use voxgate_server::config::{AsrConfig, LlmConfig, TtsConfig};
 use voxgate_server::metrics::Door;
 use voxgate_test_support::fake_providers::{FakeDelays, FakeProviders, TRANSCRIPT};
 
@@ -69,22 +68,7 @@ async fn fakes() -> FakeProviders {
 
 /// The default configuration with ASR, LLM and TTS all served by `fakes`.
 fn with_fakes(fakes: &FakeProviders) -> Config {
-    let base = fakes.base_url();
-    Config {
-        asr: Some(AsrConfig {
-            base_url: Some(base.clone()),
-            ..AsrConfig::default()
-        }),
-        llm: Some(LlmConfig {
-            base_url: Some(base.clone()),
-            ..LlmConfig::default()
-        }),
-        tts: Some(TtsConfig {
-            base_url: Some(base),
-            ..TtsConfig::default()
-        }),
-        ..Config::default()
-    }
+    support::with_fakes(&fakes.base_url())
 }
 
 /// A whole test within a bound, so a hang fails instead of stalling the run.

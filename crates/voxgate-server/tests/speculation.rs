@@ -115,22 +115,7 @@ async fn speculation_is_off_by_default() {
     })
     .await
     .unwrap();
-    let base = fakes.base_url();
-    let config = Config {
-        asr: Some(AsrConfig {
-            base_url: Some(base.clone()),
-            ..AsrConfig::default()
-        }),
-        llm: Some(LlmConfig {
-            base_url: Some(base.clone()),
-            ..LlmConfig::default()
-        }),
-        tts: Some(TtsConfig {
-            base_url: Some(base),
-            ..TtsConfig::default()
-        }),
-        ..Config::default()
-    };
+    let config = support::with_fakes(&fakes.base_url());
     let server = Running::start(config).await;
     let (mut ws, codec) = opus_device(server.addr, "auto").await;
     stream_opus(&mut ws, &codec, &opus_packets(&question(), 1_200)).await;

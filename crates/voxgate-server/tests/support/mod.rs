@@ -743,3 +743,24 @@ pub async fn realtime(addr: SocketAddr) -> Ws {
     assert!(matches!(rt_recv(&mut ws).await, Payload::SessionReady(_)));
     ws
 }
+
+/// The default configuration with ASR, LLM and TTS all served by the OpenAI-compatible fakes
+/// at `base` (`FakeProviders::base_url`).
+pub fn with_fakes(base: &str) -> Config {
+    let base = base.to_owned();
+    Config {
+        asr: Some(voxgate_server::config::AsrConfig {
+            base_url: Some(base.clone()),
+            ..Default::default()
+        }),
+        llm: Some(voxgate_server::config::LlmConfig {
+            base_url: Some(base.clone()),
+            ..Default::default()
+        }),
+        tts: Some(voxgate_server::config::TtsConfig {
+            base_url: Some(base),
+            ..Default::default()
+        }),
+        ..Config::default()
+    }
+}
