@@ -261,7 +261,8 @@ async fn offer(
     app.vip_sessions
         .lock()
         .insert(session_id.clone(), hangup_tx);
-    tracing::info!(%peer, session = %session_id, "vip: offer answered");
+    // Not the session id: it hangs the session up (`DELETE /webrtc/sessions/{id}`).
+    tracing::info!(%peer, "vip: offer answered");
     let registry = Arc::clone(&app);
     let id = session_id.clone();
     let peer_handle = accepted.peer;
