@@ -27,19 +27,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// The Rust test agent's entry point, when this binary is started as an agent.
 #[test]
 fn acp_test_agent_main() {
-    if std::env::var_os("VOXGATE_ACP_TEST_AGENT").is_none() {
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // libtest has written `test acp_test_agent_main ... ` without a newline: end that line so
-    // the first message stands on its own line (the brain skips the libtest lines).
-    println!();
-    rt.block_on(rust_agent::run());
-    // Exit before libtest prints its summary on stdout.
-    std::process::exit(0);
+    rust_agent::main_if_started_as_agent();
 }
 
 fn rust_config() -> AcpConfig {

@@ -24,17 +24,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// The Rust test agent's entry point, when this binary is started as an agent.
 #[test]
 fn acp_test_agent_main() {
-    if std::env::var_os("VOXGATE_ACP_TEST_AGENT").is_none() {
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // End libtest's unterminated `test ... ` line before the first message.
-    println!();
-    rt.block_on(rust_agent::run());
-    std::process::exit(0);
+    rust_agent::main_if_started_as_agent();
 }
 
 async fn recv_payload(ws: &mut Ws) -> Down {

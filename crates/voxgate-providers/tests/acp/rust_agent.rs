@@ -281,6 +281,25 @@ impl Agent {
 
 /// Serves ACP on this process's stdin and stdout until stdin closes. Plain threads do the
 /// blocking standard I/O, so only tokio's runtime, sync and time features are needed.
+/// Runs this process as the agent when it was started as one (`VOXGATE_ACP_TEST_AGENT` set)
+/// and exits; otherwise returns at once. Every test binary that starts the agent calls this from
+/// a `#[test]` it re-executes itself with.
+pub fn main_if_started_as_agent() {
+    if std::env::var_os("VOXGATE_ACP_TEST_AGENT").is_none() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // libtest has written `test acp_test_agent_main ... ` without a newline: end that line so
+    // the first message stands on its own line (the brain skips the libtest lines).
+    println!();
+    rt.block_on(run());
+    // Exit before libtest prints its summary on stdout.
+    std::process::exit(0);
+}
+
 pub async fn run() {
     let (out, mut out_rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
