@@ -415,7 +415,8 @@ impl Refusal {
         }
     }
 
-    fn message(self) -> &'static str {
+    /// What the refused client is told.
+    pub(crate) fn message(self) -> &'static str {
         match self.reason {
             RefusalReason::CapacityServer => "server at capacity: too many sessions",
             RefusalReason::CapacityDoor => "door at capacity: too many sessions",

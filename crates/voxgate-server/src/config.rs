@@ -84,6 +84,7 @@
 //! | `VOXGATE_ELEVENLABS_BASE_URL` | `realtime.elevenlabs_base_url` (empty: unset) |
 //! | `VOXGATE_MAX_CONTEXT_CHARS` | `realtime.max_context_chars` (0: unlimited) |
 //! | `VOXGATE_REALTIME_MCP_TOOLS` | `realtime.mcp_tools` (`true` / `false`) |
+//! | `VOXGATE_REALTIME_GRPC_LISTEN` | `realtime.grpc_listen` (empty: on the main listener) |
 //! | `VOXGATE_LLM_PROVIDER`, `VOXGATE_LLM_BASE_URL`, `VOXGATE_LLM_MODEL`, `VOXGATE_LLM_API_KEY`, `VOXGATE_LLM_TIMEOUT_SECS` | `[llm]` |
 //! | `VOXGATE_ASR_PROVIDER`, `VOXGATE_ASR_BASE_URL`, `VOXGATE_ASR_MODEL`, `VOXGATE_ASR_API_KEY`, `VOXGATE_ASR_TIMEOUT_SECS` | `[asr]` |
 //! | `VOXGATE_TTS_PROVIDER`, `VOXGATE_TTS_BASE_URL`, `VOXGATE_TTS_MODEL`, `VOXGATE_TTS_VOICE`, `VOXGATE_TTS_API_KEY`, `VOXGATE_TTS_TIMEOUT_SECS` | `[tts]` |
@@ -221,11 +222,17 @@ pub struct RealtimeConfig {
     /// `[realtime.engine]`: engine settings for this door, over `[engine]`.
     #[serde(skip_serializing_if = "EngineSettings::is_empty")]
     pub engine: EngineSettings,
+    /// Where the door's gRPC service (`voxgate.realtime.v1.RealtimeService`, plaintext HTTP/2)
+    /// listens. `None` (the default): on the main listener, beside the WebSocket doors; an
+    /// address moves it to a listener of its own (and off the main one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_listen: Option<SocketAddr>,
 }
 
 impl Default for RealtimeConfig {
     fn default() -> Self {
         Self {
+            grpc_listen: None,
             mcp_tools: true,
             api_keys: Vec::new(),
             elevenlabs_base_url: None,
@@ -547,6 +554,10 @@ impl Config {
             &mut self.realtime.max_context_chars,
         )?;
         vars.flag("VOXGATE_REALTIME_MCP_TOOLS", &mut self.realtime.mcp_tools)?;
+        vars.parsed_or_none(
+            "VOXGATE_REALTIME_GRPC_LISTEN",
+            &mut self.realtime.grpc_listen,
+        )?;
         self.xiaozhi.apply_env(&var)?;
         self.retell.apply_env(&var)?;
         self.gemini.apply_env(&var)?;
@@ -635,6 +646,9 @@ impl Config {
     #[must_use]
     pub fn with_ephemeral_ports(mut self) -> Self {
         self.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        if self.realtime.grpc_listen.is_some() {
+            self.realtime.grpc_listen = self.listen.into();
+        }
         self.xiaozhi.ephemeral_ports();
         self.gemini.ephemeral_ports();
         self.webrtc.ephemeral_ports();

@@ -163,6 +163,9 @@ fn listen_setting(listener: &str) -> &'static str {
         }
         "xiaozhi" => "[xiaozhi] listen / VOXGATE_XIAOZHI_LISTEN (empty: off)",
         "xiaozhi-ota" => "[xiaozhi] ota_listen / VOXGATE_XIAOZHI_OTA_LISTEN (empty: off)",
+        "realtime-grpc" => {
+            "[realtime] grpc_listen / VOXGATE_REALTIME_GRPC_LISTEN (empty: on the main listener)"
+        }
         "webrtc" => {
             "[webrtc] udp_listen / VOXGATE_WEBRTC_UDP_LISTEN ([webrtc] enabled = false turns \
              WebRTC off)"
@@ -268,7 +271,13 @@ impl Server {
                 .map(|a| format!(" and {a} (any path)"))
         };
         let mut lines = vec![
-            format!("realtime door: ws://{main}/realtime"),
+            format!(
+                "realtime door: ws://{main}/realtime, gRPC {}",
+                self.listener_addr("realtime-grpc").map_or_else(
+                    || format!("http://{main} (h2c)"),
+                    |a| format!("http://{a} (h2c, own listener)")
+                )
+            ),
             format!(
                 "xiaozhi door: ws://{main}/xiaozhi/v1/{}, OTA http://{main}/xiaozhi/ota/{}",
                 own("xiaozhi").unwrap_or_default(),
@@ -417,6 +426,7 @@ pub async fn shutdown_signal() {
 fn door_listeners(config: &Config) -> Vec<DoorListener> {
     let mut all = crate::xiaozhi::listeners(config);
     all.extend(crate::gemini::listeners(config));
+    all.extend(crate::realtime::grpc::listeners(config));
     all
 }
 
@@ -428,7 +438,7 @@ fn router(app: Arc<App>) -> Router {
         .merge(crate::gemini::routes())
         .merge(crate::bridge::routes())
         .merge(crate::mcp_endpoint::routes())
-        .merge(crate::realtime::routes())
+        .merge(crate::realtime::routes(&app.config))
         .merge(crate::vip::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics))

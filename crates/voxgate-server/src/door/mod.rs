@@ -25,6 +25,7 @@
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -40,6 +41,7 @@ use crate::metrics::{Direction, Door, Metrics};
 use crate::providers::{Arrived, McpTools, Providers, Runner};
 
 pub(crate) mod observe;
+pub(crate) mod stream;
 mod turn_timer;
 use crate::webrtc::{Endpoint, MediaEvent, PeerCommand, PeerHandle, PeerOptions};
 use observe::{Identity, Observer};
@@ -557,7 +559,7 @@ pub(crate) async fn run<T: Translator>(socket: WebSocket, translator: T, cx: Dri
         door,
     ));
     let writer = tokio::spawn(write(
-        sink,
+        WsOutlet(sink),
         out_rx,
         cx.limits.write_timeout,
         Arc::clone(&cx.metrics),
@@ -719,60 +721,97 @@ async fn read<T: Translator>(
             }
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        match T::decode(frame, max) {
-            Inbound::Keep(m) => {
-                if tx.send(FromReader::Message(m)).await.is_err() {
-                    return discard_until_close(stream).await;
-                }
-            }
-            Inbound::Droppable(m) => match tx.try_send(FromReader::Message(m)) {
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    metrics.dropped(door, Direction::Uplink, 1);
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    return discard_until_close(stream).await;
-                }
-                Ok(()) => {}
-            },
+        if !deliver::<T>(&tx, frame, max, &metrics, door).await {
+            return discard_until_close(stream).await;
         }
     }
 }
 
-/// Sends frames until the queue closes or a write fails or times out; then closes the socket
-/// (a close frame of our own, or the answer to the peer's, which tungstenite queued).
-async fn write(
-    mut sink: futures::stream::SplitSink<WebSocket, Message>,
+/// Decodes one client frame and queues it for the session loop: a message that must arrive
+/// waits for room (pushing back on the peer), audio is dropped and counted when the session is
+/// behind. False once the session no longer reads.
+async fn deliver<T: Translator>(
+    tx: &mpsc::Sender<FromReader<T::In>>,
+    frame: ClientFrame,
+    max: usize,
+    metrics: &Metrics,
+    door: Door,
+) -> bool {
+    match T::decode(frame, max) {
+        Inbound::Keep(m) => tx.send(FromReader::Message(m)).await.is_ok(),
+        Inbound::Droppable(m) => match tx.try_send(FromReader::Message(m)) {
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics.dropped(door, Direction::Uplink, 1);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Ok(()) => true,
+        },
+    }
+}
+
+/// Where the writer puts the session's frames: a WebSocket, or a message stream (gRPC).
+trait Outlet: Send + 'static {
+    /// Sends one frame; false when the peer is gone.
+    fn send(&mut self, msg: Message) -> impl Future<Output = bool> + Send;
+    /// Ends the session with the server's close.
+    fn close(&mut self, close: CloseRequest) -> impl Future<Output = ()> + Send;
+    /// Ends the transport once the session ended without a close of the server's (the peer
+    /// left, or the writer's queue closed).
+    fn finish(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// A WebSocket's sending half.
+struct WsOutlet(futures::stream::SplitSink<WebSocket, Message>);
+
+impl Outlet for WsOutlet {
+    async fn send(&mut self, msg: Message) -> bool {
+        self.0.send(msg).await.is_ok()
+    }
+
+    async fn close(&mut self, c: CloseRequest) {
+        let frame = CloseFrame {
+            code: c.code,
+            reason: truncate_reason(&c.reason).into(),
+        };
+        let _ = self.0.send(Message::Close(Some(frame))).await;
+    }
+
+    async fn finish(&mut self) {
+        // Sends the answer to the peer's close frame, which tungstenite queued.
+        let _ = self.0.close().await;
+    }
+}
+
+/// Sends frames until the queue closes or a write fails or times out; then ends the transport
+/// (a close of our own, or on a WebSocket the answer to the peer's, which tungstenite queued).
+async fn write<O: Outlet>(
+    mut outlet: O,
     mut rx: mpsc::Receiver<ToWriter>,
     timeout: Option<Duration>,
     metrics: Arc<Metrics>,
     door: Door,
 ) {
-    let bounded = |d: Option<Duration>| d.unwrap_or(Duration::from_secs(3600));
+    let bounded = timeout.unwrap_or(Duration::from_secs(3600));
     while let Some(item) = rx.recv().await {
         let (msg, first) = match item {
             ToWriter::Frame(m, first) => (m, first),
             ToWriter::Close(c) => {
-                let frame = CloseFrame {
-                    code: c.code,
-                    reason: truncate_reason(&c.reason).into(),
-                };
-                let _ =
-                    tokio::time::timeout(bounded(timeout), sink.send(Message::Close(Some(frame))))
-                        .await;
+                let _ = tokio::time::timeout(bounded, outlet.close(c)).await;
                 return;
             }
         };
-        match tokio::time::timeout(bounded(timeout), sink.send(msg)).await {
-            Ok(Ok(())) => {
+        match tokio::time::timeout(bounded, outlet.send(msg)).await {
+            Ok(true) => {
                 if let Some(first) = first {
                     metrics.server_added(door, first.server_added(Instant::now()));
                 }
             }
             // The peer is gone or does not read: nothing more can be sent.
-            Ok(Err(_)) | Err(_) => return,
+            Ok(false) | Err(_) => return,
         }
     }
-    let _ = tokio::time::timeout(bounded(timeout), sink.close()).await;
+    let _ = tokio::time::timeout(bounded, outlet.finish()).await;
 }
 
 /// A close reason fits a control frame: 123 bytes, cut at a character boundary.

@@ -17,7 +17,11 @@
 //! not initialize within the init timeout gets an `ErrorSession` notification and a 1008 close;
 //! an unusable `InitializeSessionRequest` is answered with its error and a 1008 close. The user
 //! guide is `docs/doors/realtime.md`.
+//!
+//! The same sessions are served over gRPC ([`grpc`]): the translator is this one, only the
+//! transport differs.
 
+pub(crate) mod grpc;
 mod progress;
 mod session;
 
@@ -36,9 +40,15 @@ use axum::routing::get;
 use crate::metrics::Door;
 use crate::server::App;
 
-/// The door's routes on the main listener: `/realtime` and the Deepslate-style vendor paths.
-pub(crate) fn routes() -> Router<Arc<App>> {
-    Router::new()
+/// The door's routes on the main listener: `/realtime` and the Deepslate-style vendor paths,
+/// and the gRPC service unless `[realtime] grpc_listen` gives it a listener of its own.
+pub(crate) fn routes(config: &crate::config::Config) -> Router<Arc<App>> {
+    let router = if config.realtime.grpc_listen.is_none() {
+        grpc::routes()
+    } else {
+        Router::new()
+    };
+    router
         .route("/realtime", get(realtime_upgrade))
         .route(
             "/api/v1/vendors/{vendor}/organizations/{org}/realtime",
@@ -53,6 +63,12 @@ pub(crate) fn routes() -> Router<Arc<App>> {
 /// Serves one upgraded connection until the client leaves, a fatal error, a timeout or
 /// shutdown.
 pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, peer: SocketAddr) {
+    let (door, cx) = session(&app, peer);
+    crate::door::run(socket, door, cx).await;
+}
+
+/// A new session's translator and driver context, whatever its transport.
+fn session(app: &App, peer: SocketAddr) -> (RealtimeDoor, crate::door::DriverContext) {
     let settings = RealtimeSettings {
         elevenlabs_base_url: app.config.realtime.elevenlabs_base_url.clone(),
         max_context_chars: app.config.realtime.max_context_chars,
@@ -63,7 +79,7 @@ pub(crate) async fn serve(socket: WebSocket, app: Arc<App>, peer: SocketAddr) {
     let mut cx = app.driver(Door::Realtime);
     cx.identity.peer = Some(peer);
     cx.mcp = app.mcp_tools(app.config.realtime.mcp_tools);
-    crate::door::run(socket, door, cx).await;
+    (door, cx)
 }
 
 /// `[realtime.engine]` over `[realtime] max_context_chars` (when changed from its default: the
@@ -81,12 +97,21 @@ pub(crate) fn engine_settings(config: &crate::config::Config) -> crate::config::
 /// Whether the request carries one of the configured bearer keys (always, when none are
 /// configured).
 fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
+    bearer_accepted(
+        keys,
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )
+}
+
+/// Whether an `Authorization` value (`Bearer <key>`) names one of `keys`, compared in constant
+/// time; any value passes when no keys are configured.
+fn bearer_accepted(keys: &[String], authorization: Option<&str>) -> bool {
     if keys.is_empty() {
         return true;
     }
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+    authorization
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|token| crate::secret::matches_any(keys, token.trim()))
 }
