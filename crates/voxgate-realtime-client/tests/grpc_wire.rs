@@ -32,6 +32,7 @@ async fn start(config: Config) -> (SocketAddr, tokio::sync::oneshot::Sender<()>)
 }
 
 /// One raw session, over either transport.
+#[allow(clippy::large_enum_variant, reason = "one per test")]
 enum Raw {
     Grpc {
         tx: mpsc::Sender<ServiceBoundMessage>,
