@@ -55,6 +55,9 @@ pub enum LoadCommand {
     /// N concurrent WebRTC (VIP door) sessions, each streaming the WAV and receiving the
     /// reply; prints a JSON summary.
     Webrtc(LoadWebrtcArgs),
+    /// N concurrent realtime sessions (WebSocket, or gRPC with --grpc) streaming 16 kHz PCM at
+    /// real time with spoken replies; prints a JSON summary.
+    Realtime(LoadRealtimeArgs),
 }
 
 /// Options every door shares.
@@ -295,6 +298,45 @@ pub struct LoadArgs {
     pub threads: u16,
 }
 
+/// `voxgate-client load realtime`.
+#[derive(Debug, Args)]
+pub struct LoadRealtimeArgs {
+    /// ws://HOST:PORT/realtime, or with --grpc http://HOST:PORT.
+    pub url: String,
+    /// gRPC (voxgate.realtime.v1.RealtimeService) instead of WebSocket.
+    #[arg(long)]
+    pub grpc: bool,
+    /// Concurrent sessions.
+    #[arg(long, default_value_t = 10)]
+    pub sessions: usize,
+    /// Seconds during which sessions start bursts (the bursts in flight then finish).
+    #[arg(long, default_value_t = 30)]
+    pub seconds: u64,
+    /// Seconds over which the sessions start.
+    #[arg(long, default_value_t = 5.0)]
+    pub ramp: f64,
+    /// The speech of a burst (default: the built-in 2.09 s question).
+    #[arg(long, value_name = "FILE")]
+    pub wav: Option<PathBuf>,
+    /// Seconds after a burst without a complete reply before it counts as unanswered.
+    #[arg(long, default_value_t = 10.0)]
+    pub answer_timeout: f64,
+}
+
+impl From<&LoadRealtimeArgs> for crate::load_realtime::RealtimeLoadOptions {
+    fn from(a: &LoadRealtimeArgs) -> Self {
+        Self {
+            url: a.url.clone(),
+            grpc: a.grpc,
+            sessions: a.sessions,
+            seconds: a.seconds,
+            ramp: a.ramp,
+            wav: a.wav.clone(),
+            answer_timeout: a.answer_timeout,
+        }
+    }
+}
+
 /// `voxgate-client chaos` (run by `cargo xtask chaos`, which starts the server with limits).
 #[derive(Debug, Args)]
 pub struct ChaosArgs {
@@ -530,6 +572,11 @@ impl Cli {
             Command::Webrtc(a) => crate::webrtc::run(&a.into(), &mut events).await.map(drop),
             Command::Load(LoadCommand::Webrtc(a)) => {
                 let summary = crate::webrtc::load::run(&a.into()).await?;
+                println!("{}", serde_json::to_string(&summary)?);
+                Ok(())
+            }
+            Command::Load(LoadCommand::Realtime(a)) => {
+                let summary = crate::load_realtime::run(&a.into()).await?;
                 println!("{}", serde_json::to_string(&summary)?);
                 Ok(())
             }

@@ -23,6 +23,7 @@ pub mod cli;
 pub mod events;
 pub mod gemini;
 pub mod load;
+pub mod load_realtime;
 pub mod realtime;
 pub mod retell;
 pub mod webrtc;

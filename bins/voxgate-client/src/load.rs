@@ -554,7 +554,7 @@ impl Burst {
 
 /// The user and system CPU time of this process so far, seconds, from `/proc/self/stat`
 /// (Linux; zero elsewhere).
-fn own_cpu_seconds(ticks_per_second: u64) -> (f64, f64) {
+pub(crate) fn own_cpu_seconds(ticks_per_second: u64) -> (f64, f64) {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return (0.0, 0.0);
     };
@@ -567,7 +567,7 @@ fn own_cpu_seconds(ticks_per_second: u64) -> (f64, f64) {
 }
 
 /// Clock ticks per second of `/proc/PID/stat` (`getconf CLK_TCK`, 100 on every Linux we run).
-fn clock_ticks() -> u64 {
+pub(crate) fn clock_ticks() -> u64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

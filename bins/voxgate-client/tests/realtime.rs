@@ -167,3 +167,37 @@ async fn grpc_and_websocket_sessions_get_the_same_message_sequence() {
     assert_eq!(ws, grpc, "the same session over both transports");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_realtime_load_generator_measures_turns_over_both_transports() {
+    let server = Running::start(Config::default()).await;
+    for grpc in [false, true] {
+        let opts = voxgate_client::load_realtime::RealtimeLoadOptions {
+            url: if grpc {
+                format!("http://{}", server.addr)
+            } else {
+                format!("ws://{}/realtime", server.addr)
+            },
+            grpc,
+            sessions: 3,
+            seconds: 3,
+            ramp: 0.3,
+            wav: None,
+            answer_timeout: 8.0,
+        };
+        let summary = voxgate_client::load_realtime::run(&opts).await.unwrap();
+        assert_eq!(summary.connected, 3, "{summary:?}");
+        assert!(summary.turns_done >= 3, "{summary:?}");
+        assert_eq!(summary.turns_done, summary.turns_started, "{summary:?}");
+        assert_eq!(
+            (summary.cut, summary.unanswered, summary.lost),
+            (0, 0, 0),
+            "{summary:?}"
+        );
+        let first_audio = summary.first_audio_latency_ms_p50.unwrap();
+        let begin = summary.tts_start_latency_ms_p50.unwrap();
+        assert!(begin > 0.0 && first_audio >= begin, "{summary:?}");
+        assert!(summary.reply_audio_bytes > 0, "{summary:?}");
+    }
+    server.stop().await;
+}
