@@ -43,7 +43,8 @@ impl Llm for WordCounter {
                     .find(|m| m.role == Role::User)
                     .map_or("", |m| m.content.trim());
                 let words = said.split_whitespace().count();
-                format!("You said {words} words: {said}")
+                let noun = if words == 1 { "word" } else { "words" };
+                format!("You said {words} {noun}: {said}")
             }
         };
         // Streamed word by word, as a model would; the stream must end with `Done` (or

@@ -43,7 +43,7 @@ async fn embed_server_answers_a_realtime_turn_with_our_own_llm() {
         let reply = embed_server::realtime_turn(server.addr, "four")
             .await
             .unwrap();
-        assert_eq!(reply, "You said 1 words: four");
+        assert_eq!(reply, "You said 1 word: four");
         server.stop().await.unwrap();
     })
     .await;
