@@ -107,11 +107,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let status = child.wait().context("waiting for cargo publish")?;
     tracker.finish(Instant::now(), &mut outcomes);
 
+    let width = outcomes.keys().map(String::len).max().unwrap_or_default();
     for (name, outcome) in &outcomes {
-        println!(
-            "{}",
-            summary(name, outcome, args.no_verify, status.success())
-        );
+        let line = summary(outcome, args.no_verify, status.success());
+        println!("{name:<width$} {line}");
     }
     eprintln!(
         "== publish-check: {} crate(s), {} in {:.1?}",
@@ -289,8 +288,8 @@ fn is_progress(line: &str) -> bool {
     )
 }
 
-/// The one line reported for a crate.
-fn summary(name: &str, outcome: &Outcome, no_verify: bool, succeeded: bool) -> String {
+/// The line reported for a crate, after its name: version, package size, verdict.
+fn summary(outcome: &Outcome, no_verify: bool, succeeded: bool) -> String {
     let what = outcome.packaged.as_deref().unwrap_or("not packaged");
     let verdict = if let Some(error) = &outcome.error {
         format!("FAILED: {error}")
@@ -305,7 +304,7 @@ fn summary(name: &str, outcome: &Outcome, no_verify: bool, succeeded: bool) -> S
     } else {
         "not reached".to_owned()
     };
-    format!("{name:<20} {:<7} {what:<44} {verdict}", outcome.version)
+    format!("{:<7} {what:<44} {verdict}", outcome.version)
 }
 
 #[cfg(test)]
@@ -441,9 +440,9 @@ mod tests {
             Some("error[E0432]: unresolved import `voxgate_x`")
         );
         assert_eq!(out["c"].verified_in, None);
-        assert!(summary("a", &out["a"], false, false).contains("ok, verified in 3.0s"));
-        assert!(summary("b", &out["b"], false, false).contains("FAILED: error[E0432]"));
-        assert!(summary("c", &out["c"], false, false).contains("not reached"));
+        assert!(summary(&out["a"], false, false).contains("ok, verified in 3.0s"));
+        assert!(summary(&out["b"], false, false).contains("FAILED: error[E0432]"));
+        assert!(summary(&out["c"], false, false).contains("not reached"));
     }
 
     #[test]
@@ -489,13 +488,13 @@ mod tests {
             out["b"].error.as_deref(),
             Some("error: failed to prepare local package for uploading")
         );
-        assert!(summary("a", &out["a"], true, false).contains("ok (packaging only)"));
-        assert!(summary("b", &out["b"], true, false).contains("FAILED"));
+        assert!(summary(&out["a"], true, false).contains("ok (packaging only)"));
+        assert!(summary(&out["b"], true, false).contains("FAILED"));
         let ok = Outcome {
             version: "0.1.0".into(),
             packaged: Some("1 files".into()),
             ..Outcome::default()
         };
-        assert!(summary("a", &ok, true, true).contains("ok (packaging only)"));
+        assert!(summary(&ok, true, true).contains("ok (packaging only)"));
     }
 }
