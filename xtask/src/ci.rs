@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::{browser, codegen, deps, fuzz, golden, interop, util};
+use crate::{browser, codegen, deps, fuzz, golden, interop, publish, util};
 
 /// Options for `cargo xtask ci`.
 #[derive(clap::Args)]
@@ -27,6 +27,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         codegen::run(&codegen::Args { check: true })
     })?;
     step("layering rules", deps::run)?;
+    // Packaging only (seconds): the manifests as published, the files included, a version
+    // on every dependency. Building each package again from its `.crate` takes minutes and
+    // stays behind `cargo xtask publish-check`.
+    step("crates package for crates.io", || {
+        publish::run(&publish::Args { no_verify: true })
+    })?;
     step("clippy", || {
         util::run(util::cargo().args([
             "clippy",

@@ -12,6 +12,7 @@ mod fuzz;
 mod golden;
 mod interop;
 mod load;
+mod publish;
 mod soak;
 mod util;
 
@@ -52,6 +53,10 @@ enum Command {
     /// upgrades over capacity, slowloris and misbehaving peers against the real server; prints
     /// one table.
     Chaos(Box<chaos::Args>),
+    /// `cargo publish --dry-run` of every publishable crate (found with `cargo metadata`),
+    /// verified by building each package as crates.io users would; `--no-verify` checks the
+    /// packaging only. One line per crate.
+    PublishCheck(publish::Args),
     /// The playground page in headless Chromium (Playwright): against the real server over
     /// WebRTC, or alone with `--selftest`; screenshots in target/browser/artifacts.
     Browser(browser::Args),
@@ -72,5 +77,6 @@ fn main() -> anyhow::Result<()> {
         Command::Soak(args) => soak::run(&args),
         Command::Chaos(args) => chaos::run(&args),
         Command::Browser(args) => browser::run(&args),
+        Command::PublishCheck(args) => publish::run(&args),
     }
 }
