@@ -77,8 +77,20 @@ impl Common {
 /// `voxgate-client realtime`.
 #[derive(Debug, Args)]
 pub struct RealtimeArgs {
-    /// WebSocket URL, e.g. ws://127.0.0.1:8080/realtime.
+    /// WebSocket URL, e.g. ws://127.0.0.1:8080/realtime; with --grpc, the server's
+    /// http://HOST:PORT.
     pub url: String,
+    /// Speak gRPC (voxgate.realtime.v1.RealtimeService, plaintext HTTP/2) instead of WebSocket.
+    #[arg(long)]
+    pub grpc: bool,
+    /// Declare a client tool NAME (a {"city": string} object schema) and answer each of its
+    /// calls with RESULT (repeatable).
+    #[arg(long = "tool-result", value_name = "NAME=RESULT", value_parser = parse_tool_result)]
+    pub tool_results: Vec<(String, String)>,
+    /// Write the oneof names of every server message, in order, as a JSON array to FILE; the
+    /// session ends with a history export (for comparing clients' event sequences).
+    #[arg(long, value_name = "FILE")]
+    pub kinds_out: Option<PathBuf>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: Common,
@@ -358,10 +370,21 @@ impl From<&ChaosArgs> for ChaosOptions {
     }
 }
 
+/// `NAME=RESULT` of `--tool-result`.
+fn parse_tool_result(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, result)) if !name.is_empty() => Ok((name.to_owned(), result.to_owned())),
+        _ => Err(format!("{s:?} is not NAME=RESULT")),
+    }
+}
+
 impl From<&RealtimeArgs> for RealtimeOptions {
     fn from(a: &RealtimeArgs) -> Self {
         Self {
             url: a.url.clone(),
+            grpc: a.grpc,
+            tool_results: a.tool_results.clone(),
+            kinds_out: a.kinds_out.clone(),
             texts: a.common.texts.clone(),
             wav: a.wav.clone(),
             save_reply: a.save_reply.clone(),

@@ -1,28 +1,25 @@
-//! The realtime protobuf door (Deepslate-compatible): initialize, send text turns or stream a
-//! WAV at real time, print every server message, save the spoken reply.
+//! The realtime protobuf door (Deepslate-compatible), on the `voxgate-realtime-client` crate:
+//! initialize, send text turns or stream a WAV at real time, answer tool calls, print every
+//! server message, save the spoken reply; over WebSocket or (with `--grpc`) gRPC.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep_until};
-use tokio_tungstenite::tungstenite::Message;
-use voxgate_realtime::proto::client_bound_message::Payload as Down;
 use voxgate_realtime::proto::{
-    ChatDeliveryStatus, ChatMessageRole, HostedTtsMode, InferenceTriggerMode, SessionErrorCategory,
+    ChatDeliveryStatus, ChatMessageRole, HostedTtsMode, InferenceTriggerMode, ToolDefinition,
     VadState, chat_message_content,
 };
 use voxgate_realtime::{
-    AudioFormat, ClientBoundMessage, HostedTtsSettings, HostedVoice, ServiceBoundMessage,
-    SessionConfig, TtsSettings,
+    AudioFormat, HostedTtsSettings, HostedVoice, Open, SessionConfig, TtsSettings,
 };
+use voxgate_realtime_client::{ClientOptions, Endpoint, Event, RealtimeClient, Reconnect};
 
 use crate::audio::{self, Pacing};
 use crate::events::Events;
-use crate::ws::{self, Ws};
 
 /// Audio frames of 20 ms, the size real-time clients send.
 const FRAME: Duration = Duration::from_millis(20);
@@ -34,8 +31,10 @@ const FLUSH_AFTER: Duration = Duration::from_secs(2);
 /// What to do in one realtime session.
 #[derive(Debug, Clone)]
 pub struct RealtimeOptions {
-    /// `ws://host:port/realtime` or the long vendor path.
+    /// `ws://host:port/realtime` or the long vendor path; with `grpc`, `http://host:port`.
     pub url: String,
+    /// Speak gRPC (`voxgate.realtime.v1.RealtimeService`) instead of WebSocket.
+    pub grpc: bool,
     /// Text turns, sent one after the other, each after the previous reply ended.
     pub texts: Vec<String>,
     /// A WAV file streamed at real time after the text turns.
@@ -52,16 +51,24 @@ pub struct RealtimeOptions {
     pub tts: bool,
     /// System prompt sent with the initialization.
     pub system_prompt: Option<String>,
+    /// Client tools (name, result): each is declared with a `{"city": string}` object schema
+    /// and every call of it is answered with the result.
+    pub tool_results: Vec<(String, String)>,
+    /// Write the oneof names of every server message, in order, as a JSON array here; the
+    /// session then ends with a history export (`chat_history` last).
+    pub kinds_out: Option<PathBuf>,
     /// Give up after this long.
     pub timeout: Duration,
 }
 
 impl RealtimeOptions {
-    /// Defaults for `url`: no turns, 16 kHz in, 24 kHz out, text replies, 30 s timeout.
+    /// Defaults for `url`: WebSocket, no turns, 16 kHz in, 24 kHz out, text replies, 30 s
+    /// timeout.
     #[must_use]
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            grpc: false,
             texts: Vec::new(),
             wav: None,
             save_reply: None,
@@ -70,6 +77,8 @@ impl RealtimeOptions {
             output_rate: 24_000,
             tts: false,
             system_prompt: None,
+            tool_results: Vec::new(),
+            kinds_out: None,
             timeout: Duration::from_secs(30),
         }
     }
@@ -97,6 +106,8 @@ pub struct RealtimeOutcome {
     pub errors: Vec<String>,
     /// All reply audio as samples at the output rate.
     pub audio: Vec<i16>,
+    /// The oneof names of the server's messages, in order.
+    pub kinds: Vec<&'static str>,
 }
 
 enum Turn {
@@ -109,35 +120,17 @@ enum Turn {
 /// # Errors
 /// Connection failures, a server error or close before the turns finished, or the timeout.
 pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<RealtimeOutcome> {
-    let mut turns: Vec<Turn> = opts.texts.iter().cloned().map(Turn::Text).collect();
-    if let Some(path) = &opts.wav {
-        let frames = audio::wav_frames(path, opts.input_rate, FRAME, SILENCE_TAIL)?
-            .iter()
-            .map(|f| Bytes::from(audio::s16le(f)))
-            .collect();
-        turns.push(Turn::Audio(frames));
-    }
-    let deadline = Instant::now() + opts.timeout;
-    let headers: Vec<(&str, String)> = opts
-        .api_key
-        .iter()
-        .map(|k| ("authorization", format!("Bearer {k}")))
-        .collect();
-    let mut ws = ws::open(&opts.url, &headers, opts.timeout, events, Value::Null).await?;
+    tokio::time::timeout(opts.timeout, session(opts, events))
+        .await
+        .map_err(|_| anyhow!("timed out after {:?}", opts.timeout))?
+}
 
-    let input = AudioFormat::new(
-        opts.input_rate,
-        1,
-        voxgate_realtime::proto::SampleFormat::Signed16Bit,
-    )
-    .context("input format")?;
-    let output = AudioFormat::new(
-        opts.output_rate,
-        1,
-        voxgate_realtime::proto::SampleFormat::Signed16Bit,
-    )
-    .context("output format")?;
-    let mut config = SessionConfig::new(input, output);
+fn config(opts: &RealtimeOptions) -> anyhow::Result<SessionConfig> {
+    let line = |rate| AudioFormat::new(rate, 1, voxgate_realtime::proto::SampleFormat::Signed16Bit);
+    let mut config = SessionConfig::new(
+        line(opts.input_rate).context("input format")?,
+        line(opts.output_rate).context("output format")?,
+    );
     if opts.tts || opts.save_reply.is_some() {
         config.tts = Some(TtsSettings::Hosted(HostedTtsSettings {
             voice: HostedVoice::Ref {
@@ -153,76 +146,102 @@ pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
         )
         .context("system prompt")?;
     }
-    send(
-        &mut ws,
-        &ServiceBoundMessage::initialize(&config).context("initialize")?,
-    )
-    .await?;
+    Ok(config)
+}
+
+/// The state of the turn being served.
+#[derive(Default)]
+struct TurnState {
+    /// Sent and not done yet.
+    waiting: bool,
+    /// A tool result was sent and no reply began since.
+    awaiting_continuation: bool,
+    /// Replies finished since the turn began (audio turns may get one mid-stream).
+    replies: usize,
+}
+
+async fn session(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<RealtimeOutcome> {
+    let mut turns: Vec<Turn> = opts.texts.iter().cloned().map(Turn::Text).collect();
+    if let Some(path) = &opts.wav {
+        let frames = audio::wav_frames(path, opts.input_rate, FRAME, SILENCE_TAIL)?
+            .iter()
+            .map(|f| Bytes::from(audio::s16le(f)))
+            .collect();
+        turns.push(Turn::Audio(frames));
+    }
+    let config = config(opts)?;
+    let tools = opts
+        .tool_results
+        .iter()
+        .map(|(name, _)| {
+            ToolDefinition::from_json(
+                name.clone(),
+                None,
+                &json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .context("tool definition")?;
+    let endpoint = if opts.grpc {
+        Endpoint::grpc(opts.url.clone())
+    } else {
+        Endpoint::websocket(opts.url.clone())
+    };
+    let mut options = ClientOptions::new(endpoint).with_reconnect(Reconnect::NEVER);
+    options.api_key.clone_from(&opts.api_key);
+    options.connect_timeout = opts.timeout;
+    options.ready_timeout = opts.timeout;
+    options.request_timeout = opts.timeout;
     events.emit(
         "sent",
         json!({"message": "initialize_session_request", "input_rate": opts.input_rate,
-               "output_rate": opts.output_rate, "tts": config.tts.is_some()}),
+               "output_rate": opts.output_rate, "tts": config.tts.is_some(),
+               "transport": if opts.grpc { "grpc" } else { "websocket" }}),
     );
-
+    let mut client = RealtimeClient::connect_with_tools(options, config, tools)
+        .await
+        .with_context(|| format!("connecting to {}", opts.url))?;
     let mut out = RealtimeOutcome::default();
-    let mut ready = false;
-    let mut packet_id = 0u64;
-    let mut turn_index = 0usize;
-    // The current turn: sent and awaiting its ResponseEnd.
-    let mut waiting = false;
-    let mut streaming: Option<(Pacing, usize)> = None;
-    let mut stream_done_at: Option<Instant> = None;
-    let mut flushed = false;
-    // Replies finished since the current turn began (audio turns may get one mid-stream).
-    let mut turn_replies = 0usize;
-    let mut current: Option<Reply> = None;
+    out.kinds.push("session_ready");
+    events.emit("session_ready", Value::Null);
 
-    loop {
-        if ready && !waiting && streaming.is_none() {
-            match turns.get(turn_index) {
-                None => break,
-                Some(Turn::Text(text)) => {
-                    packet_id += 1;
-                    let msg = ServiceBoundMessage::user_text(
-                        packet_id,
-                        InferenceTriggerMode::Immediate,
-                        text.clone(),
-                    );
-                    send(&mut ws, &msg).await?;
-                    events.emit(
-                        "sent",
-                        json!({"message": "user_input", "packet_id": packet_id, "text": text}),
-                    );
-                    waiting = true;
-                }
-                Some(Turn::Audio(frames)) => {
-                    events.emit(
-                        "sent",
-                        json!({"message": "audio_stream_start", "frames": frames.len(),
-                        "frame_ms": FRAME.as_millis()}),
-                    );
-                    streaming = Some((Pacing::new(Instant::now(), FRAME), 0));
-                    stream_done_at = None;
-                    flushed = false;
-                    turn_replies = 0;
-                    waiting = true;
-                }
+    let mut current: Option<Reply> = None;
+    for turn in &turns {
+        let mut state = TurnState {
+            waiting: true,
+            ..TurnState::default()
+        };
+        let mut streaming: Option<(Pacing, usize, &[Bytes])> = None;
+        match turn {
+            Turn::Text(text) => {
+                client
+                    .send_text(text.clone(), InferenceTriggerMode::Immediate)
+                    .await?;
+                events.emit("sent", json!({"message": "user_input", "text": text}));
+            }
+            Turn::Audio(frames) => {
+                events.emit(
+                    "sent",
+                    json!({"message": "audio_stream_start", "frames": frames.len(),
+                    "frame_ms": FRAME.as_millis()}),
+                );
+                streaming = Some((Pacing::new(Instant::now(), FRAME), 0, frames));
             }
         }
-        let next_frame = streaming.map(|(p, i)| p.due(i as u64));
-        let flush_at = match (stream_done_at, flushed, &current) {
-            (Some(t), false, None) => Some(t + FLUSH_AFTER),
-            _ => None,
-        };
-        tokio::select! {
-            () = sleep_until(deadline) => bail!("timed out after {:?}", opts.timeout),
-            () = sleep_until(next_frame.unwrap_or(deadline)), if next_frame.is_some() => {
-                let Some((pacing, i)) = streaming.as_mut() else { continue };
-                if let Some(Turn::Audio(frames)) = turns.get(turn_index) {
+        let mut stream_done_at: Option<Instant> = None;
+        let mut flushed = false;
+        while state.waiting {
+            let next_frame = streaming.as_ref().map(|(p, i, _)| p.due(*i as u64));
+            let flush_at = match (stream_done_at, flushed, &current) {
+                (Some(t), false, None) => Some(t + FLUSH_AFTER),
+                _ => None,
+            };
+            let far = Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                () = sleep_until(next_frame.unwrap_or(far)), if next_frame.is_some() => {
+                    let Some((pacing, i, frames)) = streaming.as_mut() else { continue };
                     if let Some(frame) = frames.get(*i) {
-                        packet_id += 1;
-                        let msg = ServiceBoundMessage::user_audio(packet_id, InferenceTriggerMode::Immediate, frame.clone());
-                        send(&mut ws, &msg).await?;
+                        client.send_audio(frame.clone(), InferenceTriggerMode::Immediate).await?;
                         *i += 1;
                     }
                     if *i >= frames.len() {
@@ -233,85 +252,40 @@ pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
                         stream_done_at = Some(Instant::now());
                     }
                 }
-            }
-            () = sleep_until(flush_at.unwrap_or(deadline)), if flush_at.is_some() => {
-                if turn_replies > 0 {
-                    // Answered while streaming (the reply outran real time) and nothing more
-                    // began after the audio: the turn is over.
-                    waiting = false;
-                    turn_index += 1;
-                    stream_done_at = None;
-                    continue;
+                () = sleep_until(flush_at.unwrap_or(far)), if flush_at.is_some() => {
+                    if state.replies > 0 {
+                        // Answered while streaming (the reply outran real time) and nothing
+                        // more began after the audio: the turn is over.
+                        state.waiting = false;
+                        continue;
+                    }
+                    // The VAD did not end the utterance (e.g. no speech detected): end it now.
+                    client.trigger_inference(None, true).await?;
+                    events.emit("sent", json!({"message": "trigger_inference", "flush_vad": true}));
+                    flushed = true;
                 }
-                // The VAD did not end the utterance (e.g. no speech detected): end it now.
-                send(&mut ws, &ServiceBoundMessage::trigger_inference(None, true)).await?;
-                events.emit("sent", json!({"message": "trigger_inference", "flush_vad": true}));
-                flushed = true;
-            }
-            msg = ws.next() => {
-                let bytes = match msg {
-                    Some(Ok(Message::Binary(b))) => b,
-                    Some(Ok(Message::Close(frame))) => {
-                        events.emit("closed", ws::close_fields(frame.as_ref()));
-                        bail!("server closed the session{}", last_error(&out));
-                    }
-                    None => bail!("connection lost{}", last_error(&out)),
-                    Some(Err(e)) => return Err(e).context("receiving"),
-                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-                    Some(Ok(Message::Text(t))) => {
-                        events.emit("unexpected_text", json!({"text": t.as_str()}));
-                        continue;
-                    }
-                };
-                let message = match ClientBoundMessage::decode_frame(bytes) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        events.emit("malformed", json!({"error": e.to_string()}));
-                        continue;
-                    }
-                };
-                let Some(payload) = message.payload else {
-                    events.emit("empty", Value::Null);
-                    continue;
-                };
-                let (name, fields) = describe(&payload);
-                events.emit(name, fields);
-                match payload {
-                    Down::SessionReady(_) => ready = true,
-                    Down::ResponseBegin(b) => {
-                        current = Some(Reply { turn_id: b.turn_id, ..Reply::default() });
-                    }
-                    Down::ModelTextFragment(f) => {
-                        if let Some(r) = &mut current { r.text.push_str(&f.text); }
-                    }
-                    Down::ModelAudioChunk(c) => {
-                        if let Some(a) = &c.audio {
-                            out.audio.extend(audio::from_s16le(&a.data));
-                            if let Some(r) = &mut current { r.audio_bytes += a.data.len(); }
-                        }
-                    }
-                    Down::ResponseEnd(_) => {
-                        if let Some(r) = current.take() { out.replies.push(r); }
-                        turn_replies += 1;
-                        if waiting && streaming.is_none() {
-                            waiting = false;
-                            turn_index += 1;
-                            stream_done_at = None;
-                        }
-                    }
-                    Down::UserTranscriptionResult(t) => out.transcriptions.push(t.text),
-                    Down::Error(e) => {
-                        out.errors.push(e.message.clone());
-                        if !ready {
-                            bail!("server refused the session: {}", e.message);
-                        }
-                    }
-                    _ => {}
+                event = client.next_event() => {
+                    let Some(event) = event else {
+                        bail!("the session ended: {}", client.end_reason().unwrap_or_default());
+                    };
+                    let streaming_now = streaming.is_some();
+                    handle(&client, opts, event, &mut out, &mut current, &mut state, streaming_now, events)
+                        .await?;
                 }
             }
         }
     }
-    let _ = ws.close(None).await;
+    if let Some(path) = &opts.kinds_out {
+        let history = client.export_history(true, true).await?;
+        out.kinds.push("chat_history");
+        events.emit(
+            "chat_history",
+            json!({"messages": history.iter().map(chat_message).collect::<Vec<_>>()}),
+        );
+        let text = serde_json::to_string_pretty(&out.kinds)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    client.close().await;
     events.emit(
         "done",
         json!({"replies": out.replies.len(), "audio_samples": out.audio.len()}),
@@ -322,17 +296,72 @@ pub async fn run(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
     Ok(out)
 }
 
-fn last_error(out: &RealtimeOutcome) -> String {
-    out.errors
-        .last()
-        .map(|e| format!(": {e}"))
-        .unwrap_or_default()
-}
-
-async fn send(ws: &mut Ws, msg: &ServiceBoundMessage) -> anyhow::Result<()> {
-    ws.send(Message::Binary(msg.to_frame()))
-        .await
-        .context("sending")
+/// One server event: printed, recorded, and acted on (tool calls answered, turns ended).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the session loop's state, passed once"
+)]
+async fn handle(
+    client: &RealtimeClient,
+    opts: &RealtimeOptions,
+    event: Event,
+    out: &mut RealtimeOutcome,
+    current: &mut Option<Reply>,
+    state: &mut TurnState,
+    streaming: bool,
+    events: &mut Events,
+) -> anyhow::Result<()> {
+    if let Some(kind) = event.kind() {
+        out.kinds.push(kind.as_str());
+    }
+    let (name, fields) = describe(&event);
+    events.emit(name, fields);
+    match event {
+        Event::ResponseBegin { turn_id } => {
+            *current = Some(Reply {
+                turn_id,
+                ..Reply::default()
+            });
+            state.awaiting_continuation = false;
+        }
+        Event::TextFragment { text, .. } => {
+            if let Some(r) = current {
+                r.text.push_str(&text);
+            }
+        }
+        Event::AudioChunk { audio: a, .. } => {
+            out.audio.extend(audio::from_s16le(&a));
+            if let Some(r) = current {
+                r.audio_bytes += a.len();
+            }
+        }
+        Event::ResponseEnd { .. } => {
+            if let Some(r) = current.take() {
+                out.replies.push(r);
+            }
+            state.replies += 1;
+            if !streaming && !state.awaiting_continuation {
+                state.waiting = false;
+            }
+        }
+        Event::UserTranscription { text, .. } => out.transcriptions.push(text),
+        Event::ToolCall(call) => {
+            if let Some((_, result)) = opts.tool_results.iter().find(|(n, _)| *n == call.name) {
+                client.tool_result(call.id.clone(), result.clone()).await?;
+                events.emit(
+                    "sent",
+                    json!({"message": "tool_call_response", "id": call.id, "result": result}),
+                );
+                state.awaiting_continuation = true;
+            } else {
+                // Nobody answers it; the turn does not wait for it.
+                events.emit("unanswered_tool_call", json!({"name": call.name}));
+            }
+        }
+        Event::Error(e) => out.errors.push(e.message),
+        _ => {}
+    }
+    Ok(())
 }
 
 fn vad_state(raw: i32) -> Value {
@@ -347,69 +376,53 @@ fn seconds(d: Option<&voxgate_realtime::proto::Duration>) -> Value {
     })
 }
 
-/// The event name and fields for one server message.
+/// The event name (the message's oneof name) and fields for one server event.
 #[must_use]
-pub fn describe(payload: &Down) -> (&'static str, Value) {
-    match payload {
-        Down::SessionReady(_) => ("session_ready", Value::Null),
-        Down::ResponseBegin(b) => ("response_begin", json!({"turn_id": b.turn_id})),
-        Down::ResponseEnd(e) => ("response_end", json!({"turn_id": e.turn_id})),
-        Down::ModelTextFragment(f) => (
-            "model_text_fragment",
-            json!({"turn_id": f.turn_id, "text": f.text}),
-        ),
-        Down::ModelAudioChunk(c) => (
-            "model_audio_chunk",
-            json!({"turn_id": c.turn_id, "bytes": c.audio.as_ref().map_or(0, |a| a.data.len())}),
-        ),
-        Down::PlaybackClearBuffer(_) => ("playback_clear_buffer", Value::Null),
-        Down::ToolCallRequest(t) => (
-            "tool_call_request",
-            json!({"id": t.id, "name": t.name, "turn_id": t.turn_id,
-                   "parameters": t.parameters.as_ref()
-                        .and_then(|p| voxgate_realtime::json::struct_to_json(p).ok())
-                        .map(Value::Object)}),
-        ),
-        Down::ChatHistory(h) => (
-            "chat_history",
-            json!({"messages": h.messages.iter().map(chat_message).collect::<Vec<_>>()}),
-        ),
-        Down::Error(e) => (
-            "error",
-            json!({"category": SessionErrorCategory::try_from(e.category)
-                        .map_or_else(|_| json!(e.category), |c| json!(c.as_str_name())),
-                   "message": e.message, "trace_id": e.trace_id}),
-        ),
-        Down::UserTranscriptionResult(t) => (
-            "user_transcription_result",
-            json!({"turn_id": t.turn_id, "text": t.text, "language": t.language}),
-        ),
-        Down::ConversationQueryResult(q) => ("conversation_query_result", json!({"text": q.text})),
-        Down::VadAnalysisFrame(f) => (
-            "vad_analysis_frame",
-            json!({"frame_index": f.frame_index, "session_time": seconds(f.session_time.as_ref()),
-                   "confidence": f.confidence, "volume": f.volume, "state": vad_state(f.state)}),
-        ),
-        Down::VadStateEvent(v) => (
-            "vad_state_event",
-            json!({"session_time": seconds(v.session_time.as_ref()), "from": vad_state(v.from_state),
-                   "to": vad_state(v.to_state), "packet_id": v.packet_id}),
-        ),
-        Down::ContextTruncated(c) => (
-            "context_truncated",
-            json!({"truncated_turn_ids": c.truncated_turn_ids, "response_turn_id": c.response_turn_id}),
-        ),
-        Down::Pong(_) => ("pong", Value::Null),
-        Down::ModelSpeechProgress(p) => (
-            "model_speech_progress",
-            json!({"turn_id": p.turn_id, "text": p.text, "audio_bytes_played": p.audio_bytes_played, "exact": p.exact}),
-        ),
-        Down::TurnSnapshot(s) => (
-            "turn_snapshot",
-            json!({"is_final": s.is_final, "message": s.message.as_ref().map(chat_message)}),
-        ),
-        Down::InferenceComplete(i) => ("inference_complete", json!({"turn_id": i.turn_id})),
-    }
+pub fn describe(event: &Event) -> (&'static str, Value) {
+    let name = event.kind().map_or("client", |k| k.as_str());
+    let fields = match event {
+        Event::ResponseBegin { turn_id }
+        | Event::ResponseEnd { turn_id }
+        | Event::InferenceComplete { turn_id } => json!({"turn_id": turn_id}),
+        Event::TextFragment { turn_id, text } => json!({"turn_id": turn_id, "text": text}),
+        Event::AudioChunk { turn_id, audio } => json!({"turn_id": turn_id, "bytes": audio.len()}),
+        Event::PlaybackClear => Value::Null,
+        Event::ToolCall(t) => json!({"id": t.id, "name": t.name, "turn_id": t.turn_id,
+                                     "parameters": t.arguments}),
+        Event::Error(e) => json!({
+            "category": match e.category {
+                Open::Known(c) => json!(c.as_str_name()),
+                Open::Unknown(v) => json!(v),
+            },
+            "message": e.message, "trace_id": e.trace_id}),
+        Event::UserTranscription {
+            turn_id,
+            text,
+            language,
+        } => json!({"turn_id": turn_id, "text": text, "language": language}),
+        Event::VadFrame(f) => json!({"frame_index": f.frame_index,
+            "session_time": seconds(f.session_time.as_ref()),
+            "confidence": f.confidence, "volume": f.volume, "state": vad_state(f.state)}),
+        Event::VadState(v) => json!({"session_time": seconds(v.session_time.as_ref()),
+            "from": vad_state(v.from_state), "to": vad_state(v.to_state), "packet_id": v.packet_id}),
+        Event::ContextTruncated {
+            truncated_turn_ids,
+            response_turn_id,
+        } => {
+            json!({"truncated_turn_ids": truncated_turn_ids, "response_turn_id": response_turn_id})
+        }
+        Event::SpeechProgress(p) => json!({"turn_id": p.turn_id, "text": p.text,
+            "audio_bytes_played": p.audio_bytes_played, "exact": p.exact}),
+        Event::TurnSnapshot { message, is_final } => {
+            json!({"is_final": is_final, "message": chat_message(message)})
+        }
+        Event::Reconnecting { attempt, reason } => {
+            json!({"reconnecting": attempt, "reason": reason})
+        }
+        Event::Reconnected { attempt } => json!({"reconnected": attempt}),
+        other => json!({"debug": format!("{other:?}")}),
+    };
+    (name, fields)
 }
 
 fn chat_message(m: &voxgate_realtime::proto::ChatMessage) -> Value {
@@ -441,24 +454,30 @@ fn chat_message(m: &voxgate_realtime::proto::ChatMessage) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use voxgate_realtime::proto;
+    use voxgate_realtime::proto::{self, SessionErrorCategory};
 
     #[test]
-    fn server_messages_render_as_named_events() {
-        let (n, v) = describe(&ClientBoundMessage::response_begin(7).payload.unwrap());
+    fn server_events_render_as_named_events() {
+        let (n, v) = describe(&Event::ResponseBegin { turn_id: 7 });
         assert_eq!((n, v), ("response_begin", json!({"turn_id": 7})));
-        let chunk = ClientBoundMessage::model_audio_chunk(Bytes::from_static(&[0; 960]), Some(7));
-        let (n, v) = describe(&chunk.payload.unwrap());
+        let chunk = Event::AudioChunk {
+            turn_id: Some(7),
+            audio: Bytes::from_static(&[0; 960]),
+        };
         assert_eq!(
-            (n, v),
+            describe(&chunk),
             ("model_audio_chunk", json!({"turn_id": 7, "bytes": 960}))
         );
-        let err = ClientBoundMessage::error(SessionErrorCategory::ErrorProtocol, "bad", None);
-        let (n, v) = describe(&err.payload.unwrap());
+        let err = Event::Error(voxgate_realtime_client::SessionError {
+            category: Open::Known(SessionErrorCategory::ErrorProtocol),
+            message: "bad".into(),
+            trace_id: None,
+        });
+        let (n, v) = describe(&err);
         assert_eq!(n, "error");
         assert_eq!(v["category"], "ERROR_PROTOCOL");
         assert_eq!(v["message"], "bad");
-        let vad = Down::VadStateEvent(proto::VadStateEvent {
+        let vad = Event::VadState(proto::VadStateEvent {
             session_time: Some(proto::Duration {
                 seconds: 1,
                 nanos: 500_000_000,
@@ -467,7 +486,8 @@ mod tests {
             to_state: 77,
             packet_id: 3,
         });
-        let (_, v) = describe(&vad);
+        let (n, v) = describe(&vad);
+        assert_eq!(n, "vad_state_event");
         assert_eq!(
             v,
             json!({"session_time": 1.5, "from": "SILENCE", "to": 77, "packet_id": 3})

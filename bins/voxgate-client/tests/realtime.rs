@@ -121,3 +121,49 @@ async fn an_unreachable_server_fails_fast() {
     let err = run(&opts, &mut Events::recording()).await.unwrap_err();
     assert!(format!("{err:#}").contains("connecting"), "{err:#}");
 }
+
+#[tokio::test]
+async fn grpc_and_websocket_sessions_get_the_same_message_sequence() {
+    let server = Running::start(Config::default()).await;
+    let dir = scratch("realtime-kinds");
+    let mut sequences = Vec::new();
+    for (grpc, url) in [
+        (false, format!("ws://{}/realtime", server.addr)),
+        (true, format!("http://{}", server.addr)),
+    ] {
+        let kinds = dir.join(format!("kinds-{grpc}.json"));
+        let mut opts = RealtimeOptions::new(url);
+        opts.grpc = grpc;
+        opts.texts = vec![
+            "hello there".into(),
+            r#"call get_weather {"city": "Paris"}"#.into(),
+        ];
+        opts.tool_results = vec![("get_weather".into(), "sunny, 21 C".into())];
+        opts.kinds_out = Some(kinds.clone());
+        opts.timeout = Duration::from_secs(15);
+        let mut events = Events::recording();
+        let out = run(&opts, &mut events).await.unwrap();
+        assert!(
+            out.replies.iter().any(|r| r.text.contains("sunny, 21 C")),
+            "grpc {grpc}: the tool result continued the reply: {:?}",
+            out.replies
+        );
+        assert_eq!(
+            events
+                .named("sent")
+                .filter(|e| e["message"] == "tool_call_response")
+                .count(),
+            1
+        );
+        let written: Vec<String> =
+            serde_json::from_str(&std::fs::read_to_string(&kinds).unwrap()).unwrap();
+        assert_eq!(written, out.kinds, "grpc {grpc}");
+        sequences.push(written);
+    }
+    let (ws, grpc) = (&sequences[0], &sequences[1]);
+    assert_eq!(ws.first().map(String::as_str), Some("session_ready"));
+    assert_eq!(ws.last().map(String::as_str), Some("chat_history"));
+    assert!(ws.iter().any(|k| k == "tool_call_request"), "{ws:?}");
+    assert_eq!(ws, grpc, "the same session over both transports");
+    server.stop().await;
+}

@@ -97,6 +97,34 @@ pub enum Event {
     Other(Box<voxgate_realtime::ClientBoundMessage>),
 }
 
+impl Event {
+    /// The protocol message this event came from (its oneof field name through
+    /// [`ClientBoundKind::as_str`](voxgate_realtime::ClientBoundKind::as_str)); `None` for the
+    /// client's own reconnection events.
+    #[must_use]
+    pub fn kind(&self) -> Option<voxgate_realtime::ClientBoundKind> {
+        use voxgate_realtime::ClientBoundKind as K;
+        Some(match self {
+            Self::ResponseBegin { .. } => K::ResponseBegin,
+            Self::TextFragment { .. } => K::ModelTextFragment,
+            Self::AudioChunk { .. } => K::ModelAudioChunk,
+            Self::SpeechProgress(_) => K::ModelSpeechProgress,
+            Self::InferenceComplete { .. } => K::InferenceComplete,
+            Self::ResponseEnd { .. } => K::ResponseEnd,
+            Self::TurnSnapshot { .. } => K::TurnSnapshot,
+            Self::UserTranscription { .. } => K::UserTranscriptionResult,
+            Self::PlaybackClear => K::PlaybackClearBuffer,
+            Self::ToolCall(_) => K::ToolCallRequest,
+            Self::VadState(_) => K::VadStateEvent,
+            Self::VadFrame(_) => K::VadAnalysisFrame,
+            Self::ContextTruncated { .. } => K::ContextTruncated,
+            Self::Error(_) => K::Error,
+            Self::Other(m) => return m.kind(),
+            Self::Reconnecting { .. } | Self::Reconnected { .. } => return None,
+        })
+    }
+}
+
 /// A tool call from the model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {

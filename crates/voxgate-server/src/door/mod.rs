@@ -807,8 +807,12 @@ async fn write<O: Outlet>(
                     metrics.server_added(door, first.server_added(Instant::now()));
                 }
             }
-            // The peer is gone or does not read: nothing more can be sent.
-            Ok(false) | Err(_) => return,
+            // The send failed: after the peer's close frame tungstenite refuses data frames
+            // but still owes the peer the answer it queued, which finishing flushes (a peer
+            // that is gone fails it at once).
+            Ok(false) => break,
+            // The peer does not read: nothing more can be sent.
+            Err(_) => return,
         }
     }
     let _ = tokio::time::timeout(bounded, outlet.finish()).await;
