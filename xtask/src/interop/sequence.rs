@@ -79,6 +79,8 @@ pub(super) fn run(
     }
 
     let client = build_bin("voxgate-client", "voxgate-client")?;
+    // Both transports run even when the first differs: which of them differ says where to look.
+    let mut differences = Vec::new();
     for (transport, url) in [("websocket", ws_url), ("grpc", format!("http://{addr}"))] {
         let kinds_path = logs.join(format!("sequence-rust-{transport}.json"));
         let mut cmd = Command::new(&client);
@@ -95,20 +97,24 @@ pub(super) fn run(
             timeout,
         )
         .with_context(|| format!("voxgate-client realtime over {transport}"))?;
-        if kinds != reference {
-            bail!(
+        if kinds == reference {
+            eprintln!(
+                "== interop sequence: voxgate-client over {transport}: the same {} messages",
+                kinds.len()
+            );
+        } else {
+            differences.push(format!(
                 "voxgate-client realtime over {transport} ({url}) received another sequence than \
                  deepslate-core over WebSocket (- only deepslate-core, + only voxgate-client; \
                  files {} and {}):\n{}",
                 reference_path.display(),
                 kinds_path.display(),
                 diff(&reference, &kinds)
-            );
+            ));
         }
-        eprintln!(
-            "== interop sequence: voxgate-client over {transport}: the same {} messages",
-            kinds.len()
-        );
+    }
+    if !differences.is_empty() {
+        bail!("{}", differences.join("\n"));
     }
     Ok(())
 }
