@@ -33,6 +33,7 @@ import json
 import re
 import sys
 
+import grpc
 from google.protobuf import json_format, struct_pb2
 
 from common import Events, check, log, read_wav_pcm16, run
@@ -43,7 +44,6 @@ TOOL_RESULT = "sunny, 21 C"
 def load_stubs(directory: str):
     """Imports the generated modules (they import each other by their bare names)."""
     sys.path.insert(0, directory)
-    import grpc  # noqa: F401 (the generated service module needs it importable)
     import realtime_pb2
     import realtime_service_pb2_grpc
 
@@ -54,8 +54,7 @@ class Call:
     """One Session call. A reader task records every ClientBoundMessage as (oneof name, message)
     in an Events log, then the call's end as ("status", (code, details))."""
 
-    def __init__(self, grpc, pb, stub, metadata) -> None:
-        self.grpc = grpc
+    def __init__(self, pb, stub, metadata) -> None:
         self.pb = pb
         self.call = stub.Session(metadata=metadata)
         self.events = Events()
@@ -66,10 +65,10 @@ class Call:
         try:
             while True:
                 msg = await self.call.read()
-                if msg is self.grpc.aio.EOF:
+                if msg is grpc.aio.EOF:
                     break
                 self.events.add(msg.WhichOneof("payload"), msg)
-        except self.grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError:
             pass  # the status is read below
         code = await self.call.code()
         details = await self.call.details()
@@ -140,8 +139,8 @@ async def turn(c: Call, mark: int, what: str, timeout: float = 10.0) -> tuple[in
     return turn_id, "".join(f.text for f in fragments)
 
 
-async def check_unauthenticated(grpc, pb, stub, metadata, what: str) -> None:
-    c = Call(grpc, pb, stub, metadata)
+async def check_unauthenticated(pb, stub, metadata, what: str) -> None:
+    c = Call(pb, stub, metadata)
     try:
         code, details = await c.status(what)
         check(code == grpc.StatusCode.UNAUTHENTICATED, f"{what}: the call ended with {code} ({details!r}), expected UNAUTHENTICATED")
@@ -151,8 +150,8 @@ async def check_unauthenticated(grpc, pb, stub, metadata, what: str) -> None:
         await c.close()
 
 
-async def main_session(grpc, pb, stub, args) -> None:
-    c = Call(grpc, pb, stub, [("authorization", f"Bearer {args.api_key}")])
+async def main_session(pb, stub, args) -> None:
+    c = Call(pb, stub, [("authorization", f"Bearer {args.api_key}")])
     try:
         # A message before InitializeSessionRequest is the client's error; the call goes on.
         await c.send(ping=pb.Ping())
@@ -253,8 +252,8 @@ async def main_session(grpc, pb, stub, args) -> None:
         await c.close()
 
 
-async def bad_initialization(grpc, pb, stub, args) -> None:
-    c = Call(grpc, pb, stub, [("authorization", f"Bearer {args.api_key}")])
+async def bad_initialization(pb, stub, args) -> None:
+    c = Call(pb, stub, [("authorization", f"Bearer {args.api_key}")])
     try:
         await c.send(
             initialize_session_request=pb.InitializeSessionRequest(
@@ -285,15 +284,13 @@ async def main() -> None:
     ap.add_argument("--stubs", required=True, help="directory of the generated realtime*_pb2*.py")
     args = ap.parse_args()
     pb, service = load_stubs(args.stubs)
-    import grpc
-
     log(f"grpcio {grpc.__version__}, stubs from {args.stubs}")
     async with grpc.aio.insecure_channel(args.server) as channel:
         stub = service.RealtimeServiceStub(channel)
-        await check_unauthenticated(grpc, pb, stub, [], "no authorization metadata")
-        await check_unauthenticated(grpc, pb, stub, [("authorization", "Bearer wrong-key")], "a wrong key")
-        await main_session(grpc, pb, stub, args)
-        await bad_initialization(grpc, pb, stub, args)
+        await check_unauthenticated(pb, stub, [], "no authorization metadata")
+        await check_unauthenticated(pb, stub, [("authorization", "Bearer wrong-key")], "a wrong key")
+        await main_session(pb, stub, args)
+        await bad_initialization(pb, stub, args)
 
 
 if __name__ == "__main__":
