@@ -52,11 +52,25 @@ fn listed(addrs: &[SocketAddr]) -> String {
 }
 
 fn realtime(config: &Config) -> Option<String> {
-    let addr = main_listener(config)?;
-    config.realtime.api_keys.is_empty().then(|| {
+    if !config.realtime.api_keys.is_empty() {
+        return None;
+    }
+    let mut open = Vec::new();
+    if let Some(addr) = main_listener(config) {
+        open.push(if config.realtime.grpc_listen.is_none() {
+            format!("/realtime and gRPC on {addr}")
+        } else {
+            format!("/realtime on {addr}")
+        });
+    }
+    if let Some(addr) = config.realtime.grpc_listen.filter(|a| beyond_loopback(*a)) {
+        open.push(format!("gRPC on {addr}"));
+    }
+    (!open.is_empty()).then(|| {
         format!(
-            "realtime: /realtime on {addr} accepts any client (no API keys); set [realtime] \
-             api_keys (VOXGATE_API_KEYS)"
+            "realtime: {} accepts any client (no API keys); set [realtime] api_keys \
+             (VOXGATE_API_KEYS)",
+            open.join(" and ")
         )
     })
 }
@@ -200,9 +214,18 @@ mod tests {
     #[test]
     fn a_door_own_listener_counts() {
         let mut c = Config::default();
+        c.realtime.grpc_listen = Some("127.0.0.1:50051".parse().unwrap());
         c.xiaozhi.listen = Some("0.0.0.0:8000".parse().unwrap());
         c.gemini.listen = "0.0.0.0:3001".parse().unwrap();
         assert_eq!(open(&c), ["xiaozhi", "gemini"]);
+        c.realtime.grpc_listen = Some("0.0.0.0:50051".parse().unwrap());
+        assert_eq!(open(&c), ["realtime", "xiaozhi", "gemini"]);
+        assert_eq!(
+            exposure_warnings(&c)[0],
+            "realtime: gRPC on 0.0.0.0:50051 accepts any client (no API keys); set \
+             [realtime] api_keys (VOXGATE_API_KEYS)"
+        );
+        c.realtime.grpc_listen = None;
         let w = exposure_warnings(&c);
         assert!(w[0].contains("on 0.0.0.0:8000 accepts"), "{}", w[0]);
         c.gemini.own_listener = false;
