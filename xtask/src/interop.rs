@@ -2,7 +2,9 @@
 //!
 //! Installs the pinned Python clients (`xtask/interop/requirements.txt`: `deepslate-core`
 //! 0.1.23 for the realtime door, `xiaozhi-sdk` 0.5.1 for the Xiaozhi door) into a venv under
-//! `target/interop-venv` (aiortc for the WebRTC doors in `target/webrtc-venv`), builds `voxgate-server` (unless `--server-bin` names one), starts the
+//! `target/interop-venv` (aiortc for the WebRTC doors in `target/webrtc-venv`, grpcio for the
+//! realtime gRPC service in `target/grpc-venv`), builds `voxgate-server` (unless `--server-bin`
+//! names one), starts the
 //! fake recognizer `xtask/interop/fake_asr.py` and the server on free loopback ports, waits for
 //! `GET /health`, then runs each scenario script with a time limit. The server and the fake
 //! are killed at the end, also when a step fails. Logs go to `target/interop/`; a failing
@@ -22,6 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::util;
+
+mod sequence;
 
 /// Options of `cargo xtask interop`.
 #[derive(clap::Args)]
@@ -57,11 +61,19 @@ pub(crate) enum Scenario {
     /// An aiortc peer (`webrtc_peer.py`) against the VIP door (`POST /webrtc/offer`) and the
     /// Gemini bridge's WebRTC signalling (`/gemini`).
     Webrtc,
+    /// Python's `grpcio` with stubs generated from `proto/` by `grpcio-tools` against the
+    /// realtime gRPC service (`grpc_scenario.py`).
+    Grpc,
+    /// `deepslate-core`'s event sequence of a scripted session (`realtime_sequence.py`) as the
+    /// reference for `voxgate-client realtime` over WebSocket and gRPC.
+    Sequence,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 5] = [
+    const ALL: [Scenario; 7] = [
         Scenario::Realtime,
+        Scenario::Grpc,
+        Scenario::Sequence,
         Scenario::Xiaozhi,
         Scenario::Webrtc,
         Scenario::Mcp,
@@ -75,6 +87,8 @@ impl Scenario {
             Scenario::Mcp => "mcp",
             Scenario::Acp => "acp",
             Scenario::Webrtc => "webrtc",
+            Scenario::Grpc => "grpc",
+            Scenario::Sequence => "sequence",
         }
     }
 
@@ -83,6 +97,8 @@ impl Scenario {
             Scenario::Realtime => "realtime_scenario.py",
             Scenario::Xiaozhi => "xiaozhi_scenario.py",
             Scenario::Webrtc => "webrtc_peer.py",
+            Scenario::Grpc => "grpc_scenario.py",
+            Scenario::Sequence => "realtime_sequence.py",
             Scenario::Mcp | Scenario::Acp => "",
         }
     }
@@ -91,6 +107,7 @@ impl Scenario {
     fn venv(self) -> (&'static str, &'static str) {
         match self {
             Scenario::Webrtc => ("webrtc-venv", "requirements-webrtc.txt"),
+            Scenario::Grpc => ("grpc-venv", "requirements-grpc.txt"),
             _ => ("interop-venv", "requirements.txt"),
         }
     }
@@ -100,7 +117,11 @@ impl Scenario {
     /// variable names the venv or its python, cargo test arguments).
     fn cargo_tests(self) -> Option<CargoScenario> {
         match self {
-            Scenario::Realtime | Scenario::Xiaozhi | Scenario::Webrtc => None,
+            Scenario::Realtime
+            | Scenario::Xiaozhi
+            | Scenario::Webrtc
+            | Scenario::Grpc
+            | Scenario::Sequence => None,
             Scenario::Mcp => Some(CargoScenario {
                 venv: "mcp-interop-venv",
                 requirements: "requirements-mcp.txt",
@@ -195,17 +216,18 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         for scenario in scenarios {
             let started = Instant::now();
             let (venv, requirements) = scenario.venv();
-            let result = ensure_venv_at(&root, venv, requirements).and_then(|python| {
-                if scenario == Scenario::Webrtc {
-                    let urls = WebrtcUrls {
-                        vip: format!("http://{addr}"),
-                        gemini: format!("ws://{addr}/gemini"),
-                    };
-                    run_webrtc(&python, &root, &logs, &urls, args.timeout)
-                } else {
-                    run_scenario(&python, &root, &logs, scenario, addr, args.timeout)
-                }
-            });
+            let result =
+                ensure_venv_at(&root, venv, requirements).and_then(|python| match scenario {
+                    Scenario::Webrtc => {
+                        let urls = WebrtcUrls {
+                            vip: format!("http://{addr}"),
+                            gemini: format!("ws://{addr}/gemini"),
+                        };
+                        run_webrtc(&python, &root, &logs, &urls, args.timeout)
+                    }
+                    Scenario::Sequence => sequence::run(&python, &root, &logs, addr, args.timeout),
+                    _ => run_scenario(&python, &root, &logs, scenario, addr, args.timeout),
+                });
             record(scenario, started, result, &mut failed);
         }
         drop(server);
@@ -301,13 +323,19 @@ fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result
 
 /// Builds the server binary (dev profile) and returns its path, as cargo reports it.
 pub(crate) fn build_server() -> anyhow::Result<PathBuf> {
+    build_bin("voxgate-server-bin", "voxgate-server")
+}
+
+/// Builds one binary of a workspace package (dev profile) and returns its path, as cargo
+/// reports it.
+fn build_bin(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
     let mut cmd = util::cargo();
     cmd.args([
         "build",
         "-p",
-        "voxgate-server-bin",
+        package,
         "--bin",
-        "voxgate-server",
+        bin,
         "--message-format=json-render-diagnostics",
     ]);
     let stdout = util::output(cmd.stderr(Stdio::inherit()))?;
@@ -316,13 +344,13 @@ pub(crate) fn build_server() -> anyhow::Result<PathBuf> {
             continue;
         };
         if msg["reason"] == "compiler-artifact"
-            && msg["target"]["name"] == "voxgate-server"
+            && msg["target"]["name"] == bin
             && let Some(exe) = msg["executable"].as_str()
         {
             return Ok(PathBuf::from(exe));
         }
     }
-    bail!("cargo built voxgate-server-bin but reported no voxgate-server executable")
+    bail!("cargo built {package} but reported no {bin} executable")
 }
 
 /// Starts a local stand-in (`fake_asr.py`, `webrtc_fake_answerer.py`) on a free port; returns
@@ -488,8 +516,15 @@ fn run_scenario(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    if scenario == Scenario::Realtime {
-        cmd.args(["--api-key", API_KEY]);
+    match scenario {
+        Scenario::Realtime => {
+            cmd.args(["--api-key", API_KEY]);
+        }
+        Scenario::Grpc => {
+            let stubs = generate_grpc_stubs(python, root, logs)?;
+            cmd.args(["--api-key", API_KEY]).arg("--stubs").arg(stubs);
+        }
+        _ => {}
     }
     eprintln!("== interop {}: $ {}", scenario.name(), util::describe(&cmd));
     let status = run_with_limit(&mut cmd, timeout)?;
@@ -504,8 +539,34 @@ fn run_scenario(
     }
 }
 
+/// Generates the Python protobuf and gRPC modules of `proto/realtime.proto` and
+/// `proto/realtime_service.proto` with grpcio-tools' protoc (`python -m grpc_tools.protoc`,
+/// which adds the well-known types' include path itself) into `<logs>/grpc-stubs`, emptied
+/// first so no stale module survives a change of the protos; returns that directory.
+fn generate_grpc_stubs(python: &Path, root: &Path, logs: &Path) -> anyhow::Result<PathBuf> {
+    let out = logs.join("grpc-stubs");
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
+    }
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let proto = root.join("proto");
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "grpc_tools.protoc"])
+        .arg(format!("--proto_path={}", proto.display()))
+        .arg(format!("--python_out={}", out.display()))
+        .arg(format!("--grpc_python_out={}", out.display()))
+        .arg(proto.join("realtime.proto"))
+        .arg(proto.join("realtime_service.proto"))
+        .current_dir(root);
+    util::run(&mut cmd).context("generating the gRPC stubs with grpc_tools.protoc")?;
+    Ok(out)
+}
+
 /// Runs a command to its end or kills it after `timeout` seconds (then `None`).
-fn run_with_limit(cmd: &mut Command, timeout: u64) -> anyhow::Result<Option<ExitStatus>> {
+pub(crate) fn run_with_limit(
+    cmd: &mut Command,
+    timeout: u64,
+) -> anyhow::Result<Option<ExitStatus>> {
     let mut child = Guard(cmd.spawn().context("starting the scenario")?);
     let deadline = Instant::now() + Duration::from_secs(timeout);
     loop {
