@@ -277,6 +277,14 @@ async fn session(opts: &RealtimeOptions, events: &mut Events) -> anyhow::Result<
     }
     if let Some(path) = &opts.kinds_out {
         let history = client.export_history(true, true).await?;
+        // What the server sent before the history (a reply's final snapshot) is queued.
+        while let Some(event) = client.try_next_event() {
+            if let Some(kind) = event.kind() {
+                out.kinds.push(kind.as_str());
+            }
+            let (name, fields) = describe(&event);
+            events.emit(name, fields);
+        }
         out.kinds.push("chat_history");
         events.emit(
             "chat_history",

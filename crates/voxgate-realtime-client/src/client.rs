@@ -136,6 +136,13 @@ impl RealtimeClient {
         self.events.recv().await
     }
 
+    /// The next event if one is already queued, without waiting. Events the server sent
+    /// before an answer (a query's, an export's) are queued by the time the answer is
+    /// returned, so this drains them in order.
+    pub fn try_next_event(&mut self) -> Option<Event> {
+        self.events.try_recv().ok()
+    }
+
     /// A sending handle for another task.
     #[must_use]
     pub fn handle(&self) -> Handle {
