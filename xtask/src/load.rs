@@ -3,7 +3,9 @@
 //! delayed) OpenAI-compatible fakes served from this process; one run per size in
 //! `--sessions 35,75,500`, each on a fresh server, then one table: server CPU, RSS and threads,
 //! turns done, end of speech → `tts start` and → first audio, cut and unanswered bursts, and
-//! what the load generator itself cost (docs/performance.md#xiaozhi-load). With `--webrtc`, N
+//! what the load generator itself cost (docs/performance.md#xiaozhi-load). With `--realtime`,
+//! N realtime sessions (16 kHz PCM at real time, spoken replies) over WebSocket and then over
+//! gRPC, each on a fresh server (docs/performance.md#realtime-over-grpc). With `--webrtc`, N
 //! concurrent WebRTC sessions on the VIP door instead (docs/webrtc.md#load), reporting late RTP
 //! packets and how busy the whole machine was at its busiest.
 //!
@@ -58,6 +60,11 @@ pub(crate) struct Args {
     /// devices: each streams the WAV once and hears the reply (`--seconds` is not used).
     #[arg(long)]
     webrtc: bool,
+    /// Realtime sessions (`voxgate-client load realtime`: 16 kHz PCM at real time, spoken
+    /// replies) instead of Xiaozhi devices, each size run twice on fresh servers: over
+    /// WebSocket, then over gRPC.
+    #[arg(long, conflicts_with = "webrtc")]
+    realtime: bool,
     /// What `cargo xtask soak` shares.
     #[command(flatten)]
     pub(crate) run: RunArgs,
@@ -198,8 +205,20 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         args.endpoint_delay_ms
             .map_or_else(|| "default".to_owned(), |ms| format!("{ms} ms"))
     );
+    let targets: &[Target] = if args.realtime {
+        &[
+            Target::Realtime { grpc: false },
+            Target::Realtime { grpc: true },
+        ]
+    } else {
+        &[Target::Xiaozhi]
+    };
     let mut rows = Vec::new();
-    for &sessions in &args.sessions {
+    for (&sessions, &target) in args
+        .sessions
+        .iter()
+        .flat_map(|s| targets.iter().map(move |t| (s, t)))
+    {
         let before = fakes.counts();
         let (mut server, addr) = start_server(
             &server_bin,
@@ -208,7 +227,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             &env,
             args.run.server_cpus.as_deref(),
         )?;
-        let result = measure(args, sessions, &client_bin, &server, addr, ticks_per_second);
+        let result = measure(
+            args,
+            target,
+            sessions,
+            &client_bin,
+            &server,
+            addr,
+            ticks_per_second,
+        );
         let _ = server.kill();
         let _ = server.wait();
         let after = fakes.counts();
@@ -228,7 +255,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             Ok(row) => rows.push(row),
             Err(e) => {
                 eprintln!("== load: {sessions} sessions failed: {e:#}");
-                rows.push(Row::failed(sessions));
+                rows.push(Row::failed(sessions, target));
             }
         }
     }
@@ -240,10 +267,64 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `cargo xtask load` loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Target {
+    /// Xiaozhi devices streaming Opus.
+    #[default]
+    Xiaozhi,
+    /// Realtime sessions streaming PCM, over WebSocket or gRPC.
+    Realtime { grpc: bool },
+}
+
+impl Target {
+    /// The `door` label of the server's metrics.
+    fn door(self) -> &'static str {
+        match self {
+            Self::Xiaozhi => "xiaozhi",
+            Self::Realtime { .. } => "realtime",
+        }
+    }
+
+    /// The report file's name stem, and the table's transport note.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Xiaozhi => "xiaozhi",
+            Self::Realtime { grpc: false } => "realtime-websocket",
+            Self::Realtime { grpc: true } => "realtime-grpc",
+        }
+    }
+
+    /// `voxgate-client load ...` for this target against `addr`.
+    fn client_args(self, addr: SocketAddr) -> Vec<String> {
+        match self {
+            Self::Xiaozhi => vec![
+                "load".into(),
+                "xiaozhi".into(),
+                format!("ws://{addr}/xiaozhi/v1/"),
+            ],
+            Self::Realtime { grpc: false } => {
+                vec![
+                    "load".into(),
+                    "realtime".into(),
+                    format!("ws://{addr}/realtime"),
+                ]
+            }
+            Self::Realtime { grpc: true } => vec![
+                "load".into(),
+                "realtime".into(),
+                "--grpc".into(),
+                format!("http://{addr}"),
+            ],
+        }
+    }
+}
+
 /// One line of the table.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Row {
     sessions: usize,
+    target: Target,
     failed: bool,
     server_cpu_percent: f64,
     rss_kb_peak: u64,
@@ -260,20 +341,27 @@ struct Row {
 }
 
 impl Row {
-    fn failed(sessions: usize) -> Self {
+    fn failed(sessions: usize, target: Target) -> Self {
         Self {
             sessions,
+            target,
             failed: true,
             ..Self::default()
         }
     }
 
     /// The row of one run: the server's figures and the client's summary.
-    fn new(sessions: usize, server: &ServerFigures, client: &serde_json::Value) -> Self {
+    fn new(
+        sessions: usize,
+        target: Target,
+        server: &ServerFigures,
+        client: &serde_json::Value,
+    ) -> Self {
         let f = |k: &str| client[k].as_f64();
         let n = |k: &str| client[k].as_u64().unwrap_or(0);
         Self {
             sessions,
+            target,
             failed: false,
             server_cpu_percent: server.cpu_percent,
             rss_kb_peak: server.rss_kb_peak,
@@ -301,13 +389,17 @@ fn table(rows: &[Row]) -> String {
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
+        let sessions = match r.target {
+            Target::Xiaozhi => r.sessions.to_string(),
+            Target::Realtime { .. } => format!("{} ({})", r.sessions, r.target.label()),
+        };
         if r.failed {
-            out.push_str(&format!("| {} | failed | | | | | | | | | |\n", r.sessions));
+            out.push_str(&format!("| {sessions} | failed | | | | | | | | | |\n"));
             continue;
         }
         out.push_str(&format!(
             "| {} | {:.1} % | {:.0} MB | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.sessions,
+            sessions,
             r.server_cpu_percent,
             r.rss_kb_peak as f64 / 1024.0,
             r.threads,
@@ -391,6 +483,7 @@ pub(crate) fn spawn(cmd: &mut Command, affinity: Option<CpuSet>) -> anyhow::Resu
 /// report to `target/load/xiaozhi-N.json` and returns its table row.
 fn measure(
     args: &Args,
+    target: Target,
     sessions: usize,
     client_bin: &Path,
     server: &Child,
@@ -400,15 +493,16 @@ fn measure(
     let pid = server.id();
     std::thread::sleep(Duration::from_millis(500));
     let baseline = sample(pid)?;
-    let url = format!("ws://{addr}/xiaozhi/v1/");
     let (mut client_cmd, affinity) = pinned(client_bin, args.run.client_cpus.as_deref())?;
     client_cmd
-        .args(["load", "xiaozhi", &url])
+        .args(target.client_args(addr))
         .args(["--sessions", &sessions.to_string()])
         .args(["--seconds", &args.seconds.to_string()])
         .args(["--ramp", &args.ramp.to_string()])
-        .args(["--answer-timeout", &args.run.answer_timeout.to_string()])
-        .args(["--threads", &args.client_threads.to_string()]);
+        .args(["--answer-timeout", &args.run.answer_timeout.to_string()]);
+    if target == Target::Xiaozhi {
+        client_cmd.args(["--threads", &args.client_threads.to_string()]);
+    }
     if let Some(wav) = &args.run.wav {
         client_cmd.arg("--wav").arg(wav);
     }
@@ -467,7 +561,7 @@ fn measure(
     let added = histogram(
         &metrics_text,
         "voxgate_turn_server_added_seconds",
-        "door=\"xiaozhi\"",
+        &format!("door=\"{}\"", target.door()),
     );
     let added_ms = |q: f64| histogram_quantile(&added, q).map(|s| s * 1000.0);
     let added_p99 = added_ms(0.99);
@@ -507,6 +601,7 @@ fn measure(
 
     let client_late = summary["late_frames"].as_u64().unwrap_or(0);
     let report = serde_json::json!({
+        "target": target.label(),
         "sessions": sessions,
         "seconds": args.seconds,
         "ramp_seconds": args.ramp,
@@ -548,7 +643,7 @@ fn measure(
     });
     let dir = util::target_dir().join("load");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(format!("xiaozhi-{sessions}.json"));
+    let path = dir.join(format!("{}-{sessions}.json", target.label()));
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", path.display()))?;
     let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
@@ -559,7 +654,8 @@ fn measure(
             .map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
     };
     eprintln!(
-        "== load: {sessions} sessions x {} s (steady window {wall:.1} s); report in {}",
+        "== load: {sessions} {} sessions x {} s (steady window {wall:.1} s); report in {}",
+        target.label(),
         args.seconds,
         path.display()
     );
@@ -647,7 +743,7 @@ fn measure(
         threads,
         server_added_p99: added_p99,
     };
-    Ok(Row::new(sessions, &server_figures, &summary))
+    Ok(Row::new(sessions, target, &server_figures, &summary))
 }
 
 /// A histogram's cumulative buckets in `/metrics` for one label set: `(le, count)` in
@@ -1093,9 +1189,15 @@ mod tests {
             threads: 2,
             server_added_p99: Some(1.23),
         };
-        let t = table(&[Row::new(35, &server, &client), Row::failed(600)]);
+        let grpc = Target::Realtime { grpc: true };
+        let t = table(&[
+            Row::new(35, Target::Xiaozhi, &server, &client),
+            Row::failed(600, Target::Xiaozhi),
+            Row::new(35, grpc, &server, &client),
+        ]);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 4, "{t}");
+        assert_eq!(lines.len(), 5, "{t}");
+        assert!(lines[4].starts_with("| 35 (realtime-grpc) | 8.9 % |"), "{t}");
         assert_eq!(
             lines[2],
             "| 35 | 8.9 % | 25 MB | 2 | 100.0 % | 584 / 588 ms | 600 / 640 ms | 1.2 ms | 1 | 3 | 0.3 % |"

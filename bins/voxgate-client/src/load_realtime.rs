@@ -83,6 +83,12 @@ pub struct RealtimeLoadSummary {
     pub reply_audio_bytes: u64,
     /// The generator's own CPU over the run, % of one core.
     pub client_cpu_percent_of_one_core: f64,
+    /// The same per 1,000 sessions.
+    pub client_cpu_percent_per_1000_sessions: f64,
+    /// `turns_started`, under the Xiaozhi load's name (`cargo xtask load` reads both).
+    pub bursts: u64,
+    /// `turns_done`, under the Xiaozhi load's name.
+    pub answered: u64,
 }
 
 #[derive(Debug, Default)]
@@ -193,6 +199,9 @@ fn summarize(opts: &RealtimeLoadOptions, stats: &[SessionStats], cpu: f64) -> Re
         unfinished: sum(|s| s.unfinished),
         reply_audio_bytes: sum(|s| s.audio_bytes),
         client_cpu_percent_of_one_core: cpu,
+        client_cpu_percent_per_1000_sessions: cpu * 1000.0 / opts.sessions.max(1) as f64,
+        bursts: turns_started,
+        answered: turns_done,
     }
 }
 
