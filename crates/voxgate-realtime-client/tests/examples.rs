@@ -2,6 +2,8 @@
 //! its `main` calls, run here as the example runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 #[allow(dead_code, reason = "the example's main is not called here")]
 #[path = "../examples/text_chat.rs"]
 mod text_chat;
@@ -12,26 +14,15 @@ mod tool_agent;
 #[path = "../examples/wav_turn.rs"]
 mod wav_turn;
 
-use std::net::SocketAddr;
-
 use voxgate_realtime_client::Endpoint;
-use voxgate_server::{Config, Server};
+use voxgate_server::Config;
 
-async fn start() -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let server = Server::bind(Config::default().with_ephemeral_ports())
-        .await
-        .unwrap();
-    let addr = server.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
-    (addr, stop)
-}
+use common::start;
+
 
 #[tokio::test]
 async fn text_chat_prints_one_reply_per_line_over_both_transports() {
-    let (addr, _stop) = start().await;
+    let (addr, _stop) = start(Config::default()).await;
     for endpoint in [
         Endpoint::websocket(format!("ws://{addr}/realtime")),
         Endpoint::grpc(format!("http://{addr}")),
@@ -49,7 +40,7 @@ async fn text_chat_prints_one_reply_per_line_over_both_transports() {
 
 #[tokio::test]
 async fn the_tool_agent_runs_the_tool_and_the_model_uses_its_result() {
-    let (addr, _stop) = start().await;
+    let (addr, _stop) = start(Config::default()).await;
     let log = tool_agent::run(
         Endpoint::websocket(format!("ws://{addr}/realtime")),
         &[
@@ -78,7 +69,7 @@ async fn the_tool_agent_runs_the_tool_and_the_model_uses_its_result() {
 
 #[tokio::test]
 async fn a_wav_turn_streams_the_file_and_saves_the_spoken_reply() {
-    let (addr, _stop) = start().await;
+    let (addr, _stop) = start(Config::default()).await;
     let dir = std::env::temp_dir().join(format!("voxgate-wav-turn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("question.wav");

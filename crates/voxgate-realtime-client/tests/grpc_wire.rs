@@ -4,8 +4,9 @@
 //! shutdown).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt as _, StreamExt as _};
@@ -17,19 +18,11 @@ use voxgate_realtime::{
     SessionConfig, SessionUpdate,
 };
 use voxgate_realtime_client::grpc::RealtimeServiceClient;
-use voxgate_server::{Config, Server};
+use voxgate_server::Config;
 
-const WAIT: Duration = Duration::from_secs(10);
+use common::{WAIT, start};
 
-async fn start(config: Config) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
-    let addr = server.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
-    (addr, stop)
-}
+
 
 /// One raw session, over either transport.
 #[allow(clippy::large_enum_variant, reason = "one per test")]

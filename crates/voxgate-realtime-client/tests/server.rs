@@ -3,6 +3,8 @@
 //! reconnection through a proxy that cuts the connection.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,18 +20,9 @@ use voxgate_realtime_client::{
 };
 use voxgate_server::{Config, Server};
 
-const WAIT: Duration = Duration::from_secs(10);
+use common::{WAIT, start};
 
-/// A server on free loopback ports, stopped when the returned sender fires or drops.
-async fn start(config: Config) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
-    let addr = server.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
-    (addr, stop)
-}
+
 
 fn endpoints(addr: SocketAddr) -> [Endpoint; 2] {
     [
