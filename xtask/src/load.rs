@@ -1197,7 +1197,10 @@ mod tests {
         ]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 5, "{t}");
-        assert!(lines[4].starts_with("| 35 (realtime-grpc) | 8.9 % |"), "{t}");
+        assert!(
+            lines[4].starts_with("| 35 (realtime-grpc) | 8.9 % |"),
+            "{t}"
+        );
         assert_eq!(
             lines[2],
             "| 35 | 8.9 % | 25 MB | 2 | 100.0 % | 584 / 588 ms | 600 / 640 ms | 1.2 ms | 1 | 3 | 0.3 % |"

@@ -191,6 +191,15 @@ async fn open_grpc(options: &ClientOptions) -> Result<Link, ClientError> {
         url: url.to_owned(),
         reason,
     };
+    if !url.starts_with("http://") {
+        // TLS for gRPC would need a second rustls set-up beside the WebSocket one; until then
+        // say so instead of failing obscurely.
+        return Err(connect_error(
+            "gRPC needs an http:// URL (plaintext HTTP/2); for TLS use the WebSocket \
+             transport (wss://) or a local TLS-terminating proxy"
+                .into(),
+        ));
+    }
     let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(|e| connect_error(e.to_string()))?
         .connect_timeout(options.connect_timeout)

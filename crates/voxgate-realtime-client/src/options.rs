@@ -35,7 +35,8 @@ impl Endpoint {
     }
 
     /// A gRPC server (`http://host:port`, the server's main listener unless it moved the
-    /// service to `[realtime] grpc_listen`).
+    /// service to `[realtime] grpc_listen`). Plaintext HTTP/2 only: for TLS use
+    /// [`websocket`](Self::websocket) with `wss://`.
     #[must_use]
     pub fn grpc(url: impl Into<String>) -> Self {
         Self {

@@ -19,7 +19,6 @@ use voxgate_server::Config;
 
 use common::start;
 
-
 #[tokio::test]
 async fn text_chat_prints_one_reply_per_line_over_both_transports() {
     let (addr, _stop) = start(Config::default()).await;

@@ -22,8 +22,6 @@ use voxgate_server::Config;
 
 use common::{WAIT, start};
 
-
-
 /// One raw session, over either transport.
 #[allow(clippy::large_enum_variant, reason = "one per test")]
 enum Raw {

@@ -22,8 +22,6 @@ use voxgate_server::{Config, Server};
 
 use common::{WAIT, start};
 
-
-
 fn endpoints(addr: SocketAddr) -> [Endpoint; 2] {
     [
         Endpoint::websocket(format!("ws://{addr}/realtime")),
@@ -393,4 +391,15 @@ async fn without_reconnection_a_lost_connection_ends_the_client() {
             Err(ClientError::Closed(Some(_)))
         ));
     }
+}
+
+#[tokio::test]
+async fn a_grpc_url_that_is_not_plain_http_is_refused_clearly() {
+    let err = RealtimeClient::connect(
+        ClientOptions::new(Endpoint::grpc("https://example.invalid")),
+        text_only(),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("http:// URL"), "{err}");
 }
