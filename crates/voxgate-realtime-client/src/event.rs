@@ -9,9 +9,9 @@ use voxgate_realtime::proto::{
 
 /// One event of the session, in the order the server sent it.
 ///
-/// Answers to [`query`](crate::RealtimeClient::query),
-/// [`export_history`](crate::RealtimeClient::export_history) and
-/// [`ping`](crate::RealtimeClient::ping) go to their callers, not here.
+/// Answers to [`query`](crate::Handle::query),
+/// [`export_history`](crate::Handle::export_history) and
+/// [`ping`](crate::Handle::ping) go to their callers, not here.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Event {
@@ -65,7 +65,7 @@ pub enum Event {
     /// The user started speaking: drop reply audio not yet played.
     PlaybackClear,
     /// The model calls one of the client's tools; answer with
-    /// [`tool_result`](crate::RealtimeClient::tool_result).
+    /// [`tool_result`](crate::Handle::tool_result).
     ToolCall(ToolCall),
     /// The voice activity detector changed state.
     VadState(VadStateEvent),
