@@ -266,7 +266,7 @@ async fn keys_and_admission_are_the_doors() {
 async fn grpc_can_have_its_own_listener() {
     let mut config = Config::default();
     config.realtime.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
-    let server = Server::bind(config.with_ephemeral_ports()).await.unwrap();
+    let server = Server::bind(common::quiet(config)).await.unwrap();
     let main = server.local_addr();
     let own = server
         .listener_addr("realtime-grpc")
