@@ -49,6 +49,25 @@ async fn next(client: &mut RealtimeClient) -> Event {
         .expect("the session is open")
 }
 
+/// Asks the demo agent to call `get_weather` for `city`; the call as the client sees it.
+async fn weather_call(
+    client: &mut RealtimeClient,
+    city: &str,
+) -> voxgate_realtime_client::ToolCall {
+    client
+        .send_text(
+            format!(r#"call get_weather {{"city": "{city}"}}"#),
+            InferenceTriggerMode::Immediate,
+        )
+        .await
+        .unwrap();
+    loop {
+        if let Event::ToolCall(call) = next(client).await {
+            return call;
+        }
+    }
+}
+
 /// The events of one reply, up to its `ResponseEnd`, and its text.
 async fn reply(client: &mut RealtimeClient) -> (Vec<Event>, String) {
     let mut events = Vec::new();
@@ -102,18 +121,7 @@ async fn a_full_session_over_each_transport() {
         assert!(history.len() >= 2, "{what}: {history:?}");
 
         // A tool round trip: the call arrives as an event, the result continues the reply.
-        client
-            .send_text(
-                r#"call get_weather {"city": "Paris"}"#,
-                InferenceTriggerMode::Immediate,
-            )
-            .await
-            .unwrap();
-        let call = loop {
-            if let Event::ToolCall(call) = next(&mut client).await {
-                break call;
-            }
-        };
+        let call = weather_call(&mut client, "Paris").await;
         assert_eq!(call.name, "get_weather", "{what}");
         assert_eq!(call.arguments["city"], "Paris", "{what}");
         client.tool_result(&call.id, "sunny, 21 C").await.unwrap();
@@ -353,18 +361,7 @@ async fn a_lost_connection_is_reconnected_with_the_same_tools() {
         }
         assert!(reconnecting, "{what}");
         // The new session has the tools again.
-        client
-            .send_text(
-                r#"call get_weather {"city": "Oslo"}"#,
-                InferenceTriggerMode::Immediate,
-            )
-            .await
-            .unwrap();
-        let call = loop {
-            if let Event::ToolCall(call) = next(&mut client).await {
-                break call;
-            }
-        };
+        let call = weather_call(&mut client, "Oslo").await;
         assert_eq!(call.arguments["city"], "Oslo", "{what}");
         client.close().await;
     }
