@@ -12,8 +12,8 @@ pub(crate) struct Args {
     /// minutes of fuzzing after the build (docs/fuzzing.md).
     #[arg(long, default_value_t = 6)]
     fuzz_seconds: u64,
-    /// Skip the fuzz smoke step (it needs cargo-fuzz, and compiles everything
-    /// optimised with ASan).
+    /// Skip the fuzz smoke step (it needs cargo-fuzz, and compiles every target with ASan;
+    /// unoptimised in CI, see `cargo xtask fuzz --dev`).
     #[arg(long)]
     skip_fuzz: bool,
 }

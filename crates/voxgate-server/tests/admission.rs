@@ -404,7 +404,7 @@ async fn handshakes_per_address_are_rate_limited_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_runtime_refuses_new_sessions_as_overload_until_it_recovers() {
-    let server = Running::start_with(
+    let server = Running::start_with_overload_guard(
         config(LimitsConfig {
             max_scheduling_delay_ms: 50,
             ..LimitsConfig::unlimited()

@@ -134,10 +134,9 @@ async fn fake_asr() -> String {
     format!("http://{addr}/v1")
 }
 
-/// The configuration `toml` describes, with the overload guard off: other builds and tests
-/// on the machine must not get a session refused.
+/// The configuration `toml` describes (`Running` turns the overload guard off).
 fn config(toml: &str) -> Config {
-    Config::from_toml(&format!("{toml}\n[limits]\nmax_scheduling_delay_ms = 0\n")).unwrap()
+    Config::from_toml(toml).unwrap()
 }
 
 // ---- realtime -----------------------------------------------------------------------------

@@ -56,8 +56,17 @@ impl Running {
         Self::start_with(config, providers).await
     }
 
-    /// The server `config` describes with the given providers.
-    pub async fn start_with(config: Config, providers: Providers) -> Self {
+    /// The server `config` describes with the given providers, the overload guard off: a test
+    /// shares its threads with the server and often floods it, and on a busy machine (a build
+    /// beside the tests) the guard takes that for an overloaded server and refuses sessions the
+    /// test counts on. [`Running::start_with_overload_guard`] keeps it.
+    pub async fn start_with(mut config: Config, providers: Providers) -> Self {
+        config.limits.max_scheduling_delay_ms = 0;
+        Self::start_with_overload_guard(config, providers).await
+    }
+
+    /// The server `config` describes with the given providers, its overload guard as configured.
+    pub async fn start_with_overload_guard(config: Config, providers: Providers) -> Self {
         let config = config.with_ephemeral_ports();
         let server = Server::bind_with(config, providers).await.unwrap();
         let addr = server.local_addr();
