@@ -195,6 +195,17 @@ impl Admission {
         self.admit_at(door, peer, Instant::now())
     }
 
+    /// The refusal of a session the cluster-wide limit turned away, counted.
+    pub(crate) fn refuse_cluster(&self, door: Door) -> Refusal {
+        self.shared
+            .metrics
+            .refused(door, RefusalReason::CapacityCluster);
+        Refusal {
+            door,
+            reason: RefusalReason::CapacityCluster,
+        }
+    }
+
     /// [`Self::try_admit`] at `now`, so tests can run it on a virtual clock.
     fn admit_at(&self, door: Door, peer: IpAddr, now: Instant) -> Result<Permit, Refusal> {
         let result = self.decide(door, peer, now);
@@ -378,6 +389,17 @@ impl Drop for Permit {
     }
 }
 
+/// An admitted session's places: this instance's [`Permit`] and, with a cluster-wide limit,
+/// its place in the cluster (`crate::cluster`). Hold it for the session's whole life.
+#[derive(Debug)]
+#[must_use = "the session's places are given back when this is dropped"]
+pub(crate) struct Admitted {
+    /// The place on this instance (held for its `Drop`).
+    pub(crate) _permit: Permit,
+    /// The place in the cluster, when `[cluster] max_sessions` is set (held for its `Drop`).
+    pub(crate) _slot: Option<crate::cluster::ClusterSlot>,
+}
+
 /// A refused session: which door, and why. Answers the upgrade request as an HTTP error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refusal {
@@ -420,6 +442,7 @@ impl Refusal {
         match self.reason {
             RefusalReason::CapacityServer => "server at capacity: too many sessions",
             RefusalReason::CapacityDoor => "door at capacity: too many sessions",
+            RefusalReason::CapacityCluster => "cluster at capacity: too many sessions",
             RefusalReason::PerIp => "too many sessions from this address",
             RefusalReason::HandshakeRate => "too many connection attempts from this address",
             _ => "server overloaded",

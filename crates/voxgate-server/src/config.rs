@@ -68,6 +68,10 @@
 //! [telemetry]                    # logs and trace export (docs/operations.md)
 //! log_format = "json"            # text | json
 //! otlp_endpoint = "http://localhost:4318"  # OTLP/HTTP collector; absent: no export
+//!
+//! [cluster]                      # several instances through Redis (docs/scale-out.md)
+//! redis_url = "redis://127.0.0.1:6379/0"  # absent: one process, no Redis
+//! max_sessions = 2000            # across every instance; 0: none
 //! ```
 //!
 //! # Environment overrides
@@ -99,6 +103,7 @@
 //! | `VOXGATE_LOG_FORMAT` (`text` / `json`) | `telemetry.log_format` |
 //! | `VOXGATE_OTLP_ENDPOINT` (empty: unset); the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when neither it nor the file sets one | `telemetry.otlp_endpoint` ([`telemetry`]) |
 //! | `VOXGATE_SERVICE_NAME`, `VOXGATE_OTLP_SAMPLE_RATIO` | `telemetry.service_name`, `telemetry.otlp_sample_ratio` |
+//! | `VOXGATE_REDIS_URL` (empty: unset), `VOXGATE_INSTANCE_ID`, `VOXGATE_CLUSTER_MAX_SESSIONS`, `VOXGATE_CLUSTER_LEASE_MS` | `cluster.redis_url`, `cluster.instance_id`, `cluster.max_sessions`, `cluster.lease_ms` ([`cluster`]) |
 //!
 //! Setting a section's `*_BASE_URL` (which infers `provider = "openai"` with the default model
 //! names `gpt-4o-mini`, `whisper-1`, `tts-1` with voice `alloy`), `*_PROVIDER` or
@@ -113,6 +118,7 @@ use serde::{Deserialize, Serialize};
 use self::env::{EnvVars, Secret};
 
 pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
+pub use self::cluster::ClusterConfig;
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
 pub use self::providers::{
@@ -129,6 +135,7 @@ pub use crate::vip::VipConfig;
 pub use crate::xiaozhi::{DownlinkApplication, OpusBackendChoice, XiaozhiConfig};
 
 pub mod admin;
+pub mod cluster;
 pub mod engine;
 pub(crate) mod env;
 pub mod limits;
@@ -174,6 +181,9 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Log format and OpenTelemetry trace export (`crate::telemetry`).
     pub telemetry: TelemetryConfig,
+    /// Several instances coordinated through Redis (`[cluster]`, `docs/scale-out.md`); off
+    /// without `redis_url`.
+    pub cluster: ClusterConfig,
     /// The language model (`provider` = `openai`, `demo`, `acp`); `None`: the offline demo
     /// agent with the default deadlines.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -369,6 +379,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             admin: AdminConfig::default(),
             telemetry: TelemetryConfig::default(),
+            cluster: ClusterConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -567,6 +578,7 @@ impl Config {
         self.vip.apply_env(&var)?;
         self.limits.apply_env(&var)?;
         self.telemetry.apply_env(&var)?;
+        self.cluster.apply_env(&vars)?;
         self.engine.apply_env(&engine::SERVER_ENV, &var)?;
         self.xiaozhi.engine.apply_env(&engine::XIAOZHI_ENV, &var)?;
         self.realtime
@@ -590,6 +602,7 @@ impl Config {
         self.webrtc.check()?;
         self.admin.check()?;
         self.telemetry.check()?;
+        self.cluster.check()?;
         self.check_engine()?;
         self.llm_plan()?;
         self.asr_plan()?;
@@ -669,6 +682,7 @@ impl Config {
         shown.vip.mask_secrets();
         shown.admin.mask_secrets();
         shown.telemetry.mask_secrets();
+        shown.cluster.mask_secrets();
         providers::mask_sections(&mut shown.llm, &mut shown.asr, &mut shown.tts);
         if let Some(a) = &mut shown.acp {
             a.env.mask();

@@ -35,6 +35,7 @@
 mod access;
 mod admission;
 mod bridge;
+mod cluster;
 pub mod config;
 mod door;
 pub mod exposure;

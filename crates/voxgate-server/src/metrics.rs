@@ -134,10 +134,12 @@ pub enum RefusalReason {
     /// The runtime is late (scheduling delay over `max_scheduling_delay_ms`), or too many
     /// addresses are being tracked at once.
     Overload,
+    /// Every instance of the cluster together holds `[cluster] max_sessions`.
+    CapacityCluster,
 }
 
 /// How many refusal reasons there are.
-const REASONS: usize = 5;
+const REASONS: usize = 6;
 
 impl RefusalReason {
     /// Every reason, in index order.
@@ -147,6 +149,7 @@ impl RefusalReason {
         Self::PerIp,
         Self::HandshakeRate,
         Self::Overload,
+        Self::CapacityCluster,
     ];
 
     /// The `reason` label value in `/metrics`.
@@ -158,6 +161,7 @@ impl RefusalReason {
             Self::PerIp => "per_ip",
             Self::HandshakeRate => "handshake_rate",
             Self::Overload => "overload",
+            Self::CapacityCluster => "capacity_cluster",
         }
     }
 
@@ -168,6 +172,7 @@ impl RefusalReason {
             Self::PerIp => 2,
             Self::HandshakeRate => 3,
             Self::Overload => 4,
+            Self::CapacityCluster => 5,
         }
     }
 }

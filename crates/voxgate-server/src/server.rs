@@ -41,6 +41,9 @@ pub enum ServerError {
     /// The listener failed while serving.
     #[error("serving failed: {0}")]
     Serve(#[from] std::io::Error),
+    /// `[cluster]` cannot work (a Redis URL that does not parse).
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// What every route and door shares: the configuration, providers, metrics and the shutdown
@@ -63,6 +66,8 @@ pub(crate) struct App {
     pub(crate) webrtc: Option<Arc<crate::webrtc::Endpoint>>,
     /// Open VIP sessions, for `DELETE /webrtc/sessions/<id>`.
     pub(crate) vip_sessions: crate::vip::Sessions,
+    /// This instance's link to the other instances (`[cluster]`), when configured.
+    pub(crate) cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl App {
@@ -80,6 +85,7 @@ impl App {
             sessions: Arc::default(),
             webrtc: None,
             vip_sessions: crate::vip::Sessions::default(),
+            cluster: None,
         }
     }
 
@@ -98,6 +104,31 @@ impl App {
             webrtc: self.webrtc.clone(),
             identity: crate::door::observe::Identity::default(),
         }
+    }
+
+    /// Admits a new session of `door` from `peer`: this instance's limits
+    /// ([`crate::admission`]), then the cluster-wide one when `[cluster] max_sessions` is set.
+    /// Keep the result for the session's whole life.
+    ///
+    /// # Errors
+    /// A [`Refusal`](crate::admission::Refusal) (already counted) to answer the request with.
+    pub(crate) async fn admit(
+        &self,
+        door: Door,
+        peer: std::net::IpAddr,
+    ) -> Result<crate::admission::Admitted, crate::admission::Refusal> {
+        let permit = self.admission.try_admit(door, peer)?;
+        let slot = match &self.cluster {
+            None => None,
+            Some(c) => c
+                .admit()
+                .await
+                .map_err(|()| self.admission.refuse_cluster(door))?,
+        };
+        Ok(crate::admission::Admitted {
+            _permit: permit,
+            _slot: slot,
+        })
     }
 
     /// The MCP endpoint's tools for a session of a door whose `mcp_tools` is `on`: every
@@ -209,6 +240,8 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let providers = crate::providers::DoorProviderSet::new(&config, providers, &metrics)?;
         let admission = crate::admission::Admission::new(&config.limits, Arc::clone(&metrics));
+        let cluster =
+            crate::cluster::Cluster::new(&config.cluster).map_err(ServerError::Cluster)?;
         let webrtc = if config.webrtc.enabled {
             let endpoint = crate::webrtc::Endpoint::bind(&config.webrtc, Arc::clone(&metrics))
                 .await
@@ -236,6 +269,7 @@ impl Server {
                 admission,
                 webrtc,
                 vip_sessions: crate::vip::Sessions::default(),
+                cluster,
             }),
             stop,
         })
@@ -340,6 +374,15 @@ impl Server {
         let stop = self.stop;
         // The overload guard measures the runtime while the server runs.
         let guard = tokio::spawn(self.app.admission.clone().monitor(stop.subscribe()));
+        let cluster = self.app.cluster.clone().map(|c| {
+            tracing::info!(instance = c.instance(), "cluster instance");
+            let handlers: crate::cluster::Handlers =
+                Arc::new(crate::cluster::Routed(Arc::clone(&self.app)));
+            // Its own stop, sent once sessions are gone: draining sessions stay reachable and
+            // keep their directory entries until they end.
+            let (done, until) = watch::channel(false);
+            (done, tokio::spawn(c.run(handlers, until)))
+        });
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {
             tracing::info!(addr = %l.addr, listener = l.name, "door listener");
@@ -395,6 +438,11 @@ impl Server {
         }
         // It has seen `stop` (or its sender go) by now; abort in case it is between samples.
         guard.abort();
+        if let Some((done, task)) = cluster {
+            let _ = done.send(true);
+            // Giving back leases is one round trip; a dead Redis must not hold the exit up.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(3), task).await;
+        }
         result?;
         Ok(())
     }

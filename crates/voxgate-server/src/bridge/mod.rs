@@ -8,6 +8,7 @@
 //! | `GET /api/perception/events` | the bus as Server-Sent Events (one `perception` event per bus event) |
 //! | `GET /admin/sessions` | open sessions (door, age, state, last turn's latency) and counts by door, conversations, bus subscribers, MCP connections |
 //! | `GET /admin/sessions/{id}` | one open session and its recent turn timeline |
+//! | `GET /admin/cluster` | with `[cluster]`: this instance, the live instances, what it holds in Redis, its Redis operations' latencies |
 //! | `GET /admin/perception[/{device_id}]` | per-device perception state |
 //! | `POST /admin/perception/event` | publish a test event |
 //! | `GET /admin/conversations`, `POST /admin/conversations/clear` | list / forget `/api/message` histories |
@@ -201,6 +202,8 @@ pub(crate) struct Shared {
     conversations: Arc<Conversations>,
     /// The Xiaozhi door's device activations (pending codes, activated devices).
     pub(crate) xiaozhi: Arc<crate::xiaozhi::DoorState>,
+    /// Xiaozhi devices connected to this instance, for pushes.
+    pub(crate) xiaozhi_devices: Arc<crate::xiaozhi::devices::Devices>,
 }
 
 impl Shared {
@@ -214,6 +217,7 @@ impl Shared {
                 Duration::from_secs(config.bridge.conversation_idle_secs),
             )),
             xiaozhi: Arc::new(crate::xiaozhi::DoorState::load(&config.xiaozhi)),
+            xiaozhi_devices: Arc::default(),
         }
     }
 }
@@ -232,6 +236,7 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         )
         .route("/api/{*rest}", any(not_found))
         .route("/admin/sessions", get(admin_sessions))
+        .route("/admin/cluster", get(admin_cluster))
         .route("/admin/sessions/{id}", get(admin_session))
         .route("/admin/perception", get(admin_perception))
         .route(
@@ -530,6 +535,20 @@ async fn admin_not_found(_: Admin) -> ApiError {
 /// Open sessions `GET /admin/sessions` lists at most (oldest first); `open_total` says how
 /// many there are.
 const MAX_LISTED_SESSIONS: usize = 1000;
+
+/// `GET /admin/cluster`: this instance, the instances alive, what it holds in Redis and its
+/// Redis operations' counts and latencies; 404 without `[cluster]`.
+async fn admin_cluster(Admin(app): Admin) -> Response {
+    match &app.cluster {
+        Some(c) => axum::Json(c.describe().await).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_cluster",
+            "this server runs alone ([cluster] redis_url is not set)",
+        )
+        .into_response(),
+    }
+}
 
 async fn admin_sessions(Admin(app): Admin) -> ApiResult {
     let sessions: serde_json::Map<String, Value> = Door::ALL

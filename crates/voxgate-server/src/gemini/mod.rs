@@ -73,7 +73,7 @@ async fn upgrade_main(
     ws: WebSocketUpgrade,
 ) -> Response {
     let path_token = uri.path().strip_prefix("/gemini/");
-    upgrade(app, peer, &headers, &uri, path_token, ws)
+    upgrade(app, peer, &headers, &uri, path_token, ws).await
 }
 
 /// Any path on the own listener; its last segment may carry the token.
@@ -85,12 +85,12 @@ async fn upgrade_own(
     ws: WebSocketUpgrade,
 ) -> Response {
     let path_token = access::last_segment(uri.path());
-    upgrade(app, peer, &headers, &uri, path_token, ws)
+    upgrade(app, peer, &headers, &uri, path_token, ws).await
 }
 
 /// Admission, then access ([`access::decide`]), then the upgrade: a refused caller gets an
 /// HTTP answer and no session, so no upstream connection can be made for it.
-fn upgrade(
+async fn upgrade(
     app: Arc<App>,
     peer: std::net::SocketAddr,
     headers: &HeaderMap,
@@ -101,7 +101,7 @@ fn upgrade(
     if !app.config.gemini.enabled {
         return (StatusCode::NOT_FOUND, "the Gemini door is disabled").into_response();
     }
-    let permit = match app.admission.try_admit(Door::Gemini, peer.ip()) {
+    let permit = match app.admit(Door::Gemini, peer.ip()).await {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };

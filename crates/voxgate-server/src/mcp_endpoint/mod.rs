@@ -139,7 +139,7 @@ async fn upgrade(
     headers: axum::http::HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let permit = match app.admission.try_admit(Door::Mcp, peer.ip()) {
+    let permit = match app.admit(Door::Mcp, peer.ip()).await {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };

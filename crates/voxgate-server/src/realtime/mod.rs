@@ -122,7 +122,7 @@ async fn realtime_upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let permit = match app.admission.try_admit(Door::Realtime, peer.ip()) {
+    let permit = match app.admit(Door::Realtime, peer.ip()).await {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };

@@ -261,10 +261,7 @@ async fn serve_upgrade(
     if !app.config.retell.enabled {
         return json_error(StatusCode::NOT_FOUND, "the Retell door is disabled");
     }
-    let permit = match app
-        .admission
-        .try_admit(crate::metrics::Door::Retell, peer.ip())
-    {
+    let permit = match app.admit(crate::metrics::Door::Retell, peer.ip()).await {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };

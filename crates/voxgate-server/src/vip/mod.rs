@@ -191,7 +191,7 @@ async fn offer(
             return *r;
         }
     };
-    let permit = match app.admission.try_admit(Door::Vip, peer.ip()) {
+    let permit = match app.admit(Door::Vip, peer.ip()).await {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };

@@ -10,6 +10,8 @@
 //! | `POST /xiaozhi/vision/explain` | the MCP `vision.url`: answers that no vision model is configured |
 //! | `POST /admin/xiaozhi/activate` | the operator confirms a code shown by a device (`/admin` guard) |
 //! | `GET /admin/xiaozhi/activations` | pending activations and activated devices (`/admin` guard) |
+//! | `GET /admin/xiaozhi/devices` | devices connected to this instance (`/admin` guard) |
+//! | `POST /admin/xiaozhi/devices/{device_id}/push` | an alert, a reboot or a spoken sentence to a device, on any instance of a cluster (`/admin` guard, [`devices`]) |
 //!
 //! Access control (`[xiaozhi] auth`, off by default for a trusted LAN): with it on, OTA issues
 //! a token only to a device on `allowed_devices` or activated by an operator ([`activation`],
@@ -24,6 +26,7 @@ mod activation;
 mod auth;
 pub(crate) use auth::DoorState;
 mod config;
+pub(crate) mod devices;
 mod emotion;
 mod reply;
 mod session;
@@ -63,6 +66,11 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         .route("/xiaozhi/vision/explain", post(vision))
         .route("/admin/xiaozhi/activate", post(auth::admin_activate))
         .route("/admin/xiaozhi/activations", get(auth::admin_activations))
+        .route("/admin/xiaozhi/devices", get(devices::admin_devices))
+        .route(
+            "/admin/xiaozhi/devices/{device_id}/push",
+            post(devices::admin_push),
+        )
 }
 
 /// The door's own listeners (WebSocket on any path, OTA), when configured.
@@ -203,10 +211,7 @@ async fn upgrade(
     uri: Uri,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let permit = match app
-        .admission
-        .try_admit(crate::metrics::Door::Xiaozhi, peer.ip())
-    {
+    let permit = match app.admit(crate::metrics::Door::Xiaozhi, peer.ip()).await {
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };

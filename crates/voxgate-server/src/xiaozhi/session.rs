@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::WebSocket;
 use bytes::Bytes;
 use serde_json::Value;
+use tokio::sync::mpsc;
 use voxgate_audio::opus::{FrameDuration, OpusEncoderConfig};
 use voxgate_engine::{
     ClientEvent, Engine, EngineConfig, Input, Output, ProviderEvent, State, TriggerMode,
 };
 use voxgate_xiaozhi::control::{
     AudioParams, DeviceHello, DeviceMessage, Listen, ListenMode, ListenState, Llm, Mcp,
-    ServerHello, ServerMessage, Stt, Tts,
+    ServerHello, ServerMessage, Stt, System, SystemCommand, Tts,
 };
 use voxgate_xiaozhi::frame::ProtocolVersion;
 
@@ -44,6 +45,7 @@ use crate::metrics::{Direction, Door, Metrics};
 use crate::server::App;
 
 use super::XiaozhiConfig;
+use super::devices::{Push, PushKind, Refused, Registration};
 use super::reply::{Reply, ReplySettings};
 use super::speech::Speech;
 use super::text::{is_wake_word, without_no_asr_markers};
@@ -74,7 +76,14 @@ pub(crate) async fn serve(
     cx.identity.device.clone_from(&info.device_id);
     cx.limits = limits(&app.config.xiaozhi, &cx.limits);
     cx.mcp = app.mcp_tools(app.config.xiaozhi.mcp_tools);
-    door::run(socket, XiaozhiDoor::new(app, info), cx).await;
+    let mut door = XiaozhiDoor::new(Arc::clone(&app), info);
+    if let Some(device) = &door.info.device_id {
+        let devices = Arc::clone(&app.shared.xiaozhi_devices);
+        let (registration, pushes) = devices.register(&app, device).await;
+        door.registration = Some(registration);
+        door.pushes = Some(pushes);
+    }
+    door::run(socket, door, cx).await;
 }
 
 /// The door's overrides of the server-wide lifecycle limits: `hello_timeout_ms` is the
@@ -120,6 +129,10 @@ pub(crate) struct XiaozhiDoor {
     session: Option<Box<Session>>,
     /// The MCP endpoint's tools, for the engine made at the hello.
     server_tools: Vec<voxgate_engine::ServerToolDefinition>,
+    /// Operator pushes to this device ([`devices`](super::devices)), when it sent a `Device-Id`.
+    pushes: Option<mpsc::Receiver<Push>>,
+    /// This connection's place in the device registry (and the cluster directory).
+    registration: Option<Registration>,
 }
 
 /// A session after the hello.
@@ -137,7 +150,7 @@ struct Session {
 
 impl Translator for XiaozhiDoor {
     type In = In;
-    type Event = ();
+    type Event = Push;
 
     fn decode(frame: ClientFrame, max: usize) -> Inbound<In> {
         let oversized = |len, binary| {
@@ -220,6 +233,55 @@ impl Translator for XiaozhiDoor {
         })
     }
 
+    fn events(&mut self) -> Option<&mut mpsc::Receiver<Push>> {
+        self.pushes.as_mut()
+    }
+
+    fn on_event(&mut self, now: Instant, event: Option<Push>, out: &mut Out) {
+        let Some(Push { kind, done }) = event else {
+            // The registry dropped this connection's sender: a newer connection of the same
+            // device took its pushes.
+            self.pushes = None;
+            return;
+        };
+        let Some(s) = &mut self.session else {
+            let _ = done.send(Err(Refused::NotReady));
+            return;
+        };
+        let sid = s.id.clone();
+        let result = match kind {
+            PushKind::Alert(mut alert) => {
+                alert.session_id = Some(sid.clone());
+                send(out, alert);
+                Ok(sid)
+            }
+            PushKind::Reboot => {
+                send(
+                    out,
+                    System {
+                        session_id: Some(sid.clone()),
+                        command: SystemCommand::Reboot,
+                    },
+                );
+                Ok(sid)
+            }
+            PushKind::Speak(text) => s
+                .engine
+                .handle_input(
+                    now,
+                    Input::DirectSpeech {
+                        text,
+                        include_in_history: true,
+                        uninterruptible: false,
+                    },
+                )
+                .map(|()| sid)
+                .map_err(|e| Refused::Engine(e.to_string())),
+        };
+        let _ = done.send(result);
+        self.settle(now, out);
+    }
+
     fn on_server_tools(
         &mut self,
         now: Instant,
@@ -264,6 +326,8 @@ impl XiaozhiDoor {
             info,
             session: None,
             server_tools: Vec::new(),
+            pushes: None,
+            registration: None,
         }
     }
 

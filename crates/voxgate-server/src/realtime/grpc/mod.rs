@@ -174,8 +174,8 @@ impl RealtimeService for Service {
             .or_else(|| request.remote_addr())
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let permit = app
-            .admission
-            .try_admit(Door::Realtime, peer.ip())
+            .admit(Door::Realtime, peer.ip())
+            .await
             .map_err(refusal_status)?;
         let authorization = request
             .metadata()

@@ -1,0 +1,428 @@
+//! Several instances of the server binary sharing a real `redis-server` on loopback
+//! (`[cluster]`, docs/scale-out.md). Each test starts its own Redis on a free port and its own
+//! instances, so tests run in parallel and can kill either.
+//!
+//! Ignored by default (they need `redis-server`): `cargo xtask cluster` installs it (Debian's
+//! package) when missing and runs them, and CI does.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` on a free loopback port, killed when dropped.
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut redis = Self { port, child: None };
+        redis.restart();
+        redis
+    }
+
+    /// (Re)starts the server on the same port, with no persistence (a restart loses
+    /// everything, the hardest case for the instances).
+    fn restart(&mut self) {
+        let bin = std::env::var("VOXGATE_TEST_REDIS_SERVER").unwrap_or("redis-server".into());
+        let child = Command::new(&bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin} ({e}): install it with `cargo xtask cluster`")
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One instance of the server binary, killed when dropped.
+struct Instance {
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl Instance {
+    fn start(redis: &Redis, id: &str, env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxgate-server"));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("VOXGATE_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .env("VOXGATE_REDIS_URL", redis.url())
+            .env("VOXGATE_INSTANCE_ID", id)
+            // Devices and tests flood one loopback address.
+            .env("VOXGATE_MAX_SESSIONS_PER_IP", "0")
+            .env("VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP", "0")
+            .env("VOXGATE_MAX_SCHEDULING_DELAY_MS", "0")
+            // No fixed ports of the doors' own listeners: instances share the machine.
+            .env("VOXGATE_GEMINI_LISTEN", "off")
+            .env("VOXGATE_XIAOZHI_LISTEN", "")
+            .env("VOXGATE_XIAOZHI_OTA_LISTEN", "")
+            .env("VOXGATE_WEBRTC_ENABLED", "false");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let lines = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("voxgate-server listening on http://") {
+                    let _ = tx.send(addr.trim().to_owned());
+                } else if line.contains("ERROR") || line.contains("panicked") {
+                    eprintln!("[{line}]");
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the instance starts")
+            .parse()
+            .unwrap();
+        Self { addr, child }
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test's own Redis connection, for reading what the instances wrote.
+async fn redis_get(redis: &Redis, key: &str) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", redis.port))
+        .await
+        .ok()?;
+    let cmd = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len());
+    s.write_all(cmd.as_bytes()).await.ok()?;
+    let mut buf = vec![0u8; 512];
+    let n = s.read(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    if text.starts_with("$-1") {
+        return None;
+    }
+    text.split("\r\n").nth(1).map(str::to_owned)
+}
+
+/// One HTTP/1.1 request; the status and the JSON body (Null when it is not JSON).
+async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A Xiaozhi device `device` connected to `addr`, after its hello was answered.
+async fn device(addr: SocketAddr, device: &str) -> Result<Ws, u16> {
+    let mut req = format!("ws://{addr}/xiaozhi/v1/")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("Device-Id", device.parse().unwrap());
+    req.headers_mut().insert(
+        "Client-Id",
+        "3b5c1f2e-0000-4000-8000-000000000001".parse().unwrap(),
+    );
+    req.headers_mut()
+        .insert("Protocol-Version", "1".parse().unwrap());
+    let (mut ws, _) = match tokio_tungstenite::connect_async(req).await {
+        Ok(c) => c,
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => return Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    };
+    let hello = json!({"type": "hello", "version": 1, "transport": "websocket",
+        "audio_params": {"format": "opus", "sample_rate": 16000, "channels": 1, "frame_duration": 60}});
+    ws.send(Message::Text(hello.to_string().into()))
+        .await
+        .unwrap();
+    let answer = next_json(&mut ws).await.expect("a hello back");
+    assert_eq!(answer["type"], "hello", "{answer}");
+    Ok(ws)
+}
+
+/// The device's next JSON message (binary audio skipped); `None` once the socket closed.
+async fn next_json(ws: &mut Ws) -> Option<Value> {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next()).await.ok()? {
+            Some(Ok(Message::Text(t))) => return serde_json::from_str(&t).ok(),
+            Some(Ok(Message::Binary(_) | Message::Ping(_) | Message::Pong(_))) => {}
+            _ => return None,
+        }
+    }
+}
+
+/// Waits until `f` holds, polling every 50 ms, up to `wait`.
+async fn eventually<F: Future<Output = bool>>(wait: Duration, mut f: impl FnMut() -> F) -> bool {
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn a_push_sent_through_one_instance_reaches_a_device_on_another() {
+    let redis = Redis::start();
+    let a = Instance::start(&redis, "a", &[]);
+    let b = Instance::start(&redis, "b", &[]);
+    let mut ws = device(b.addr, "AA:BB:CC:00:00:01").await.unwrap();
+
+    let alert =
+        json!({"type": "alert", "status": "Warning", "message": "Battery low", "emotion": "sad"});
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        "/admin/xiaozhi/devices/aa:bb:cc:00:00:01/push",
+        Some(&alert),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["instance"], "b", "answered by the holder: {body}");
+    let got = next_json(&mut ws).await.unwrap();
+    assert_eq!(
+        (got["type"].as_str(), got["message"].as_str()),
+        (Some("alert"), Some("Battery low")),
+        "{got}"
+    );
+    assert_eq!(got["session_id"], body["session_id"]);
+
+    // A spoken sentence: the device's session speaks it.
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        "/admin/xiaozhi/devices/aa:bb:cc:00:00:01/push",
+        Some(&json!({"type": "speak", "text": "Dinner is ready."})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let mut seen = Vec::new();
+    while let Some(m) = next_json(&mut ws).await {
+        let done = m["type"] == "tts" && m["state"] == "stop";
+        seen.push(m);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|m| m["state"] == "sentence_start" && m["text"] == "Dinner is ready."),
+        "{seen:?}"
+    );
+
+    // Unknown devices and bad pushes are refused the same way on either instance.
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        "/admin/xiaozhi/devices/ff:ff:ff:ff:ff:ff/push",
+        Some(&alert),
+    )
+    .await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("not_found")));
+    let (status, _) = http(
+        a.addr,
+        "POST",
+        "/admin/xiaozhi/devices/aa:bb:cc:00:00:01/push",
+        Some(&json!({"type": "system", "command": "format"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    let (status, cluster) = http(a.addr, "GET", "/admin/cluster", None).await;
+    assert_eq!(status, 200, "{cluster}");
+    assert_eq!(cluster["instance"], "a");
+    assert_eq!(cluster["redis"], "up", "{cluster}");
+    assert_eq!(cluster["instances"], json!(["a", "b"]), "{cluster}");
+    let (_, devices) = http(b.addr, "GET", "/admin/xiaozhi/devices", None).await;
+    assert_eq!(devices["devices"], json!(["aa:bb:cc:00:00:01"]));
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn the_cluster_limit_refuses_one_more_session_whichever_instance_it_reaches() {
+    let redis = Redis::start();
+    let env = [("VOXGATE_CLUSTER_MAX_SESSIONS", "2")];
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+    let first = device(a.addr, "aa:00:00:00:00:01").await.unwrap();
+    let _second = device(b.addr, "aa:00:00:00:00:02").await.unwrap();
+    for addr in [a.addr, b.addr] {
+        assert_eq!(device(addr, "aa:00:00:00:00:03").await.err(), Some(503));
+    }
+    let (_, cluster) = http(a.addr, "GET", "/admin/cluster", None).await;
+    assert_eq!(cluster["sessions"], 2, "{cluster}");
+    // A session that ends gives its place back.
+    drop(first);
+    assert!(
+        eventually(WAIT, || async {
+            device(b.addr, "aa:00:00:00:00:03").await.is_ok()
+        })
+        .await,
+        "a place came free"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn a_dead_instances_devices_leave_the_directory_within_the_lease() {
+    let redis = Redis::start();
+    let env = [("VOXGATE_CLUSTER_LEASE_MS", "1500")];
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+    let mut ws = device(b.addr, "aa:00:00:00:00:09").await.unwrap();
+    let key = "voxgate:dir:xiaozhi:aa:00:00:00:00:09";
+    assert_eq!(redis_get(&redis, key).await.as_deref(), Some("b"));
+    let killed = Instant::now();
+    b.kill();
+    assert!(
+        next_json(&mut ws).await.is_none(),
+        "the device lost its server"
+    );
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            redis_get(&redis, key).await.is_none()
+        })
+        .await,
+        "the entry expires with its lease"
+    );
+    assert!(killed.elapsed() <= Duration::from_millis(1500 + 500));
+    // The device reconnects to the surviving instance and is reachable there.
+    let mut ws = device(a.addr, "aa:00:00:00:00:09").await.unwrap();
+    assert_eq!(redis_get(&redis, key).await.as_deref(), Some("a"));
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        "/admin/xiaozhi/devices/aa:00:00:00:00:09/push",
+        Some(&json!({"type": "system", "command": "reboot"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(next_json(&mut ws).await.unwrap()["command"], "reboot");
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn sessions_outlive_a_redis_restart_and_routing_comes_back() {
+    let mut redis = Redis::start();
+    let env = [("VOXGATE_CLUSTER_LEASE_MS", "1500")];
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+    let mut ws = device(b.addr, "aa:00:00:00:00:42").await.unwrap();
+    let push = json!({"type": "alert", "status": "Info", "message": "hello", "emotion": "happy"});
+    let path = "/admin/xiaozhi/devices/aa:00:00:00:00:42/push";
+
+    redis.stop();
+    // Cross-instance requests report the outage; the device's own session goes on.
+    let (status, body) = http(a.addr, "POST", path, Some(&push)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "cluster_unavailable");
+    let (status, _) = http(b.addr, "POST", path, Some(&push)).await;
+    assert_eq!(status, 200, "a push on the holding instance needs no Redis");
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "alert");
+    ws.send(Message::Text(
+        json!({"type": "listen", "state": "detect", "text": "what time is it"})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let mut answered = false;
+    while let Some(m) = next_json(&mut ws).await {
+        if m["type"] == "tts" && m["state"] == "stop" {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "a turn while Redis is down");
+
+    // An empty Redis comes back: the holder re-creates its entry, routing works again.
+    redis.restart();
+    assert!(
+        eventually(Duration::from_secs(8), || async {
+            http(a.addr, "POST", path, Some(&push)).await.0 == 200
+        })
+        .await,
+        "routing recovers"
+    );
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "alert");
+}
