@@ -426,3 +426,40 @@ async fn sessions_outlive_a_redis_restart_and_routing_comes_back() {
     );
     assert_eq!(next_json(&mut ws).await.unwrap()["type"], "alert");
 }
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn a_perception_event_published_on_one_instance_is_read_on_another() {
+    let redis = Redis::start();
+    let a = Instance::start(&redis, "a", &[]);
+    let b = Instance::start(&redis, "b", &[]);
+    // Both readers are at the stream's end once `/admin/cluster` says Redis is up.
+    for i in [&a, &b] {
+        assert!(
+            eventually(WAIT, || async {
+                http(i.addr, "GET", "/admin/cluster", None).await.1["redis"] == "up"
+            })
+            .await
+        );
+    }
+    let event = json!({"name": "face_detected", "device_id": "cam-1", "data": {"who": "ada"}});
+    let (status, body) = http(a.addr, "POST", "/api/perception/event", Some(&event)).await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + WAIT;
+    let state = loop {
+        let (status, body) = http(b.addr, "GET", "/admin/perception/cam-1", None).await;
+        if status == 200 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the event reached instance b");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let text = state.to_string();
+    assert!(
+        text.contains("face_detected") && text.contains("ada"),
+        "{state}"
+    );
+    // And it is not echoed back to the instance that published it.
+    let (_, on_a) = http(a.addr, "GET", "/admin/perception/cam-1", None).await;
+    assert!(!on_a.to_string().contains("\"instance\""), "{on_a}");
+}

@@ -381,7 +381,8 @@ impl Server {
             // Its own stop, sent once sessions are gone: draining sessions stay reachable and
             // keep their directory entries until they end.
             let (done, until) = watch::channel(false);
-            (done, tokio::spawn(c.run(handlers, until)))
+            let bus = Arc::clone(&self.app.shared.perception);
+            (done, tokio::spawn(c.run(handlers, bus, until)))
         });
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {

@@ -23,9 +23,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 /// Events a slow subscriber may fall behind before it starts losing them.
 pub(crate) const BUS_CAPACITY: usize = 256;
@@ -37,7 +37,7 @@ const MAX_NAME_LEN: usize = 64;
 const MAX_ID_LEN: usize = 256;
 
 /// Who published an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum EventOrigin {
     /// `POST /api/perception/event`.
@@ -49,7 +49,7 @@ pub(crate) enum EventOrigin {
 }
 
 /// One perception event, as the firmware frame has it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct PerceptionEvent {
     /// `face_detected`, `face_lost`, `sound_event`, `state_changed`, `dance_started`...
     pub(crate) name: String,
@@ -63,6 +63,10 @@ pub(crate) struct PerceptionEvent {
     pub(crate) ts: f64,
     /// Who published it.
     pub(crate) origin: EventOrigin,
+    /// With `[cluster]`: the instance it was published on, when that is another one (events
+    /// published here leave it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) instance: Option<String>,
 }
 
 /// Why an event was refused (the HTTP API answers 400 with this text).
@@ -132,6 +136,7 @@ impl PerceptionEvent {
             session_id,
             ts,
             origin,
+            instance: None,
         })
     }
 }
@@ -244,6 +249,8 @@ type Devices = (HashMap<String, (u64, DeviceState)>, u64);
 #[derive(Debug)]
 pub(crate) struct PerceptionBus {
     tx: broadcast::Sender<Arc<PerceptionEvent>>,
+    /// With `[cluster]`: where events published here go to reach the other instances.
+    outbox: std::sync::OnceLock<mpsc::Sender<Arc<PerceptionEvent>>>,
     /// Device state and a counter ordering devices by last sighting (for eviction).
     devices: Mutex<Devices>,
 }
@@ -259,6 +266,7 @@ impl PerceptionBus {
     pub(crate) fn new() -> Self {
         Self {
             tx: broadcast::channel(BUS_CAPACITY).0,
+            outbox: std::sync::OnceLock::new(),
             devices: Mutex::new((HashMap::new(), 0)),
         }
     }
@@ -293,7 +301,20 @@ impl PerceptionBus {
             entry.1.apply(&event);
         }
         tracing::debug!(name = %event.name, device = %event.device_id, "perception event");
-        self.tx.send(Arc::new(event)).unwrap_or(0)
+        let event = Arc::new(event);
+        if event.instance.is_none()
+            && let Some(outbox) = self.outbox.get()
+            && outbox.try_send(Arc::clone(&event)).is_err()
+        {
+            tracing::warn!(name = %event.name, "perception event not shared with the cluster: its queue is full");
+        }
+        self.tx.send(event).unwrap_or(0)
+    }
+
+    /// Sends every event published here from now on (not those from other instances) to
+    /// `outbox` as well: the cluster's link (`crate::cluster`). Set once.
+    pub(crate) fn set_outbox(&self, outbox: mpsc::Sender<Arc<PerceptionEvent>>) {
+        let _ = self.outbox.set(outbox);
     }
 
     /// A receiver of every event published from now on.

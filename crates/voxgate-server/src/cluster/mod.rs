@@ -24,6 +24,7 @@
 //! claim at open and one release at close, and the heartbeat renews everything held in one
 //! script call per lease third, however many sessions there are.
 
+mod perception;
 mod stats;
 pub(crate) mod wire;
 
@@ -622,7 +623,16 @@ impl Cluster {
 
     /// Runs the heartbeat and the routing subscriber until `stop`, then gives back what this
     /// instance holds.
-    pub(crate) async fn run(self: Arc<Self>, handlers: Handlers, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        handlers: Handlers,
+        bus: Arc<crate::bridge::perception::PerceptionBus>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let (outbox, queued) = tokio::sync::mpsc::channel(perception::OUTBOX);
+        bus.set_outbox(outbox);
+        let append = tokio::spawn(perception::append(Arc::clone(&self), queued, stop.clone()));
+        let read = tokio::spawn(perception::read(Arc::clone(&self), bus, stop.clone()));
         let beat = {
             let this = Arc::clone(&self);
             let mut stop = stop.clone();
@@ -658,7 +668,7 @@ impl Cluster {
             tokio::spawn(async move { this.subscribe(handlers, stop).await })
         };
         stopped(&mut stop).await;
-        let _ = subscriber.await;
+        let _ = tokio::join!(subscriber, append, read);
         let _ = beat.await;
         self.give_back().await;
     }
