@@ -463,3 +463,106 @@ async fn a_perception_event_published_on_one_instance_is_read_on_another() {
     let (_, on_a) = http(a.addr, "GET", "/admin/perception/cam-1", None).await;
     assert!(!on_a.to_string().contains("\"instance\""), "{on_a}");
 }
+
+/// A Retell socket for `call_id` on `addr` (the frames the server sends, as JSON).
+async fn retell(addr: SocketAddr, call_id: &str) -> Ws {
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/llm-websocket/{call_id}"))
+        .await
+        .unwrap();
+    ws
+}
+
+/// Reads frames until `done` holds for one; every frame read, in order.
+async fn retell_until(ws: &mut Ws, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut seen = Vec::new();
+    loop {
+        let Some(v) = next_json(ws).await else {
+            panic!("the socket ended before the awaited frame: {seen:?}")
+        };
+        let stop = done(&v);
+        seen.push(v);
+        if stop {
+            return seen;
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn a_retell_call_whose_socket_moves_resumes_on_the_other_instance() {
+    use voxgate_test_support::fake_providers::{FakeDelays, FakeProviders};
+    let redis = Redis::start();
+    // The model takes 1.5 s to start answering: the request is still owed when the socket moves.
+    let fakes = FakeProviders::start(FakeDelays {
+        llm_first_token: Duration::from_millis(1500),
+        ..FakeDelays::default()
+    })
+    .await
+    .unwrap();
+    let env = [("VOXGATE_LLM_BASE_URL", fakes.base_url())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+
+    let mut ws = retell(a.addr, "call-7").await;
+    let begun = retell_until(&mut ws, |v| {
+        v["response_id"] == 0 && v["content_complete"] == true
+    })
+    .await;
+    assert_eq!(begun[0]["response_type"], "config", "{begun:?}");
+    let question = "What is the weather in Oslo?";
+    ws.send(Message::Text(
+        json!({"interaction_type": "response_required", "response_id": 1,
+               "transcript": [{"role": "user", "content": question}]})
+        .to_string()
+        .into(),
+    ))
+    .await
+    .unwrap();
+    // Instance a saved the turn; the socket drops before the answer.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ws.close(None).await.unwrap();
+    drop(ws);
+
+    let mut ws = retell(b.addr, "call-7").await;
+    let resumed = retell_until(&mut ws, |v| {
+        v["response_id"] == 1 && v["content_complete"] == true
+    })
+    .await;
+    assert_eq!(resumed[0]["response_type"], "config");
+    assert!(
+        resumed.iter().all(|v| v["response_id"] != 0),
+        "no second begin message: {resumed:?}"
+    );
+    let said: String = resumed
+        .iter()
+        .filter(|v| v["response_id"] == 1)
+        .filter_map(|v| v["content"].as_str())
+        .collect();
+    assert!(!said.is_empty(), "{resumed:?}");
+    // Instance b asked its model with the transcript instance a had.
+    let messages = fakes.last_llm_messages().unwrap().to_string();
+    assert!(messages.contains(question), "{messages}");
+
+    // An operator's interrupt sent to instance a reaches the socket on b.
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        "/retell/calls/call-7/interrupt",
+        Some(&json!({"content": "Please hold for a moment."})),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let interrupt = retell_until(&mut ws, |v| v["response_type"] == "agent_interrupt").await;
+    let last = interrupt.last().unwrap();
+    assert_eq!(last["content"], "Please hold for a moment.");
+    assert_eq!(last["interrupt_id"], body["interrupt_id"]);
+    let (status, _) = http(
+        a.addr,
+        "POST",
+        "/retell/calls/no-such-call/interrupt",
+        Some(&json!({"content": "x"})),
+    )
+    .await;
+    assert_eq!(status, 404);
+}

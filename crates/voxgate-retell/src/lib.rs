@@ -103,7 +103,7 @@ mod tracker;
 pub use tracker::{
     BeginMessage, Generate, KEEPALIVE_INTERVAL, MAX_REMEMBERED_TOOL_CALLS, PING_INTERVAL,
     REMINDER_PROMPT, RequestKind, ResponseTracker, SILENCE_TIMEOUT, TrackerConfig, TrackerError,
-    TrackerInput, TrackerOutput, TrackerStats,
+    TrackerInput, TrackerOutput, TrackerSnapshot, TrackerStats,
 };
 
 mod driver;

@@ -4,6 +4,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::call::Call;
 use crate::error::Blame;
 use crate::retell_event::{PingPong, ResponseRequest, RetellEvent, UnknownEvent, UpdateOnly};
@@ -74,7 +76,8 @@ impl Default for TrackerConfig {
 }
 
 /// Why content is being asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RequestKind {
     /// The begin message (`response_id` 0), only with [`BeginMessage::Manual`].
@@ -87,7 +90,7 @@ pub enum RequestKind {
 
 /// Work for the application: generate content for `response_id` and send it back through
 /// [`TrackerInput::Send`] as [`ServerEvent::Response`] chunks.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Generate {
     /// The id every chunk must carry.
     pub response_id: u64,
@@ -188,7 +191,8 @@ pub enum TrackerInput {
 }
 
 /// Counters for monitoring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct TrackerStats {
     /// Connections opened, the first included.
@@ -206,7 +210,7 @@ pub struct TrackerStats {
     pub responses_restarted: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Current {
     id: u64,
     complete: bool,
@@ -227,6 +231,30 @@ impl Current {
             cut_off: false,
             connection,
         }
+    }
+}
+
+/// What a [`ResponseTracker`] must keep for its call to go on from another server: the call
+/// id, whether the begin message went out, the current response and the request it answers
+/// (so a response cut off with its socket is generated again), the invoked tool calls, the
+/// last interrupt id and the counters. Timers are not kept: they start again with the next
+/// connection. Serialize it (JSON) at turn boundaries; [`ResponseTracker::restore`] takes it
+/// back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrackerSnapshot {
+    call_id: Option<String>,
+    begin_sent: bool,
+    current: Option<Current>,
+    pending: Option<Generate>,
+    tool_calls: Vec<String>,
+    last_interrupt_id: u64,
+    stats: TrackerStats,
+}
+
+impl TrackerSnapshot {
+    /// The call it belongs to, once a socket connected.
+    pub fn call_id(&self) -> Option<&str> {
+        self.call_id.as_deref()
     }
 }
 
@@ -296,6 +324,49 @@ impl ResponseTracker {
             }
             TrackerInput::Send(ev) => self.on_send(now, ev),
         }
+    }
+
+    /// What must survive this server for the call to go on elsewhere ([`TrackerSnapshot`]).
+    pub fn snapshot(&self) -> TrackerSnapshot {
+        TrackerSnapshot {
+            call_id: self.call_id.clone(),
+            begin_sent: self.begin_sent,
+            current: self.current,
+            pending: self.pending.clone(),
+            tool_calls: self.tool_calls.iter().cloned().collect(),
+            last_interrupt_id: self.last_interrupt_id,
+            stats: self.stats,
+        }
+    }
+
+    /// A tracker continuing the call `snapshot` describes, as if its socket had just closed:
+    /// a response that was streaming is owed again, and the next [`TrackerInput::Connected`]
+    /// resumes (config again, no begin message, the cut-off response generated again). The
+    /// snapshot may come from a server that died mid-response.
+    pub fn restore(cfg: TrackerConfig, snapshot: TrackerSnapshot) -> Self {
+        let mut t = Self::new(cfg);
+        t.call_id = snapshot.call_id;
+        t.begin_sent = snapshot.begin_sent;
+        t.current = snapshot.current;
+        t.pending = snapshot.pending;
+        t.tool_calls = snapshot
+            .tool_calls
+            .into_iter()
+            .rev()
+            .take(MAX_REMEMBERED_TOOL_CALLS)
+            .rev()
+            .collect();
+        t.last_interrupt_id = snapshot.last_interrupt_id;
+        t.stats = snapshot.stats;
+        if let Some(c) = t.current.as_mut()
+            && !c.complete
+            && !c.stopped
+        {
+            c.stopped = true;
+            c.cut_off = true;
+            t.stats.responses_stopped += 1;
+        }
+        t
     }
 
     /// Fires the timers due at `now`: keep-alives and the silence check.
@@ -675,6 +746,69 @@ mod tests {
             [TrackerOutput::Send(ServerEvent::Config(_))]
         ));
         assert_eq!(t.stats().connections, 2);
+    }
+
+    #[test]
+    fn a_restored_snapshot_resumes_like_a_reconnect_to_the_same_tracker() {
+        // Mid-answer to request 3 (two answered before, a tool call invoked): one tracker
+        // loses its socket and gets it back; another server restores a snapshot taken before
+        // the drop (its server died without seeing the close) and gets the reconnect.
+        let (mut t, now) = connected(TrackerConfig::default());
+        for id in 1..=2 {
+            t.handle_input(now, request(id)).unwrap();
+            t.handle_input(now, chunk(id, true)).unwrap();
+        }
+        t.handle_input(
+            now,
+            TrackerInput::Send(ServerEvent::ToolCallInvocation(ToolCallInvocation {
+                tool_call_id: "t1".into(),
+                name: "weather".into(),
+                arguments: "{}".into(),
+            })),
+        )
+        .unwrap();
+        t.handle_input(now, request(3)).unwrap();
+        t.handle_input(now, chunk(3, false)).unwrap();
+        drain(&mut t);
+        let json = serde_json::to_string(&t.snapshot()).unwrap();
+        let snapshot: TrackerSnapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(snapshot.call_id(), Some("c1"));
+
+        let reconnect = TrackerInput::Connected {
+            call_id: "c1".into(),
+        };
+        t.handle_input(now, TrackerInput::Disconnected).unwrap();
+        drain(&mut t);
+        t.handle_input(now, reconnect.clone()).unwrap();
+        let same = drain(&mut t);
+
+        let mut moved = ResponseTracker::restore(TrackerConfig::default(), snapshot);
+        moved.handle_input(now, reconnect).unwrap();
+        let elsewhere = drain(&mut moved);
+        assert_eq!(elsewhere, same);
+        assert_eq!(
+            generated(&elsewhere),
+            [3],
+            "the cut-off answer again, no begin"
+        );
+        assert_eq!(moved.stats(), t.stats());
+        // The tool call is still known there: its result is accepted.
+        moved
+            .handle_input(
+                now,
+                TrackerInput::Send(ServerEvent::ToolCallResult(ToolCallResult {
+                    tool_call_id: "t1".into(),
+                    content: "sunny".into(),
+                })),
+            )
+            .unwrap();
+        assert!(matches!(
+            drain(&mut moved).as_slice(),
+            [TrackerOutput::Send(ServerEvent::ToolCallResult(_))]
+        ));
+        // A stale chunk of request 2 is dropped there as here.
+        moved.handle_input(now, chunk(2, false)).unwrap();
+        assert!(drain(&mut moved).is_empty());
     }
 
     #[test]

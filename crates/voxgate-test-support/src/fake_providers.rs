@@ -167,6 +167,9 @@ struct Shared {
     short_sse: Vec<Bytes>,
     short_transcript: Bytes,
     counters: Counters,
+    /// The `messages` of the latest chat completion request, for tests that check what a
+    /// server sent its model.
+    last_messages: std::sync::Mutex<Option<serde_json::Value>>,
     /// The whole event stream of a completion, one element per event.
     sse: Vec<Bytes>,
     /// The reply speech, one element per 100 ms chunk.
@@ -302,6 +305,16 @@ impl FakeProviders {
         self.shared.delays
     }
 
+    /// The `messages` array of the latest chat completion request, if any came.
+    #[must_use]
+    pub fn last_llm_messages(&self) -> Option<serde_json::Value> {
+        self.shared
+            .last_messages
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Requests served so far.
     #[must_use]
     pub fn counts(&self) -> FakeCounts {
@@ -383,6 +396,7 @@ impl Shared {
                 serde_json::json!({ "text": SHORT_TRANSCRIPT }).to_string(),
             ),
             counters: Counters::default(),
+            last_messages: std::sync::Mutex::new(None),
             sse,
             speech,
             transcript: Bytes::from(serde_json::json!({ "text": TRANSCRIPT }).to_string()),
@@ -509,6 +523,10 @@ async fn complete(shared: Arc<Shared>, body: Bytes) -> Response {
         return bad(&shared, "expected \"stream\": true and a messages array");
     }
     shared.counters.llm.fetch_add(1, Ordering::Relaxed);
+    *shared
+        .last_messages
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(request["messages"].clone());
     let delay = shared.delays.llm_first_token;
     let last_user = request["messages"].as_array().and_then(|m| {
         m.iter()

@@ -204,6 +204,9 @@ pub(crate) struct Shared {
     pub(crate) xiaozhi: Arc<crate::xiaozhi::DoorState>,
     /// Xiaozhi devices connected to this instance, for pushes.
     pub(crate) xiaozhi_devices: Arc<crate::xiaozhi::devices::Devices>,
+    /// The Retell calls this instance knows (live or parked for a reconnect); one registry per
+    /// server, so several servers in one process keep their calls apart.
+    pub(crate) retell_calls: Arc<crate::retell::registry::Registry>,
 }
 
 impl Shared {
@@ -218,6 +221,7 @@ impl Shared {
             )),
             xiaozhi: Arc::new(crate::xiaozhi::DoorState::load(&config.xiaozhi)),
             xiaozhi_devices: Arc::default(),
+            retell_calls: Arc::default(),
         }
     }
 }

@@ -255,9 +255,24 @@ impl Cluster {
         &self.instance
     }
 
-    /// The Redis operation counts and latencies.
-    pub(crate) fn stats(&self) -> &Stats {
-        &self.stats
+    /// How long entries live without renewal.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Whether `instance` is listening on its routing channel now (a dead instance's
+    /// directory entries outlive it by up to a lease; this tells at once).
+    pub(crate) async fn is_listening(&self, instance: &str) -> Result<bool, ClusterError> {
+        let channel = self.channel(instance);
+        self.op("numsub", async move |c| {
+            let (_, n): (String, u64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(c)
+                .await?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     fn key(&self, parts: &[&str]) -> String {
@@ -832,6 +847,12 @@ impl Handler for Routed {
     async fn handle(&self, op: &str, target: &str, body: Value) -> Reply {
         match op {
             "xiaozhi.push" => crate::xiaozhi::devices::push(&self.0, target, body, true).await,
+            "retell.interrupt" | "retell.metadata" => {
+                match crate::retell::ControlOp::from_routed(op, body) {
+                    Some(c) => crate::retell::control(&self.0, target, c, true).await,
+                    None => Reply::new(400, json!({"error": "unreadable routed request"})),
+                }
+            }
             _ => Reply::new(
                 404,
                 json!({"ok": false, "error": "unknown_op", "detail": format!("no operation {op:?} here")}),

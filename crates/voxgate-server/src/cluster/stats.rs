@@ -43,12 +43,6 @@ impl Stats {
         }
     }
 
-    /// Operations so far: `(op, count, errors)`.
-    pub(crate) fn counts(&self) -> Vec<(&'static str, u64, u64)> {
-        let ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
-        ops.iter().map(|(k, o)| (*k, o.count, o.errors)).collect()
-    }
-
     /// Per operation: count, errors, and p50 / p99 / max of the recent latencies in µs.
     pub(crate) fn describe(&self) -> Value {
         let ops = self.ops.lock().unwrap_or_else(PoisonError::into_inner);
@@ -100,7 +94,6 @@ mod tests {
         assert_eq!(d["claim"]["p50_us"], 51);
         assert_eq!(d["claim"]["p99_us"], 99);
         assert_eq!(d["claim"]["max_us"], 100);
-        assert_eq!(s.counts(), vec![("claim", 100, 1)]);
         for _ in 0..KEPT * 2 {
             s.record("claim", Duration::from_micros(7), true);
         }

@@ -52,6 +52,7 @@
 //! only for local requests ([`crate::access`]: a loopback peer that is not a trusted proxy,
 //! without forwarding headers).
 
+mod cluster;
 mod config;
 pub(crate) mod registry;
 mod session;
@@ -60,19 +61,19 @@ pub(crate) mod tools;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Json, Path, Query, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
 pub use config::{RetellAgentSettings, RetellConfig};
 
 use crate::server::App;
-use registry::{Refused, Registry};
+use registry::Refused;
 use session::CallState;
 
 /// A request from the control API to the session serving a call.
@@ -90,8 +91,8 @@ pub(crate) enum Control {
     },
 }
 
-/// Body of `POST /retell/calls/{call_id}/interrupt`.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Body of `POST /retell/calls/{call_id}/interrupt` (also what a routed interrupt carries).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct InterruptRequest {
     /// What the agent says.
@@ -124,8 +125,6 @@ const MAX_CALL_ID_BYTES: usize = 256;
 
 /// The door's routes on the main listener.
 pub(crate) fn routes() -> Router<Arc<App>> {
-    // One registry per router, so several servers in one process keep their calls apart.
-    let registry = Arc::new(Registry::default());
     Router::new()
         .route("/llm-websocket/{call_id}", get(upgrade))
         .route(
@@ -135,7 +134,6 @@ pub(crate) fn routes() -> Router<Arc<App>> {
         .route("/retell/calls", get(list_calls))
         .route("/retell/calls/{call_id}/interrupt", post(interrupt))
         .route("/retell/calls/{call_id}/metadata", post(metadata))
-        .layer(Extension(registry))
 }
 
 fn json_error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -218,7 +216,6 @@ fn check_secret(configured: &str, presented: Presented<'_>) -> Result<(), Secret
 async fn upgrade(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
-    Extension(registry): Extension<Arc<Registry>>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<SocketQuery>, QueryRejection>,
     ws: WebSocketUpgrade,
@@ -231,7 +228,7 @@ async fn upgrade(
         .secret
         .as_deref()
         .map_or(Presented::Nowhere, Presented::Query);
-    serve_upgrade(app, peer, registry, presented, call_id, ws).await
+    serve_upgrade(app, peer, presented, call_id, ws).await
 }
 
 /// `/llm-websocket/{secret}/{call_id}`: the URL pasted into Retell carries the secret, and
@@ -239,7 +236,6 @@ async fn upgrade(
 async fn upgrade_with_secret(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
-    Extension(registry): Extension<Arc<Registry>>,
     path: Result<Path<(String, String)>, PathRejection>,
     ws: WebSocketUpgrade,
 ) -> Response {
@@ -247,13 +243,12 @@ async fn upgrade_with_secret(
         return json_error(StatusCode::BAD_REQUEST, "unreadable socket URL");
     };
     let presented = Presented::Path(&secret);
-    serve_upgrade(app, peer, registry, presented, call_id, ws).await
+    serve_upgrade(app, peer, presented, call_id, ws).await
 }
 
 async fn serve_upgrade(
     app: Arc<App>,
     peer: std::net::SocketAddr,
-    registry: Arc<Registry>,
     presented: Presented<'_>,
     call_id: String,
     ws: WebSocketUpgrade,
@@ -281,6 +276,16 @@ async fn serve_upgrade(
     }
     let cfg = &app.config.retell.with_engine(&app.config.engine);
     let window = Duration::from_secs(cfg.resume_window_secs);
+    let registry = Arc::clone(&app.shared.retell_calls);
+    let entry = match &app.cluster {
+        Some(cluster) => {
+            match cluster::take_over(cluster, &registry, cfg, &call_id, window).await {
+                Ok(entry) => Some(entry),
+                Err(r) => return r,
+            }
+        }
+        None => None,
+    };
     let claimed = registry
         .claim_within(&call_id, window, RECONNECT_GRACE, || CallState::new(cfg))
         .await;
@@ -306,7 +311,7 @@ async fn serve_upgrade(
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _permit = permit;
-            session::serve(socket, app, lease, peer).await;
+            session::serve(socket, app, lease, peer, entry).await;
         })
 }
 
@@ -340,49 +345,127 @@ fn control_allowed(
 async fn list_calls(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
-    Extension(registry): Extension<Arc<Registry>>,
     headers: HeaderMap,
 ) -> Response {
     if let Err(r) = control_allowed(&app, peer, &headers) {
         return *r;
     }
-    let body = serde_json::json!({"calls": registry.list()}).to_string();
+    let body = serde_json::json!({"calls": app.shared.retell_calls.list()}).to_string();
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Hands a control request to the call's session and waits (bounded) for its answer.
-async fn ask<T>(
-    registry: &Registry,
+/// A control API request for one call.
+#[derive(Debug)]
+pub(crate) enum ControlOp {
+    /// `POST /retell/calls/{call_id}/interrupt`.
+    Interrupt(InterruptRequest),
+    /// `POST /retell/calls/{call_id}/metadata`.
+    Metadata(serde_json::Value),
+}
+
+impl ControlOp {
+    /// The routed operation's name and body.
+    fn routed(&self) -> (&'static str, serde_json::Value) {
+        match self {
+            Self::Interrupt(b) => (
+                "retell.interrupt",
+                serde_json::to_value(b).unwrap_or_default(),
+            ),
+            Self::Metadata(m) => ("retell.metadata", m.clone()),
+        }
+    }
+
+    /// The operation a routed request names, from its body.
+    pub(crate) fn from_routed(op: &str, body: serde_json::Value) -> Option<Self> {
+        match op {
+            "retell.interrupt" => serde_json::from_value(body).ok().map(Self::Interrupt),
+            "retell.metadata" => Some(Self::Metadata(body)),
+            _ => None,
+        }
+    }
+}
+
+fn reply_error(status: u16, message: impl Into<String>) -> crate::cluster::Reply {
+    crate::cluster::Reply::new(status, serde_json::json!({"error": message.into()}))
+}
+
+/// Runs `op` on `call_id`'s session: here when its socket is here, else (unless the request
+/// was already `routed` here) on the instance the cluster directory names.
+pub(crate) async fn control(
+    app: &App,
     call_id: &str,
-    make: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Control,
-) -> Result<T, Response> {
-    let Some(tx) = registry.control(call_id) else {
-        return Err(json_error(
-            StatusCode::NOT_FOUND,
-            format!("no connected Retell call {call_id:?}"),
-        ));
+    op: ControlOp,
+    routed: bool,
+) -> crate::cluster::Reply {
+    if let Some(tx) = app.shared.retell_calls.control(call_id) {
+        return match op {
+            ControlOp::Interrupt(body) => {
+                let (reply, answer) = oneshot::channel();
+                let sent = tx.try_send(Control::Interrupt { body, reply }).is_ok();
+                finish(sent, answer, |id| {
+                    (202, serde_json::json!({"interrupt_id": id}))
+                })
+                .await
+            }
+            ControlOp::Metadata(metadata) => {
+                let (reply, answer) = oneshot::channel();
+                let sent = tx.try_send(Control::Metadata { metadata, reply }).is_ok();
+                finish(sent, answer, |()| (202, serde_json::Value::Null)).await
+            }
+        };
+    }
+    let not_here = || reply_error(404, format!("no connected Retell call {call_id:?}"));
+    let Some(cluster) = app.cluster.as_ref().filter(|_| !routed) else {
+        return not_here();
     };
-    let (reply, answer) = oneshot::channel();
-    if tx.try_send(make(reply)).is_err() {
-        return Err(json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the call is busy or gone; try again",
-        ));
+    match cluster.holder(crate::cluster::Kind::Retell, call_id).await {
+        Ok(Some(holder)) if holder != cluster.instance() => {
+            let (name, body) = op.routed();
+            match cluster.call(&holder, name, call_id, body).await {
+                Ok(reply) => reply,
+                Err(e) => reply_error(e.status(), e.to_string()),
+            }
+        }
+        Ok(_) => not_here(),
+        Err(e) => reply_error(e.status(), e.to_string()),
+    }
+}
+
+/// Waits (bounded) for a session's answer to a control request.
+async fn finish<T>(
+    sent: bool,
+    answer: oneshot::Receiver<Result<T, String>>,
+    ok: impl FnOnce(T) -> (u16, serde_json::Value),
+) -> crate::cluster::Reply {
+    if !sent {
+        return reply_error(503, "the call is busy or gone; try again");
     }
     match tokio::time::timeout(Duration::from_secs(5), answer).await {
-        Ok(Ok(Ok(v))) => Ok(v),
-        Ok(Ok(Err(message))) => Err(json_error(StatusCode::CONFLICT, message)),
-        _ => Err(json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the call ended before it could act",
-        )),
+        Ok(Ok(Ok(v))) => {
+            let (status, body) = ok(v);
+            crate::cluster::Reply::new(status, body)
+        }
+        Ok(Ok(Err(message))) => reply_error(409, message),
+        _ => reply_error(503, "the call ended before it could act"),
     }
+}
+
+fn respond(reply: crate::cluster::Reply) -> Response {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if reply.body.is_null() {
+        return status.into_response();
+    }
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        reply.body.to_string(),
+    )
+        .into_response()
 }
 
 async fn interrupt(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
-    Extension(registry): Extension<Arc<Registry>>,
     Path(call_id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<InterruptRequest>, axum::extract::rejection::JsonRejection>,
@@ -394,26 +477,12 @@ async fn interrupt(
         Ok(Json(b)) => b,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    match ask(&registry, &call_id, |reply| Control::Interrupt {
-        body,
-        reply,
-    })
-    .await
-    {
-        Ok(id) => (
-            StatusCode::ACCEPTED,
-            [(header::CONTENT_TYPE, "application/json")],
-            serde_json::json!({"interrupt_id": id}).to_string(),
-        )
-            .into_response(),
-        Err(r) => r,
-    }
+    respond(control(&app, &call_id, ControlOp::Interrupt(body), false).await)
 }
 
 async fn metadata(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
-    Extension(registry): Extension<Arc<Registry>>,
     Path(call_id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
@@ -425,15 +494,7 @@ async fn metadata(
         Ok(Json(b)) => b,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    match ask(&registry, &call_id, |reply| Control::Metadata {
-        metadata,
-        reply,
-    })
-    .await
-    {
-        Ok(()) => StatusCode::ACCEPTED.into_response(),
-        Err(r) => r,
-    }
+    respond(control(&app, &call_id, ControlOp::Metadata(metadata), false).await)
 }
 
 #[cfg(test)]

@@ -123,6 +123,33 @@ impl<S> Calls<S> {
         }
     }
 
+    /// Parks `state` for `call_id` at `now` unless a socket has the call here: the call's
+    /// conversation as another instance saved it (`crate::cluster`), which replaces an older
+    /// one parked here. `false` when the call is live here or the registry is full.
+    pub(crate) fn adopt(
+        &mut self,
+        call_id: &str,
+        state: S,
+        now: Instant,
+        window: Duration,
+    ) -> bool {
+        match self.map.get(call_id) {
+            Some(Slot::Live { .. }) => return false,
+            Some(Slot::Parked { .. }) => {}
+            None => {
+                if self.map.len() >= self.capacity {
+                    self.prune(now, window);
+                    if self.map.len() >= self.capacity {
+                        return false;
+                    }
+                }
+            }
+        }
+        self.map
+            .insert(call_id.to_owned(), Slot::Parked { state, since: now });
+        true
+    }
+
     /// Forgets `call_id` if it is parked and its window has passed at `now`.
     pub(crate) fn expire(&mut self, call_id: &str, now: Instant, window: Duration) {
         if let Some(Slot::Parked { since, .. }) = self.map.get(call_id)
@@ -274,6 +301,12 @@ impl Registry {
         self.lock().control(call_id)
     }
 
+    /// Parks a call's conversation saved by another instance, so the next claim resumes it
+    /// ([`Calls::adopt`]).
+    pub(crate) fn adopt(&self, call_id: &str, state: CallState, window: Duration) -> bool {
+        self.lock().adopt(call_id, state, Instant::now(), window)
+    }
+
     /// Every known call as `{"call_id", "connected"}` (the control API's listing).
     pub(crate) fn list(&self) -> Vec<serde_json::Value> {
         self.lock()
@@ -392,6 +425,34 @@ mod tests {
         ));
         // Two reconnects at once: the first wins, the second finds the call live again.
         assert!(matches!(claim(&mut calls, "c", now), Claim::Busy));
+    }
+
+    #[test]
+    fn an_adopted_conversation_resumes_and_never_displaces_a_live_socket() {
+        let mut calls = Calls::new(2);
+        let t0 = Instant::now();
+        // Saved elsewhere, unknown here: the next socket resumes it.
+        assert!(calls.adopt("c", "saved", t0, WINDOW));
+        assert!(matches!(
+            claim(&mut calls, "c", t0),
+            Claim::Granted {
+                state: "saved",
+                resumed: true
+            }
+        ));
+        // Live here: left alone.
+        assert!(!calls.adopt("c", "other", t0, WINDOW));
+        assert!(matches!(claim(&mut calls, "c", t0), Claim::Busy));
+        // Parked here with an older state: the saved one replaces it.
+        calls.release("c", "old", t0, WINDOW);
+        assert!(calls.adopt("c", "newer", t0, WINDOW));
+        assert!(matches!(
+            claim(&mut calls, "c", t0),
+            Claim::Granted { state: "newer", .. }
+        ));
+        // Full of live calls: nothing adopted.
+        assert!(matches!(claim(&mut calls, "d", t0), Claim::Granted { .. }));
+        assert!(!calls.adopt("e", "x", t0, WINDOW));
     }
 
     #[test]

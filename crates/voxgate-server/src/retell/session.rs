@@ -20,7 +20,7 @@ use voxgate_engine::{
 use voxgate_retell::{
     AgentInterrupt, BeginMessage, Call, ConfigBody, Generate, Metadata, RequestKind,
     ResponseRequest, ResponseTracker, RetellEvent, ServerEvent, ToolCallInvocation, ToolCallResult,
-    TrackerConfig, TrackerInput, TrackerOutput,
+    TrackerConfig, TrackerInput, TrackerOutput, TrackerSnapshot,
 };
 
 use super::registry::Lease;
@@ -38,28 +38,67 @@ pub(crate) struct CallState {
     agent_updated: bool,
 }
 
+/// A call's conversation as saved in the cluster store at turn boundaries, for a reconnect
+/// that lands on another instance (`crate::cluster`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Saved {
+    tracker: TrackerSnapshot,
+    call: Option<Call>,
+    agent_updated: bool,
+}
+
 impl CallState {
     pub(crate) fn new(cfg: &RetellConfig) -> Self {
-        let begin = cfg.begin_message.clone();
-        let tracker = ResponseTracker::new(TrackerConfig {
-            config: Some(ConfigBody {
-                auto_reconnect: Some(cfg.auto_reconnect),
-                call_details: Some(cfg.call_details),
-                transcript_with_tool_calls: Some(cfg.transcript_with_tool_calls),
-                ..ConfigBody::default()
-            }),
-            begin: if cfg.begin_after_call_details {
-                BeginMessage::AfterCallDetails(begin)
-            } else {
-                BeginMessage::Immediately(begin)
-            },
-            ..TrackerConfig::default()
-        });
         Self {
-            tracker,
+            tracker: ResponseTracker::new(tracker_config(cfg)),
             call: None,
             agent_updated: false,
         }
+    }
+
+    /// The call's conversation as JSON, for the cluster store.
+    pub(crate) fn to_saved(&self) -> String {
+        serde_json::to_string(&Saved {
+            tracker: self.tracker.snapshot(),
+            call: self.call.clone(),
+            agent_updated: self.agent_updated,
+        })
+        .unwrap_or_default()
+    }
+
+    /// A call continuing what [`Self::to_saved`] wrote for `call_id` (another call's state, or
+    /// unreadable JSON, gives `None`).
+    pub(crate) fn from_saved(cfg: &RetellConfig, call_id: &str, json: &str) -> Option<Self> {
+        let saved: Saved = serde_json::from_str(json)
+            .inspect_err(|e| tracing::warn!(%call_id, error = %e, "saved Retell call unreadable"))
+            .ok()?;
+        if saved.tracker.call_id().is_some_and(|id| id != call_id) {
+            return None;
+        }
+        Some(Self {
+            tracker: ResponseTracker::restore(tracker_config(cfg), saved.tracker),
+            call: saved.call,
+            agent_updated: saved.agent_updated,
+        })
+    }
+}
+
+/// The tracker settings of the door's configuration.
+fn tracker_config(cfg: &RetellConfig) -> TrackerConfig {
+    let begin = cfg.begin_message.clone();
+    TrackerConfig {
+        config: Some(ConfigBody {
+            auto_reconnect: Some(cfg.auto_reconnect),
+            call_details: Some(cfg.call_details),
+            transcript_with_tool_calls: Some(cfg.transcript_with_tool_calls),
+            ..ConfigBody::default()
+        }),
+        begin: if cfg.begin_after_call_details {
+            BeginMessage::AfterCallDetails(begin)
+        } else {
+            BeginMessage::Immediately(begin)
+        },
+        ..TrackerConfig::default()
     }
 }
 
@@ -92,6 +131,7 @@ pub(crate) async fn serve(
     app: Arc<App>,
     lease: Lease,
     peer: std::net::SocketAddr,
+    entry: Option<crate::cluster::DirectoryEntry>,
 ) {
     let cfg = &app.config.retell.with_engine(&app.config.engine);
     tracing::info!(
@@ -100,7 +140,18 @@ pub(crate) async fn serve(
         "Retell call socket"
     );
     let call_id = lease.call_id().to_owned();
-    let session = RetellSession::new(cfg.clone(), Arc::clone(&app.metrics), lease);
+    let mut session = RetellSession::new(cfg.clone(), Arc::clone(&app.metrics), lease);
+    let saver = app.cluster.as_ref().map(|cluster| {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        session.saver = Some(tx);
+        let window = std::time::Duration::from_secs(cfg.resume_window_secs);
+        tokio::spawn(super::cluster::save(
+            Arc::clone(cluster),
+            call_id.clone(),
+            window,
+            rx,
+        ))
+    });
     let mut cx = app.driver(Door::Retell);
     cx.identity.peer = Some(peer);
     cx.identity.device = Some(call_id);
@@ -108,6 +159,12 @@ pub(crate) async fn serve(
     // Retell sends the whole transcript in every event: the door's own frame limit.
     cx.max_frame_bytes = cfg.max_frame_bytes;
     door::run(socket, session, cx).await;
+    // The session (and its saver sender) is gone: the saver writes its last state, starts the
+    // resume window on it and ends; then the directory entry is released.
+    if let Some(saver) = saver {
+        let _ = saver.await;
+    }
+    drop(entry);
 }
 
 fn decode(text: &str) -> Incoming {
@@ -228,6 +285,9 @@ pub(crate) struct RetellSession {
     /// Turn events for the driver's metrics and traces (Retell has no engine: the door tells
     /// when a response is asked for, superseded or done).
     telemetry: Vec<TurnEvent>,
+    /// With `[cluster]`: where the call's conversation goes at each turn boundary (the newest
+    /// one wins; a task writes it to the cluster store).
+    saver: Option<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 impl RetellSession {
@@ -245,6 +305,7 @@ impl RetellSession {
             active: None,
             apologize: None,
             telemetry: Vec::new(),
+            saver: None,
         }
     }
 
@@ -259,9 +320,23 @@ impl RetellSession {
         self.feed(now, TrackerInput::Send(ev));
     }
 
-    /// Sends everything the tracker wants sent and acts on the rest.
+    /// Sends everything the tracker wants sent and acts on the rest; at a turn boundary (a
+    /// request, a response done or stopped, a tool call, the call's details) the conversation
+    /// is saved for other instances.
     fn drain(&mut self, now: Instant, out: &mut Out) {
+        let mut boundary = false;
         while let Some(o) = self.state.tracker.poll_output() {
+            boundary |= match &o {
+                TrackerOutput::Generate(_)
+                | TrackerOutput::Stop { .. }
+                | TrackerOutput::CallDetails(_) => true,
+                TrackerOutput::Send(ev) => match ev {
+                    ServerEvent::Response(r) => r.content_complete,
+                    ServerEvent::ToolCallInvocation(_) | ServerEvent::ToolCallResult(_) => true,
+                    _ => false,
+                },
+                _ => false,
+            };
             match o {
                 TrackerOutput::Send(ev) => match ev.to_json() {
                     Ok(text) => out.send(ServerFrame::Text(text)),
@@ -280,6 +355,9 @@ impl RetellSession {
                 }
                 other => tracing::debug!(?other, "tracker output ignored"),
             }
+        }
+        if boundary && let Some(saver) = &self.saver {
+            let _ = saver.send(Some(self.state.to_saved()));
         }
     }
 
