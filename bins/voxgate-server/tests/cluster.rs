@@ -566,3 +566,119 @@ async fn a_retell_call_whose_socket_moves_resumes_on_the_other_instance() {
     .await;
     assert_eq!(status, 404);
 }
+
+/// Plays an MCP server connected to `addr`'s `/mcp` offering one `weather` tool, answering
+/// calls with "sunny in <city>" until the socket closes.
+async fn weather_mcp_server(addr: SocketAddr) -> tokio::task::JoinHandle<Vec<Value>> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/mcp?token=t1"))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let mut calls = Vec::new();
+        while let Some(m) = next_json(&mut ws).await {
+            let reply = |result: Value| json!({"jsonrpc": "2.0", "id": m["id"], "result": result});
+            let answer = match m["method"].as_str() {
+                Some("initialize") => reply(json!({"protocolVersion": "2024-11-05",
+                    "capabilities": {"tools": {}}, "serverInfo": {"name": "weather", "version": "1"}})),
+                Some("tools/list") => reply(json!({"tools": [{"name": "weather",
+                    "description": "The weather in a city",
+                    "inputSchema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                    "required": ["city"]}}]})),
+                Some("tools/call") => {
+                    calls.push(m["params"].clone());
+                    let city = m["params"]["arguments"]["city"].as_str().unwrap_or("?");
+                    reply(
+                        json!({"content": [{"type": "text", "text": format!("sunny in {city}")}]}),
+                    )
+                }
+                _ => continue,
+            };
+            ws.send(Message::Text(answer.to_string().into()))
+                .await
+                .unwrap();
+        }
+        calls
+    })
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn an_mcp_tool_connected_to_one_instance_is_usable_from_another() {
+    let redis = Redis::start();
+    let env = [("VOXGATE_CLUSTER_LEASE_MS", "1500")];
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+    let server = weather_mcp_server(a.addr).await;
+    // Instance b lists the tool, with the instance that has it.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, tools) = http(b.addr, "GET", "/admin/mcp/tools", None).await;
+        if tools.to_string().contains("\"weather\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never saw the tool: {tools}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let call = json!({"name": "weather", "arguments": {"city": "Oslo"}});
+    let (status, body) = http(b.addr, "POST", "/admin/mcp/call", Some(&call)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["result"]["content"][0]["text"], "sunny in Oslo",
+        "{body}"
+    );
+    // The schema is checked on the calling instance, as for a local tool.
+    let bad = json!({"name": "weather", "arguments": {"town": "Oslo"}});
+    let (status, _) = http(b.addr, "POST", "/admin/mcp/call", Some(&bad)).await;
+    assert_eq!(status, 400);
+    // The MCP server's instance goes away: its tools leave the others.
+    a.kill();
+    let calls = server.await.unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, tools) = http(b.addr, "GET", "/admin/mcp/tools", None).await;
+        if !tools.to_string().contains("\"weather\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead instance's tool stayed: {tools}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn a_bridge_conversation_keeps_one_history_whichever_instance_gets_its_messages() {
+    let redis = Redis::start();
+    let a = Instance::start(&redis, "a", &[]);
+    let b = Instance::start(&redis, "b", &[]);
+    let say = |content: &str| json!({"content": content, "channel": "web", "session_id": "s1"});
+    let (status, first) = http(a.addr, "POST", "/api/message", Some(&say("hello there"))).await;
+    assert_eq!(status, 200, "{first}");
+    // The next message of the conversation reaches instance b, which hands it to a.
+    let (status, second) = http(b.addr, "POST", "/api/message", Some(&say("and again"))).await;
+    assert_eq!(status, 200, "{second}");
+    let (_, on_a) = http(a.addr, "GET", "/admin/conversations", None).await;
+    let (_, on_b) = http(b.addr, "GET", "/admin/conversations", None).await;
+    assert!(on_a.to_string().contains("web:s1"), "{on_a}");
+    assert!(
+        !on_b.to_string().contains("web:s1"),
+        "b keeps no copy: {on_b}"
+    );
+    assert!(on_a.to_string().contains("\"turns\":2"), "{on_a}");
+    // A bad message is refused the same way through either.
+    let (status, body) = http(
+        b.addr,
+        "POST",
+        "/api/message",
+        Some(&json!({"channel": "web", "session_id": "s1"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+}

@@ -382,7 +382,8 @@ impl Server {
             // keep their directory entries until they end.
             let (done, until) = watch::channel(false);
             let bus = Arc::clone(&self.app.shared.perception);
-            (done, tokio::spawn(c.run(handlers, bus, until)))
+            let hub = Arc::clone(&self.app.shared.mcp);
+            (done, tokio::spawn(c.run(handlers, bus, hub, until)))
         });
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {

@@ -36,6 +36,9 @@ pub(crate) struct Conversation {
     turns: u64,
     /// Made on the first turn and kept, so a stateful brain lives as long as the conversation.
     providers: Option<Providers>,
+    /// With `[cluster]`: this instance's directory entry for the conversation, so messages
+    /// that reach other instances are routed here; released when the conversation is dropped.
+    pub(crate) directory: Option<crate::cluster::DirectoryEntry>,
 }
 
 impl std::fmt::Debug for Conversation {
@@ -108,6 +111,7 @@ impl Conversation {
             emoji: persona.emoji,
             turns: 0,
             providers: None,
+            directory: None,
         })
     }
 
@@ -359,6 +363,14 @@ impl Conversations {
     }
 
     /// The conversation for `key`, created with `persona` when new.
+    /// The conversation `key`, if this instance has it (and it has not idled out).
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<tokio::sync::Mutex<Conversation>>> {
+        let map = self.lock();
+        map.get(key)
+            .filter(|e| e.last_used.elapsed() < self.idle || Arc::strong_count(&e.conversation) > 1)
+            .map(|e| Arc::clone(&e.conversation))
+    }
+
     pub(crate) fn get_or_create(
         &self,
         key: &str,

@@ -260,7 +260,7 @@ pub(crate) fn routes() -> Router<Arc<App>> {
 
 /// A JSON error response.
 #[derive(Debug)]
-struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     detail: String,
@@ -277,6 +277,31 @@ impl ApiError {
 
     fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+
+    /// The error another instance answered a routed request with, passed on as it was.
+    fn routed(status: u16, body: &Value) -> Self {
+        let code = match body["error"].as_str() {
+            Some("bad_request") => "bad_request",
+            Some("timeout") => "timeout",
+            Some("busy") => "busy",
+            Some("refused") => "refused",
+            Some("provider_failed") => "provider_failed",
+            _ => "routed_request_failed",
+        };
+        Self::new(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            code,
+            body["detail"].as_str().unwrap_or_default(),
+        )
+    }
+
+    /// This error as a routed request's reply.
+    pub(crate) fn into_reply(self) -> crate::cluster::Reply {
+        crate::cluster::Reply::new(
+            self.status.as_u16(),
+            json!({"ok": false, "error": self.code, "detail": self.detail}),
+        )
     }
 }
 
@@ -408,16 +433,43 @@ async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
     authorize(&app, &parts.headers)?;
     shutting_down(&app)?;
     let v = json_body(&app, body, &parts.headers).await?;
+    ok_json(message_turn(&app, &v, false).await?)
+}
+
+/// One `/api/message` turn for the request body `v`: on this instance, or (with `[cluster]`,
+/// unless the request was already `routed` here) on the instance that holds the conversation,
+/// so a conversation keeps one history whichever instance a load balancer picks.
+async fn message_turn(app: &App, v: &Value, routed: bool) -> Result<Value, ApiError> {
     if !v.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
-    let content = optional_string(&v, "content")?
+    let content = optional_string(v, "content")?
         .filter(|c| !c.trim().is_empty())
         .ok_or_else(|| ApiError::bad_request("`content` is required (a non-empty string)"))?;
-    let channel = optional_string(&v, "channel")?.unwrap_or_else(|| "default".into());
-    let session = optional_string(&v, "session_id")?.unwrap_or_else(|| "default".into());
+    let channel = optional_string(v, "channel")?.unwrap_or_else(|| "default".into());
+    let session = optional_string(v, "session_id")?.unwrap_or_else(|| "default".into());
     let key = format!("{channel}:{session}");
     let cfg = &app.config.bridge;
+    let turn_timeout = Duration::from_secs(cfg.turn_timeout_secs);
+    if let Some(cluster) = app.cluster.as_ref().filter(|_| !routed)
+        && app.shared.conversations.get(&key).is_none()
+        && let Some(holder) =
+            crate::cluster::live_holder(cluster, crate::cluster::Kind::Bridge, &key).await
+    {
+        let wait = turn_timeout + cluster.request_timeout();
+        return match cluster
+            .call_within(&holder, "bridge.message", &key, v.clone(), wait)
+            .await
+        {
+            Ok(r) if r.status == 200 => Ok(r.body),
+            Ok(r) => Err(ApiError::routed(r.status, &r.body)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY),
+                e.code(),
+                e.to_string(),
+            )),
+        };
+    }
     let conversation = app.shared.conversations.get_or_create(&key, || {
         let mut persona = cfg.persona(&channel, app.config.limits.max_history_messages);
         persona.engine = persona.engine.over(&app.config.engine);
@@ -431,16 +483,29 @@ async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
             .mcp_tools
             .then(|| Scope::from_option(cfg.mcp_token.as_deref())),
         tool_timeout: app.config.mcp.call_timeout(),
-        timeout: Duration::from_secs(cfg.turn_timeout_secs),
+        timeout: turn_timeout,
     };
     // Requests of one conversation take turns; others run in parallel.
     let mut conversation = conversation.lock().await;
+    if let Some(cluster) = &app.cluster
+        && conversation.directory.is_none()
+    {
+        conversation.directory = Some(cluster.claim(crate::cluster::Kind::Bridge, &key).await);
+    }
     let reply = conversation.turn(&ctx, content).await?;
-    ok_json(json!({
+    Ok(json!({
         "response": reply.text,
         "session_id": session,
         "tools_called": reply.tools_called,
     }))
+}
+
+/// A `/api/message` turn another instance routed here (its conversation is here).
+pub(crate) async fn routed_message(app: &App, body: &Value) -> crate::cluster::Reply {
+    match message_turn(app, body, true).await {
+        Ok(v) => crate::cluster::Reply::new(200, v),
+        Err(e) => e.into_reply(),
+    }
 }
 
 async fn perception_event(State(app): State<Arc<App>>, request: Request) -> ApiResult {

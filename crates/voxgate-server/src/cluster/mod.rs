@@ -24,6 +24,7 @@
 //! claim at open and one release at close, and the heartbeat renews everything held in one
 //! script call per lease third, however many sessions there are.
 
+mod mcp;
 mod perception;
 mod stats;
 pub(crate) mod wire;
@@ -103,6 +104,8 @@ pub(crate) enum Kind {
     Xiaozhi,
     /// A Retell call, by call id.
     Retell,
+    /// A Bridge API conversation, by `channel:session_id`.
+    Bridge,
 }
 
 impl Kind {
@@ -110,6 +113,7 @@ impl Kind {
         match self {
             Self::Xiaozhi => "xiaozhi",
             Self::Retell => "retell",
+            Self::Bridge => "bridge",
         }
     }
 }
@@ -258,6 +262,11 @@ impl Cluster {
     /// How long entries live without renewal.
     pub(crate) fn lease(&self) -> Duration {
         self.lease
+    }
+
+    /// `[cluster] request_timeout_ms`.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
     }
 
     /// Whether `instance` is listening on its routing channel now (a dead instance's
@@ -541,13 +550,28 @@ impl Cluster {
 
     // ---- routing --------------------------------------------------------------------------
 
-    /// Sends `op` for `target` to `instance` and waits for its reply.
+    /// Sends `op` for `target` to `instance` and waits for its reply (at most
+    /// `[cluster] request_timeout_ms`).
     pub(crate) async fn call(
         &self,
         instance: &str,
         op: &str,
         target: &str,
         body: Value,
+    ) -> Result<Reply, ClusterError> {
+        self.call_within(instance, op, target, body, self.request_timeout)
+            .await
+    }
+
+    /// [`Self::call`] waiting up to `wait` for the reply (an operation with its own deadline,
+    /// such as a tool call, gets that deadline plus the request timeout).
+    pub(crate) async fn call_within(
+        &self,
+        instance: &str,
+        op: &str,
+        target: &str,
+        body: Value,
+        wait: Duration,
     ) -> Result<Reply, ClusterError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -575,13 +599,10 @@ impl Cluster {
         let outcome = match sent {
             Err(e) => Err(e),
             Ok(0) => Err(ClusterError::Gone(instance.to_owned())),
-            Ok(_) => match tokio::time::timeout(self.request_timeout, rx).await {
+            Ok(_) => match tokio::time::timeout(wait, rx).await {
                 Ok(Ok(reply)) => Ok(reply),
-                // The sender is only dropped by `forget` below.
-                Ok(Err(_)) | Err(_) => Err(ClusterError::Timeout(
-                    instance.to_owned(),
-                    self.request_timeout,
-                )),
+                // The sender is only dropped when the entry is removed below.
+                Ok(Err(_)) | Err(_) => Err(ClusterError::Timeout(instance.to_owned(), wait)),
             },
         };
         self.pending
@@ -642,8 +663,10 @@ impl Cluster {
         self: Arc<Self>,
         handlers: Handlers,
         bus: Arc<crate::bridge::perception::PerceptionBus>,
+        hub: Arc<crate::mcp_endpoint::hub::McpHub>,
         mut stop: watch::Receiver<bool>,
     ) {
+        let tools = tokio::spawn(mcp::sync(Arc::clone(&self), hub, stop.clone()));
         let (outbox, queued) = tokio::sync::mpsc::channel(perception::OUTBOX);
         bus.set_outbox(outbox);
         let append = tokio::spawn(perception::append(Arc::clone(&self), queued, stop.clone()));
@@ -683,7 +706,7 @@ impl Cluster {
             tokio::spawn(async move { this.subscribe(handlers, stop).await })
         };
         stopped(&mut stop).await;
-        let _ = tokio::join!(subscriber, append, read);
+        let _ = tokio::join!(subscriber, append, read, tools);
         let _ = beat.await;
         self.give_back().await;
     }
@@ -799,6 +822,21 @@ impl Cluster {
     }
 }
 
+/// The other instance holding `kind`/`id`, when it is alive (listening on its channel). `None`
+/// when nobody holds it, this instance does, its holder died, or Redis cannot say (the caller
+/// then serves it itself).
+pub(crate) async fn live_holder(cluster: &Cluster, kind: Kind, id: &str) -> Option<String> {
+    let holder = cluster.holder(kind, id).await.ok()??;
+    if holder == cluster.instance() {
+        return None;
+    }
+    cluster
+        .is_listening(&holder)
+        .await
+        .unwrap_or(false)
+        .then_some(holder)
+}
+
 /// Completes once `stop` says so (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
@@ -847,6 +885,8 @@ impl Handler for Routed {
     async fn handle(&self, op: &str, target: &str, body: Value) -> Reply {
         match op {
             "xiaozhi.push" => crate::xiaozhi::devices::push(&self.0, target, body, true).await,
+            "mcp.call" => mcp::call_here(&self.0.shared.mcp, target, body).await,
+            "bridge.message" => crate::bridge::routed_message(&self.0, &body).await,
             "retell.interrupt" | "retell.metadata" => {
                 match crate::retell::ControlOp::from_routed(op, body) {
                     Some(c) => crate::retell::control(&self.0, target, c, true).await,

@@ -53,12 +53,36 @@ impl Scope {
         token.map_or(Scope::All, |t| Scope::Token(t.to_owned()))
     }
 
-    fn admits(&self, token: &str) -> bool {
+    fn admits(&self, token_hash: &str) -> bool {
         match self {
             Scope::All => true,
-            Scope::Token(t) => t == token,
+            Scope::Token(t) => token_digest(t) == token_hash,
         }
     }
+}
+
+/// What a connection's token is kept as: its SHA-256 (hex), so the cluster store can say which
+/// token's scope a tool is in without holding the token itself.
+pub(crate) fn token_digest(token: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A connection's tools as the cluster shares them with other instances
+/// (`crate::cluster::mcp`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub(crate) struct ExportedConnection {
+    /// The connection number on its instance.
+    pub(crate) id: u64,
+    /// SHA-256 of its token ([`token_digest`]).
+    pub(crate) token_digest: String,
+    /// Its server's name, once known.
+    pub(crate) server: Option<String>,
+    /// Its tools, as its `tools/list` gave them.
+    pub(crate) tools: Vec<Tool>,
 }
 
 /// What a connection task is asked to do.
@@ -101,6 +125,9 @@ pub(crate) struct ConnectionInfo {
     pub(crate) server: Option<String>,
     /// How many tools it offers.
     pub(crate) tools: usize,
+    /// With `[cluster]`: the instance it is connected to, when that is another one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) instance: Option<String>,
 }
 
 /// Why a hub call produced no result.
@@ -121,9 +148,12 @@ pub(crate) enum HubError {
 }
 
 struct Conn {
+    /// [`token_digest`] of its token.
     token: String,
     commands: mpsc::Sender<Command>,
     server: Option<String>,
+    /// For a connection mirrored from another instance: that instance's id.
+    remote: Option<String>,
 }
 
 #[derive(Default)]
@@ -221,12 +251,73 @@ impl McpHub {
         self.lock().conns.insert(
             id,
             Conn {
-                token: token.to_owned(),
+                token: token_digest(token),
                 commands,
                 server: None,
+                remote: None,
             },
         );
         Registration { hub: self, id }
+    }
+
+    /// Adds a connection of another instance (`crate::cluster::mcp`): its tools are offered
+    /// here, and its calls go to `commands`, which forwards them. Removed with
+    /// [`McpHub::remove_remote`].
+    pub(crate) fn register_remote(
+        &self,
+        instance: &str,
+        conn: &ExportedConnection,
+        commands: mpsc::Sender<Command>,
+    ) -> (u64, Vec<RejectedTool>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().conns.insert(
+            id,
+            Conn {
+                token: conn.token_digest.clone(),
+                commands,
+                server: conn.server.clone(),
+                remote: Some(instance.to_owned()),
+            },
+        );
+        let rejected = self.set_tools(id, conn.tools.clone());
+        (id, rejected)
+    }
+
+    /// Removes a mirrored connection and its tools.
+    pub(crate) fn remove_remote(&self, id: u64) {
+        self.remove(id);
+    }
+
+    /// This instance's own connections and their tools, for the other instances.
+    pub(crate) fn export(&self) -> Vec<ExportedConnection> {
+        let inner = self.lock();
+        let mut all: Vec<ExportedConnection> = inner
+            .conns
+            .iter()
+            .filter(|(_, c)| c.remote.is_none())
+            .map(|(id, c)| ExportedConnection {
+                id: *id,
+                token_digest: c.token.clone(),
+                server: c.server.clone(),
+                tools: inner
+                    .registry
+                    .all_tools()
+                    .filter(|t| connection_of(t.source()) == Some(*id))
+                    .map(|t| t.tool().clone())
+                    .collect(),
+            })
+            .collect();
+        all.sort_by_key(|c| c.id);
+        all
+    }
+
+    /// The command queue of this instance's own connection `id` (a call routed here).
+    pub(crate) fn local_commands(&self, id: u64) -> Option<mpsc::Sender<Command>> {
+        self.lock()
+            .conns
+            .get(&id)
+            .filter(|c| c.remote.is_none())
+            .map(|c| c.commands.clone())
     }
 
     /// Records what the connection's server said about itself.
@@ -359,6 +450,7 @@ impl McpHub {
                     .all_tools()
                     .filter(|t| connection_of(t.source()) == Some(*id))
                     .count(),
+                instance: c.remote.clone(),
             })
             .collect();
         all.sort_by_key(|c| c.id);

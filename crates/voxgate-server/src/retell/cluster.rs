@@ -44,24 +44,16 @@ pub(super) async fn take_over(
     window: Duration,
 ) -> Result<DirectoryEntry, Response> {
     let deadline = tokio::time::Instant::now() + RECONNECT_GRACE;
-    loop {
-        match cluster.holder(Kind::Retell, call_id).await {
-            Ok(Some(holder))
-                if holder != cluster.instance()
-                    && cluster.is_listening(&holder).await.unwrap_or(false) =>
-            {
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::info!(%call_id, %holder, "Retell upgrade refused: the call has a live socket on another instance");
-                    return Err(json_error(
-                        StatusCode::CONFLICT,
-                        "this call already has a live socket; a reconnect is accepted once it closes",
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            // Nobody, this instance, a dead instance's leftover entry, or no Redis.
-            _ => break,
+    // Nobody else, a dead instance's leftover entry, or no Redis: go on.
+    while let Some(holder) = crate::cluster::live_holder(cluster, Kind::Retell, call_id).await {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::info!(%call_id, %holder, "Retell upgrade refused: the call has a live socket on another instance");
+            return Err(json_error(
+                StatusCode::CONFLICT,
+                "this call already has a live socket; a reconnect is accepted once it closes",
+            ));
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let k = key(cluster, call_id);
     match cluster
