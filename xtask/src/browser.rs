@@ -66,7 +66,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = util::target_dir().join("browser");
     let artifacts = dir.join("artifacts");
     fs::create_dir_all(&artifacts).with_context(|| format!("creating {}", artifacts.display()))?;
-    ensure_tool(CHROMIUM, "chromium")?;
+    util::ensure_tool(CHROMIUM, "chromium")?;
     ensure_node()?;
     let playwright = ensure_playwright(&dir)?;
 
@@ -128,37 +128,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
 }
 
-/// Installs a Debian package when the file it provides is missing (the machines run as root).
-fn ensure_tool(path: &str, package: &str) -> anyhow::Result<()> {
-    if Path::new(path).exists() {
-        return Ok(());
-    }
-    let install = || {
-        util::run(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", package])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )
-    };
-    // A fresh machine has no package lists yet: update once and try again.
-    if install().is_err() {
-        util::run(Command::new("apt-get").args(["update", "-q"]))?;
-        install().with_context(|| format!("installing {package} (needs root and apt)"))?;
-    }
-    if !Path::new(path).exists() {
-        bail!("installed {package} but {path} is still missing");
-    }
-    Ok(())
-}
-
 /// Node 20 or later (playwright-core's floor); Debian's `nodejs` and `npm` when there is none.
 fn ensure_node() -> anyhow::Result<()> {
     let version = || util::output(Command::new("node").arg("--version"));
     let v = match version() {
         Ok(v) => v,
         Err(_) => {
-            ensure_tool("/usr/bin/npm", "npm")?;
-            ensure_tool("/usr/bin/node", "nodejs")?;
+            util::ensure_tool("/usr/bin/npm", "npm")?;
+            util::ensure_tool("/usr/bin/node", "nodejs")?;
             version()?
         }
     };
@@ -207,7 +184,7 @@ fn ensure_playwright(dir: &Path) -> anyhow::Result<PathBuf> {
 /// espeak-ng cannot be installed.
 fn question_wav(root: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
     let wav = dir.join("question.wav");
-    let spoken = ensure_tool("/usr/bin/espeak-ng", "espeak-ng")
+    let spoken = util::ensure_tool("/usr/bin/espeak-ng", "espeak-ng")
         .and_then(|()| util::run(Command::new("espeak-ng").arg("-w").arg(&wav).arg(QUESTION)));
     match spoken {
         Ok(()) if fs::metadata(&wav).is_ok_and(|m| m.len() > 1000) => Ok(wav),

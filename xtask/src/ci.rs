@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::{browser, codegen, deps, fuzz, golden, interop, publish, util};
+use crate::{browser, cluster, codegen, deps, fuzz, golden, interop, publish, util};
 
 /// Options for `cargo xtask ci`.
 #[derive(clap::Args)]
@@ -64,6 +64,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             server_bin: None,
             timeout: 180,
             webrtc_fake: false,
+        })
+    })?;
+    // The debug test binary `cargo test --workspace` already built; a short figure (the
+    // release one is the command's, docs/scale-out.md).
+    step("several instances through a real Redis (cluster)", || {
+        cluster::run(&cluster::Args {
+            turns: 20,
+            debug: true,
         })
     })?;
     step("the playground in a real browser (Chromium)", || {

@@ -5,6 +5,7 @@
 mod browser;
 mod chaos;
 mod ci;
+mod cluster;
 mod codegen;
 mod deps;
 mod doc_commands;
@@ -57,6 +58,11 @@ enum Command {
     /// verified by building each package as crates.io users would; `--no-verify` checks the
     /// packaging only. One line per crate.
     PublishCheck(publish::Args),
+    /// Scale-out: several server instances sharing a real redis-server on loopback (installed
+    /// from Debian's package when missing): routing, directory leases, cluster admission, the
+    /// perception stream, Retell resume, MCP tools, Redis restarts; then the figure of Redis
+    /// operations per turn (docs/scale-out.md).
+    Cluster(cluster::Args),
     /// The playground page in headless Chromium (Playwright): against the real server over
     /// WebRTC, or alone with `--selftest`; screenshots in target/browser/artifacts.
     Browser(browser::Args),
@@ -77,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         Command::Soak(args) => soak::run(&args),
         Command::Chaos(args) => chaos::run(&args),
         Command::Browser(args) => browser::run(&args),
+        Command::Cluster(args) => cluster::run(&args),
         Command::PublishCheck(args) => publish::run(&args),
     }
 }

@@ -83,3 +83,24 @@ pub(crate) fn describe(cmd: &Command) -> String {
     }
     s
 }
+
+/// Installs a Debian package when the file it provides is missing (the machines run as root).
+pub(crate) fn ensure_tool(path: &str, package: &str) -> anyhow::Result<()> {
+    if Path::new(path).exists() {
+        return Ok(());
+    }
+    let install = || {
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", package])
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    };
+    // A fresh machine has no package lists yet: update once and try again.
+    if install().is_err() {
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        install().with_context(|| format!("installing {package} (needs root and apt)"))?;
+    }
+    if !Path::new(path).exists() {
+        bail!("installed {package} but {path} is still missing");
+    }
+    Ok(())
+}

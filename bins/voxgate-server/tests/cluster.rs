@@ -133,6 +133,15 @@ impl Instance {
         Self { addr, child }
     }
 
+    /// `SIGTERM`: the graceful shutdown an orchestrator starts a drain with.
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -164,9 +173,21 @@ async fn redis_get(redis: &Redis, key: &str) -> Option<String> {
 
 /// One HTTP/1.1 request; the status and the JSON body (Null when it is not JSON).
 async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    http_as(addr, method, path, body, None).await
+}
+
+/// [`http`] with `Authorization: Bearer <token>` when given.
+async fn http_as(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    token: Option<&str>,
+) -> (u16, Value) {
     let body = body.map(Value::to_string).unwrap_or_default();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -681,4 +702,309 @@ async fn a_bridge_conversation_keeps_one_history_whichever_instance_gets_its_mes
         (400, Some("bad_request")),
         "{body}"
     );
+}
+
+/// Counts of instance `addr`'s Redis operations by name (`/admin/cluster`).
+async fn redis_ops(addr: SocketAddr) -> Value {
+    http(addr, "GET", "/admin/cluster", None).await.1["redis_ops"].clone()
+}
+
+fn op_count(ops: &Value, name: &str) -> u64 {
+    ops[name]["count"].as_u64().unwrap_or(0)
+}
+
+/// The added figures' percentiles of `samples` (ms): p50 and p99.
+fn pcts(samples: &mut [f64]) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |p: f64| {
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+        samples[i]
+    };
+    (at(0.5), at(0.99))
+}
+
+/// Not a check but a measurement (`cargo xtask cluster` prints it): Redis operations per turn
+/// of each door and what they add to a turn. Counts are asserted (they are exact); times only
+/// printed.
+#[tokio::test]
+#[ignore = "needs redis-server: cargo xtask cluster"]
+async fn figures_redis_operations_per_turn() {
+    let turns: u64 = std::env::var("VOXGATE_CLUSTER_FIGURE_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let redis = Redis::start();
+    let env = [("VOXGATE_CLUSTER_MAX_SESSIONS", "1000")];
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+    let mut rows = Vec::new();
+
+    // Xiaozhi: text turns on one device.
+    let before = redis_ops(b.addr).await;
+    let mut ws = device(b.addr, "aa:00:00:00:01:00").await.unwrap();
+    let opened = redis_ops(b.addr).await;
+    for _ in 0..turns {
+        ws.send(Message::Text(
+            json!({"type": "listen", "state": "detect", "text": "tell me a joke"})
+                .to_string()
+                .into(),
+        ))
+        .await
+        .unwrap();
+        while let Some(m) = next_json(&mut ws).await {
+            if m["type"] == "tts" && m["state"] == "stop" {
+                break;
+            }
+        }
+    }
+    let after = redis_ops(b.addr).await;
+    let per_open: u64 = ["admit", "claim"]
+        .iter()
+        .map(|o| op_count(&opened, o) - op_count(&before, o))
+        .sum();
+    let in_turns: u64 = [
+        "admit",
+        "claim",
+        "lookup",
+        "release",
+        "retell_save",
+        "publish",
+    ]
+    .iter()
+    .map(|o| op_count(&after, o) - op_count(&opened, o))
+    .sum();
+    assert_eq!(
+        per_open, 2,
+        "a session open: one admission, one directory claim"
+    );
+    assert_eq!(in_turns, 0, "no Redis on a Xiaozhi turn");
+    rows.push(format!(
+        "| xiaozhi turn | 0 | 0 (2 at session open: admit + claim) | none on the turn path |"
+    ));
+    drop(ws);
+
+    // Retell: a call's turns on b.
+    let mut call = retell(b.addr, "figures-call").await;
+    retell_until(&mut call, |v| {
+        v["response_id"] == 0 && v["content_complete"] == true
+    })
+    .await;
+    let before = redis_ops(b.addr).await;
+    for id in 1..=turns {
+        call.send(Message::Text(
+            json!({"interaction_type": "response_required", "response_id": id,
+                   "transcript": [{"role": "user", "content": format!("question {id}")}]})
+            .to_string()
+            .into(),
+        ))
+        .await
+        .unwrap();
+        retell_until(&mut call, |v| {
+            v["response_id"] == id && v["content_complete"] == true
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = redis_ops(b.addr).await;
+    let saves = op_count(&after, "retell_save") - op_count(&before, "retell_save");
+    #[allow(clippy::cast_precision_loss)]
+    let per_turn = saves as f64 / turns as f64;
+    assert!(
+        (1.0..=2.0).contains(&per_turn),
+        "saves per turn: {per_turn}"
+    );
+    rows.push(format!(
+        "| retell turn | {per_turn:.1} (`SET` of the call's state) | p50 {} / p99 {} µs | none: written by the call's saver task, off the turn path |",
+        after["retell_save"]["p50_us"], after["retell_save"]["p99_us"]
+    ));
+    drop(call);
+
+    // Bridge: the same conversation's messages sent to its holder (b) and through a.
+    let say =
+        |n: u64| json!({"content": format!("message {n}"), "channel": "fig", "session_id": "s"});
+    http(b.addr, "POST", "/api/message", Some(&say(0))).await;
+    let (mut direct, mut routed) = (Vec::new(), Vec::new());
+    let before = redis_ops(a.addr).await;
+    for n in 0..turns {
+        let t = Instant::now();
+        assert_eq!(
+            http(b.addr, "POST", "/api/message", Some(&say(n))).await.0,
+            200
+        );
+        direct.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        assert_eq!(
+            http(a.addr, "POST", "/api/message", Some(&say(n))).await.0,
+            200
+        );
+        routed.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let after = redis_ops(a.addr).await;
+    let ops: u64 = ["lookup", "numsub", "publish"]
+        .iter()
+        .map(|o| op_count(&after, o) - op_count(&before, o))
+        .sum();
+    let (d50, d99) = pcts(&mut direct);
+    let (r50, r99) = pcts(&mut routed);
+    assert_eq!(
+        ops,
+        3 * turns,
+        "lookup, liveness, publish per routed message"
+    );
+    rows.push(format!(
+        "| bridge message, routed | 3 on the caller (`GET`, `PUBSUB NUMSUB`, `PUBLISH`) + 1 `PUBLISH` reply | direct p50 {d50:.2} / p99 {d99:.2} ms, routed p50 {r50:.2} / p99 {r99:.2} ms | p50 {:.2} / p99 {:.2} ms |",
+        r50 - d50, r99 - d99
+    ));
+    let ops_a = redis_ops(a.addr).await;
+    println!("\nRedis operations per turn ({turns} turns each, loopback Redis, release build):\n");
+    println!("| turn | Redis operations | their latency | added to the turn |");
+    println!("|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    println!("\nOperation latencies on instance a (µs): {ops_a}");
+}
+
+/// nginx (Debian's package) running `deploy/nginx.conf` in front of `upstreams`, killed when
+/// dropped.
+struct Nginx {
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl Nginx {
+    fn start(upstreams: [SocketAddr; 2]) -> Self {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (port, grpc_port) = (free(), free());
+        let dir = std::env::temp_dir().join(format!("voxgate-nginx-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sample = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nginx.conf"),
+        )
+        .unwrap();
+        let snippet = sample
+            .replace("server voxgate-a:8080", &format!("server {}", upstreams[0]))
+            .replace("server voxgate-b:8080", &format!("server {}", upstreams[1]))
+            .replace("listen 80;", &format!("listen 127.0.0.1:{port};"))
+            .replace(
+                "listen 8090 http2;",
+                &format!("listen 127.0.0.1:{grpc_port} http2;"),
+            );
+        assert!(
+            !snippet.contains("voxgate-a:8080"),
+            "the sample's upstreams were replaced"
+        );
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\ndaemon off;\n\
+             events {{ worker_connections 512; }}\n\
+             http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
+             fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+             {snippet}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let bin = std::env::var("VOXGATE_TEST_NGINX").unwrap_or("nginx".into());
+        let child = Command::new(&bin)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin} ({e}): install it with `cargo xtask cluster`")
+            });
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nginx did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child,
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs redis-server and nginx: cargo xtask cluster"]
+async fn the_sample_nginx_configuration_carries_sessions_and_drains_an_instance() {
+    let redis = Redis::start();
+    let admin = "admin-token-for-the-test";
+    let env = [
+        ("VOXGATE_ADMIN_TOKENS", admin),
+        ("VOXGATE_TRUSTED_PROXIES", "127.0.0.1"),
+        ("VOXGATE_SHUTDOWN_GRACE_SECS", "3"),
+    ];
+    let a = Instance::start(&redis, "a", &env);
+    let b = Instance::start(&redis, "b", &env);
+    let lb = Nginx::start([a.addr, b.addr]);
+    assert_eq!(http(lb.addr, "GET", "/lb-health", None).await.0, 200);
+    let (status, health) = http(lb.addr, "GET", "/health", None).await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["cluster"]["redis"], "up", "{health}");
+
+    // A device through the proxy; a push through the proxy reaches it (with the admin token:
+    // requests through a proxy are not local).
+    let mut ws = device(lb.addr, "aa:00:00:00:0b:01").await.unwrap();
+    let path = "/admin/xiaozhi/devices/aa:00:00:00:0b:01/push";
+    let alert =
+        json!({"type": "alert", "status": "Info", "message": "via nginx", "emotion": "happy"});
+    assert_eq!(http(lb.addr, "POST", path, Some(&alert)).await.0, 401);
+    let (status, pushed) = http_as(lb.addr, "POST", path, Some(&alert), Some(admin)).await;
+    assert_eq!(status, 200, "{pushed}");
+    assert_eq!(next_json(&mut ws).await.unwrap()["message"], "via nginx");
+    let holder = pushed["instance"].as_str().unwrap().to_owned();
+    let (draining, other) = if holder == "a" { (&a, &b) } else { (&b, &a) };
+
+    // Drain the device's instance: it stops accepting, so new sessions through the proxy land
+    // on the other instance; its idle session is closed at once (1001: a reply in progress
+    // would finish first, within the grace period) and the device comes back through the
+    // proxy, on the other one.
+    draining.terminate();
+    let closed = Instant::now();
+    assert!(
+        next_json(&mut ws).await.is_none(),
+        "the idle session is closed"
+    );
+    assert!(closed.elapsed() < Duration::from_secs(3));
+    for i in 0..4 {
+        let id = format!("aa:00:00:00:0c:0{i}");
+        let _new = device(lb.addr, &id)
+            .await
+            .expect("a new session during the drain");
+        let (_, on_other) = http_as(
+            other.addr,
+            "GET",
+            "/admin/xiaozhi/devices",
+            None,
+            Some(admin),
+        )
+        .await;
+        assert!(on_other.to_string().contains(&id), "{on_other}");
+    }
+    let mut ws = device(lb.addr, "aa:00:00:00:0b:01").await.unwrap();
+    let (status, pushed) = http_as(lb.addr, "POST", path, Some(&alert), Some(admin)).await;
+    assert_eq!(status, 200, "{pushed}");
+    assert_ne!(pushed["instance"].as_str(), Some(holder.as_str()));
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "alert");
 }

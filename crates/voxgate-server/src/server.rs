@@ -504,6 +504,11 @@ async fn health(State(app): State<Arc<App>>) -> Response {
             .map(|d| (d.label().to_owned(), app.metrics.active_sessions(*d).into()))
             .collect::<serde_json::Map<String, serde_json::Value>>(),
         "webrtc_connections": app.webrtc.as_ref().map_or(0, |w| w.open()),
+        // Redis down is not unhealthy: the instance serves its own sessions (docs/scale-out.md).
+        "cluster": app.cluster.as_ref().map(|c| serde_json::json!({
+            "instance": c.instance(),
+            "redis": if c.is_up() { "up" } else { "down" },
+        })),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],
