@@ -8,7 +8,7 @@ use crate::{browser, cluster, codegen, deps, fuzz, golden, interop, publish, uti
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// Seconds each fuzz target runs in the smoke step, plus half that with large inputs for
-    /// the targets that have them (0 only builds the targets). 17 targets at 6 s: about 3
+    /// the targets that have them (0 only builds the targets). 19 targets at 6 s: about 3
     /// minutes of fuzzing after the build (docs/fuzzing.md).
     #[arg(long, default_value_t = 6)]
     fuzz_seconds: u64,

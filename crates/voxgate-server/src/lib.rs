@@ -135,4 +135,60 @@ pub mod fuzzing {
             serde_json::to_string(&self.bus.devices()).unwrap_or_default()
         }
     }
+
+    /// What instances read from each other through Redis (`[cluster]`): a routing message, a
+    /// saved Retell call, an instance's MCP tool list, a perception stream entry, and the
+    /// admin push body they carry. Each returns what was read, written out again.
+    pub mod cluster {
+        /// A routing channel message: parsed (bounded), then serialized again.
+        ///
+        /// # Errors
+        /// Why it was refused.
+        pub fn routing_message(bytes: &[u8]) -> Result<String, String> {
+            let envelope = crate::cluster::wire::Envelope::parse(bytes)?;
+            serde_json::to_string(&envelope).map_err(|e| e.to_string())
+        }
+
+        /// A saved Retell call of `call_id`, restored and saved again.
+        #[must_use]
+        pub fn saved_retell_call(call_id: &str, json: &str) -> Option<String> {
+            crate::retell::resave(call_id, json)
+        }
+
+        /// An instance's MCP connections and tools; how many tools a hub mirrors from them.
+        ///
+        /// # Errors
+        /// Why the list was refused.
+        pub fn mcp_tools(json: &str) -> Result<usize, String> {
+            let conns: Vec<crate::mcp_endpoint::hub::ExportedConnection> =
+                serde_json::from_str(json).map_err(|e| e.to_string())?;
+            let hub = crate::mcp_endpoint::hub::McpHub::new();
+            for c in &conns {
+                let (tx, _rx) = tokio::sync::mpsc::channel(1);
+                hub.register_remote("other", c, tx);
+            }
+            Ok(hub.tools(&crate::mcp_endpoint::hub::Scope::All).len())
+        }
+
+        /// A perception stream entry, published on a bus as another instance's event.
+        ///
+        /// # Errors
+        /// Why it was refused.
+        pub fn perception_entry(json: &str) -> Result<String, String> {
+            let event: crate::bridge::perception::PerceptionEvent =
+                serde_json::from_str(json).map_err(|e| e.to_string())?;
+            let out = serde_json::to_string(&event).map_err(|e| e.to_string())?;
+            crate::bridge::perception::PerceptionBus::new().publish(event);
+            Ok(out)
+        }
+
+        /// An admin push body, as the device's instance reads it.
+        ///
+        /// # Errors
+        /// Why it was refused.
+        pub fn device_push(bytes: &[u8]) -> Result<String, String> {
+            let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+            crate::xiaozhi::devices::parse_push(&v).map(|p| format!("{p:?}"))
+        }
+    }
 }

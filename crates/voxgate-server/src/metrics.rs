@@ -579,6 +579,13 @@ pub struct Metrics {
     webrtc_late_frames: Counter,
     /// WebRTC datagrams dropped because their connection was behind.
     webrtc_dropped_datagrams: Counter,
+    /// With `[cluster]`: 1 while the last heartbeat reached Redis.
+    cluster_redis_up: Gauge,
+    /// With `[cluster]`: Redis operations that failed or timed out.
+    cluster_redis_errors: Counter,
+    /// With `[cluster]`: requests sent to another instance (pushes, interrupts, messages,
+    /// tool calls).
+    cluster_routed: Counter,
     /// Per door: the server's own time from a turn's decision to its first reply audio
     /// frame written, provider waits excluded.
     server_added: [DurationHistogram; DOORS],
@@ -825,6 +832,24 @@ impl Metrics {
             "WebRTC datagrams dropped because their session was behind",
             webrtc_dropped_datagrams.clone(),
         );
+        let cluster_redis_up = Gauge::default();
+        r.register(
+            "voxgate_cluster_redis_up",
+            "With [cluster]: 1 while this instance reaches Redis, 0 otherwise (and without a cluster)",
+            cluster_redis_up.clone(),
+        );
+        let cluster_redis_errors = Counter::default();
+        r.register(
+            "voxgate_cluster_redis_errors",
+            "With [cluster]: Redis operations that failed or timed out",
+            cluster_redis_errors.clone(),
+        );
+        let cluster_routed = Counter::default();
+        r.register(
+            "voxgate_cluster_routed_requests",
+            "With [cluster]: requests sent to the instance holding a session or tool",
+            cluster_routed.clone(),
+        );
         Self {
             registry: r,
             sessions_total,
@@ -840,6 +865,9 @@ impl Metrics {
             provider_fallbacks,
             webrtc_late_frames,
             webrtc_dropped_datagrams,
+            cluster_redis_up,
+            cluster_redis_errors,
+            cluster_routed,
             server_added,
             speculations,
             speculative_requests,
@@ -860,6 +888,21 @@ impl Metrics {
     /// Counts a WebRTC datagram dropped because its connection's queue was full.
     pub fn webrtc_dropped_datagram(&self) {
         self.webrtc_dropped_datagrams.inc();
+    }
+
+    /// Whether the cluster's last heartbeat reached Redis.
+    pub fn set_cluster_redis_up(&self, up: bool) {
+        self.cluster_redis_up.set(i64::from(up));
+    }
+
+    /// Counts a failed cluster Redis operation.
+    pub fn cluster_redis_error(&self) {
+        self.cluster_redis_errors.inc();
+    }
+
+    /// Counts a request routed to another instance.
+    pub fn cluster_routed(&self) {
+        self.cluster_routed.inc();
     }
 
     /// Counts a new session; it stays active until the guard is dropped.

@@ -240,8 +240,11 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let providers = crate::providers::DoorProviderSet::new(&config, providers, &metrics)?;
         let admission = crate::admission::Admission::new(&config.limits, Arc::clone(&metrics));
-        let cluster =
-            crate::cluster::Cluster::new(&config.cluster).map_err(ServerError::Cluster)?;
+        let cluster = crate::cluster::Cluster::new(&config.cluster, Arc::clone(&metrics))
+            .map_err(ServerError::Cluster)?;
+        if let Some(c) = &cluster {
+            c.first_heartbeat().await;
+        }
         let webrtc = if config.webrtc.enabled {
             let endpoint = crate::webrtc::Endpoint::bind(&config.webrtc, Arc::clone(&metrics))
                 .await

@@ -738,6 +738,7 @@ mod tests {
             sessions: Arc::default(),
             webrtc: None,
             vip_sessions: crate::vip::Sessions::default(),
+            cluster: None,
         };
         (Arc::new(app), stop)
     }

@@ -193,6 +193,7 @@ pub(crate) struct Cluster {
     /// Whether the last heartbeat reached Redis.
     up: AtomicBool,
     stats: Stats,
+    metrics: Arc<crate::metrics::Metrics>,
     admit: redis::Script,
     renew: redis::Script,
     release: redis::Script,
@@ -213,7 +214,10 @@ impl Cluster {
     ///
     /// # Errors
     /// A Redis URL that does not parse.
-    pub(crate) fn new(config: &ClusterConfig) -> Result<Option<Arc<Self>>, String> {
+    pub(crate) fn new(
+        config: &ClusterConfig,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Result<Option<Arc<Self>>, String> {
         let Some(url) = &config.redis_url else {
             return Ok(None);
         };
@@ -248,6 +252,7 @@ impl Cluster {
             next_id: AtomicU64::new(1),
             up: AtomicBool::new(false),
             stats: Stats::default(),
+            metrics,
             admit: redis::Script::new(ADMIT),
             renew: redis::Script::new(RENEW),
             release: redis::Script::new(RELEASE),
@@ -328,6 +333,9 @@ impl Cluster {
             ))),
         };
         self.stats.record(op, started.elapsed(), result.is_ok());
+        if result.is_err() {
+            self.metrics.cluster_redis_error();
+        }
         result
     }
 
@@ -339,6 +347,15 @@ impl Cluster {
     pub(crate) async fn claim(self: &Arc<Self>, kind: Kind, id: &str) -> DirectoryEntry {
         let key = self.dir_key(kind, id);
         *self.lock_held().keys.entry(key.clone()).or_insert(0) += 1;
+        let entry = DirectoryEntry {
+            cluster: Arc::clone(self),
+            key: key.clone(),
+        };
+        if !self.is_up() {
+            // Redis was unreachable at the last heartbeat: do not hold a session open waiting
+            // for it; the heartbeat writes the entry once Redis answers.
+            return entry;
+        }
         let lease = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let instance = self.instance.clone();
         let k = key.clone();
@@ -355,10 +372,7 @@ impl Cluster {
         {
             tracing::warn!(%key, error = %e, "cluster directory claim failed; the heartbeat retries");
         }
-        DirectoryEntry {
-            cluster: Arc::clone(self),
-            key,
-        }
+        entry
     }
 
     /// Which instance holds `kind`/`id`, if any.
@@ -423,6 +437,15 @@ impl Cluster {
         }
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let member = format!("{}:{n}", self.instance);
+        if !self.is_up() {
+            // Redis was unreachable at the last heartbeat: admit on this instance's own limits
+            // at once (the heartbeat counts the place once Redis is back).
+            self.lock_held().slots.insert(member.clone());
+            return Ok(Some(ClusterSlot {
+                cluster: Arc::clone(self),
+                member,
+            }));
+        }
         let script = self.admit.clone();
         let key = self.key(&["sessions"]);
         let (limit, lease) = (self.max_sessions, self.lease.as_millis());
@@ -524,6 +547,19 @@ impl Cluster {
         .await
     }
 
+    /// The first heartbeat, before the server accepts sessions: whether Redis is reachable
+    /// decides how the first sessions are admitted and entered in the directory.
+    pub(crate) async fn first_heartbeat(&self) {
+        let ok = self.heartbeat().await.is_ok();
+        self.up.store(ok, Ordering::Relaxed);
+        self.metrics.set_cluster_redis_up(ok);
+        if ok {
+            tracing::info!(instance = %self.instance, "cluster store reachable");
+        } else {
+            tracing::warn!(instance = %self.instance, "cluster store unreachable at start; serving this instance's sessions alone until it answers");
+        }
+    }
+
     /// Whether the last heartbeat reached Redis.
     pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
@@ -573,6 +609,7 @@ impl Cluster {
         body: Value,
         wait: Duration,
     ) -> Result<Reply, ClusterError> {
+        self.metrics.cluster_routed();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -691,6 +728,7 @@ impl Cluster {
                             false
                         }
                     };
+                    this.metrics.set_cluster_redis_up(ok);
                     if ok && !this.up.swap(true, Ordering::Relaxed) {
                         tracing::info!(instance = %this.instance, "cluster store reachable");
                     }

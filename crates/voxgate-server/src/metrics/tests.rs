@@ -241,7 +241,7 @@ fn every_metric_touched() -> Metrics {
 }
 
 /// Every family the registry renders, with its type.
-const FAMILIES: [(&str, &str); 23] = [
+const FAMILIES: [(&str, &str); 26] = [
     ("voxgate_sessions_total", "counter"),
     ("voxgate_sessions_active", "gauge"),
     ("voxgate_turns_total", "counter"),
@@ -251,6 +251,9 @@ const FAMILIES: [(&str, &str); 23] = [
     ("voxgate_speculative_requests_total", "counter"),
     ("voxgate_sessions_refused_total", "counter"),
     ("voxgate_scheduling_delay_seconds", "gauge"),
+    ("voxgate_cluster_redis_up", "gauge"),
+    ("voxgate_cluster_redis_errors_total", "counter"),
+    ("voxgate_cluster_routed_requests_total", "counter"),
     ("voxgate_turn_server_added_seconds", "histogram"),
     ("voxgate_turn_endpointing_seconds", "histogram"),
     ("voxgate_turn_first_audio_seconds", "histogram"),

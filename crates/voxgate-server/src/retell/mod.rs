@@ -354,6 +354,13 @@ async fn list_calls(
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// A saved call's state read back and saved again (the fuzz target's path through
+/// [`CallState::from_saved`]); `None` when it is not one.
+#[doc(hidden)]
+pub(crate) fn resave(call_id: &str, json: &str) -> Option<String> {
+    CallState::from_saved(&RetellConfig::default(), call_id, json).map(|s| s.to_saved())
+}
+
 /// A control API request for one call.
 #[derive(Debug)]
 pub(crate) enum ControlOp {
@@ -500,6 +507,37 @@ async fn metadata(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saved_call_reads_back_and_is_stable_after_one_round() {
+        use voxgate_retell::{ResponseRequest, RetellEvent, TrackerInput, Utterance};
+        let mut state = CallState::new(&RetellConfig::default());
+        let now = std::time::Instant::now();
+        for input in [
+            TrackerInput::Connected {
+                call_id: "call-1".into(),
+            },
+            TrackerInput::Received(RetellEvent::ResponseRequired(ResponseRequest {
+                response_id: 1,
+                transcript: vec![Utterance {
+                    content: "hello".into(),
+                    ..Utterance::default()
+                }],
+                ..ResponseRequest::default()
+            })),
+        ] {
+            state.tracker.handle_input(now, input).unwrap();
+        }
+        let saved = state.to_saved();
+        // Restoring cuts the open answer off (its socket is gone); from then on it is stable.
+        let once = resave("call-1", &saved).unwrap();
+        assert_ne!(once, saved);
+        assert_eq!(resave("call-1", &once).as_deref(), Some(once.as_str()));
+        assert!(once.contains("hello"));
+        // Another call's state, or garbage, is not taken.
+        assert_eq!(resave("call-2", &saved), None);
+        assert_eq!(resave("call-1", "{"), None);
+    }
 
     #[test]
     fn the_secret_decides_before_the_upgrade() {

@@ -33,7 +33,7 @@ use crate::server::App;
 /// What survives a socket: everything Retell expects to continue after a reconnect.
 #[derive(Debug)]
 pub(crate) struct CallState {
-    tracker: ResponseTracker,
+    pub(super) tracker: ResponseTracker,
     call: Option<Call>,
     agent_updated: bool,
 }
