@@ -786,7 +786,7 @@ async fn figures_redis_operations_per_turn() {
     );
     assert_eq!(in_turns, 0, "no Redis on a Xiaozhi turn");
     rows.push(format!(
-        "| xiaozhi turn | 0 | 0 (2 at session open: admit + claim) | none on the turn path |"
+        "| xiaozhi turn ({xiaozhi_turns}) | 0 (2 at session open: `admit` script, directory `SET`) | n/a | none |"
     ));
     drop(ws);
 

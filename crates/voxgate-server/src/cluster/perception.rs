@@ -129,7 +129,7 @@ pub(crate) async fn read(
                                 }
                                 Ok(_) => {}
                                 Err(e) => {
-                                    tracing::warn!(error = %e, "perception stream entry ignored")
+                                    tracing::warn!(error = %e, "perception stream entry ignored");
                                 }
                             }
                         }

@@ -175,7 +175,7 @@ mod tests {
             },
             ClusterConfig {
                 lease_ms: 10,
-                ..ok.clone()
+                ..ok
             },
         ] {
             assert!(bad.check().is_err(), "{bad:?}");

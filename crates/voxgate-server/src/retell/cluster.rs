@@ -71,7 +71,7 @@ pub(super) async fn take_over(
         }
         Ok(None) => {}
         Err(e) => {
-            tracing::warn!(%call_id, error = %e, "saved Retell call unavailable; resuming only what this instance knows")
+            tracing::warn!(%call_id, error = %e, "saved Retell call unavailable; resuming only what this instance knows");
         }
     }
     Ok(cluster.claim(Kind::Retell, call_id).await)

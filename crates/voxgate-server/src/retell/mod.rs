@@ -457,7 +457,7 @@ async fn finish<T>(
     }
 }
 
-fn respond(reply: crate::cluster::Reply) -> Response {
+fn respond(reply: &crate::cluster::Reply) -> Response {
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if reply.body.is_null() {
         return status.into_response();
@@ -484,7 +484,7 @@ async fn interrupt(
         Ok(Json(b)) => b,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    respond(control(&app, &call_id, ControlOp::Interrupt(body), false).await)
+    respond(&control(&app, &call_id, ControlOp::Interrupt(body), false).await)
 }
 
 async fn metadata(
@@ -501,7 +501,7 @@ async fn metadata(
         Ok(Json(b)) => b,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    respond(control(&app, &call_id, ControlOp::Metadata(metadata), false).await)
+    respond(&control(&app, &call_id, ControlOp::Metadata(metadata), false).await)
 }
 
 #[cfg(test)]
