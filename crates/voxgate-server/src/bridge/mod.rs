@@ -453,7 +453,7 @@ async fn message_turn(app: &App, v: &Value, routed: bool) -> Result<Value, ApiEr
     let turn_timeout = Duration::from_secs(cfg.turn_timeout_secs);
     if let Some(cluster) = app.cluster.as_ref().filter(|_| !routed)
         && app.shared.conversations.get(&key).is_none()
-        && let Some(holder) =
+        && let Ok(Some(holder)) =
             crate::cluster::live_holder(cluster, crate::cluster::Kind::Bridge, &key).await
     {
         let wait = turn_timeout + cluster.request_timeout();

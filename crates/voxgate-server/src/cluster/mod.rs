@@ -97,6 +97,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+/// The holder of `KEYS[1]` and how many subscribers its routing channel (`ARGV[1]` followed
+/// by the holder's id) has: one round trip for "who holds it, and is it alive".
+const HOLDER: &str = r"
+local h = redis.call('GET', KEYS[1])
+if not h then return false end
+local n = redis.call('PUBSUB', 'NUMSUB', ARGV[1] .. h)
+return {h, n[2]}
+";
+
 /// Kinds of sessions in the directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
@@ -195,6 +204,7 @@ pub(crate) struct Cluster {
     stats: Stats,
     metrics: Arc<crate::metrics::Metrics>,
     admit: redis::Script,
+    holder_script: redis::Script,
     renew: redis::Script,
     release: redis::Script,
 }
@@ -254,6 +264,7 @@ impl Cluster {
             stats: Stats::default(),
             metrics,
             admit: redis::Script::new(ADMIT),
+            holder_script: redis::Script::new(HOLDER),
             renew: redis::Script::new(RENEW),
             release: redis::Script::new(RELEASE),
         })))
@@ -272,21 +283,6 @@ impl Cluster {
     /// `[cluster] request_timeout_ms`.
     pub(crate) fn request_timeout(&self) -> Duration {
         self.request_timeout
-    }
-
-    /// Whether `instance` is listening on its routing channel now (a dead instance's
-    /// directory entries outlive it by up to a lease; this tells at once).
-    pub(crate) async fn is_listening(&self, instance: &str) -> Result<bool, ClusterError> {
-        let channel = self.channel(instance);
-        self.op("numsub", async move |c| {
-            let (_, n): (String, u64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(c)
-                .await?;
-            Ok(n > 0)
-        })
-        .await
     }
 
     fn key(&self, parts: &[&str]) -> String {
@@ -373,19 +369,6 @@ impl Cluster {
             tracing::warn!(%key, error = %e, "cluster directory claim failed; the heartbeat retries");
         }
         entry
-    }
-
-    /// Which instance holds `kind`/`id`, if any.
-    pub(crate) async fn holder(
-        &self,
-        kind: Kind,
-        id: &str,
-    ) -> Result<Option<String>, ClusterError> {
-        let key = self.dir_key(kind, id);
-        self.op("lookup", async move |c| {
-            c.get::<_, Option<String>>(&key).await
-        })
-        .await
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -861,18 +844,31 @@ impl Cluster {
 }
 
 /// The other instance holding `kind`/`id`, when it is alive (listening on its channel). `None`
-/// when nobody holds it, this instance does, its holder died, or Redis cannot say (the caller
-/// then serves it itself).
-pub(crate) async fn live_holder(cluster: &Cluster, kind: Kind, id: &str) -> Option<String> {
-    let holder = cluster.holder(kind, id).await.ok()??;
-    if holder == cluster.instance() {
-        return None;
-    }
-    cluster
-        .is_listening(&holder)
-        .await
-        .unwrap_or(false)
-        .then_some(holder)
+/// when nobody holds it, this instance does, or its holder died (its entry expires with its
+/// lease). One round trip.
+///
+/// # Errors
+/// Redis could not say.
+pub(crate) async fn live_holder(
+    cluster: &Cluster,
+    kind: Kind,
+    id: &str,
+) -> Result<Option<String>, ClusterError> {
+    let key = cluster.dir_key(kind, id);
+    let prefix = cluster.channel("");
+    let script = cluster.holder_script.clone();
+    let found = cluster
+        .op("holder", async move |c| {
+            script
+                .key(&key)
+                .arg(&prefix)
+                .invoke_async::<Option<(String, u64)>>(c)
+                .await
+        })
+        .await?;
+    Ok(found.and_then(|(holder, listeners)| {
+        (holder != cluster.instance() && listeners > 0).then_some(holder)
+    }))
 }
 
 /// Completes once `stop` says so (or its sender is gone).

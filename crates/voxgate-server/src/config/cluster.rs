@@ -173,10 +173,7 @@ mod tests {
                 redis_url: Some("rediss://host".into()),
                 ..ok.clone()
             },
-            ClusterConfig {
-                lease_ms: 10,
-                ..ok
-            },
+            ClusterConfig { lease_ms: 10, ..ok },
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
         }

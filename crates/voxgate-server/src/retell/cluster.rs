@@ -45,7 +45,7 @@ pub(super) async fn take_over(
 ) -> Result<DirectoryEntry, Response> {
     let deadline = tokio::time::Instant::now() + RECONNECT_GRACE;
     // Nobody else, a dead instance's leftover entry, or no Redis: go on.
-    while let Some(holder) = crate::cluster::live_holder(cluster, Kind::Retell, call_id).await {
+    while let Ok(Some(holder)) = crate::cluster::live_holder(cluster, Kind::Retell, call_id).await {
         if tokio::time::Instant::now() >= deadline {
             tracing::info!(%call_id, %holder, "Retell upgrade refused: the call has a live socket on another instance");
             return Err(json_error(

@@ -425,15 +425,15 @@ pub(crate) async fn control(
     let Some(cluster) = app.cluster.as_ref().filter(|_| !routed) else {
         return not_here();
     };
-    match cluster.holder(crate::cluster::Kind::Retell, call_id).await {
-        Ok(Some(holder)) if holder != cluster.instance() => {
+    match crate::cluster::live_holder(cluster, crate::cluster::Kind::Retell, call_id).await {
+        Ok(Some(holder)) => {
             let (name, body) = op.routed();
             match cluster.call(&holder, name, call_id, body).await {
                 Ok(reply) => reply,
                 Err(e) => reply_error(e.status(), e.to_string()),
             }
         }
-        Ok(_) => not_here(),
+        Ok(None) => not_here(),
         Err(e) => reply_error(e.status(), e.to_string()),
     }
 }

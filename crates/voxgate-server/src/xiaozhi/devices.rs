@@ -215,14 +215,14 @@ pub(crate) async fn push(app: &App, device: &str, body: Value, routed: bool) -> 
     let Some(cluster) = app.cluster.as_ref().filter(|_| !routed) else {
         return not_here();
     };
-    match cluster.holder(Kind::Xiaozhi, &device).await {
-        Ok(Some(holder)) if holder != cluster.instance() => {
-            match cluster.call(&holder, "xiaozhi.push", &device, body).await {
-                Ok(reply) => reply,
-                Err(e) => error(e.status(), e.code(), &e.to_string()),
-            }
-        }
-        Ok(_) => not_here(),
+    // A holder that died is not listening: its device is connected nowhere until it
+    // reconnects (its entry expires with the lease).
+    match crate::cluster::live_holder(cluster, Kind::Xiaozhi, &device).await {
+        Ok(Some(holder)) => match cluster.call(&holder, "xiaozhi.push", &device, body).await {
+            Ok(reply) => reply,
+            Err(e) => error(e.status(), e.code(), &e.to_string()),
+        },
+        Ok(None) => not_here(),
         Err(e) => error(e.status(), e.code(), &e.to_string()),
     }
 }
