@@ -358,14 +358,8 @@ impl ResponseTracker {
             .collect();
         t.last_interrupt_id = snapshot.last_interrupt_id;
         t.stats = snapshot.stats;
-        if let Some(c) = t.current.as_mut()
-            && !c.complete
-            && !c.stopped
-        {
-            c.stopped = true;
-            c.cut_off = true;
-            t.stats.responses_stopped += 1;
-        }
+        // Its socket is gone (no one to tell to stop).
+        let _ = t.cut_off_open_response();
         t
     }
 
@@ -522,16 +516,22 @@ impl ResponseTracker {
         self.connected = false;
         // The socket that asked is gone: stop streaming into it. The request stays owed: the
         // next connection (a resume) generates it again from the start.
-        if let Some(c) = self.current.as_mut()
-            && !c.complete
-            && !c.stopped
-        {
-            c.stopped = true;
-            c.cut_off = true;
-            self.stats.responses_stopped += 1;
-            self.out
-                .push_back(TrackerOutput::Stop { response_id: c.id });
+        if let Some(response_id) = self.cut_off_open_response() {
+            self.out.push_back(TrackerOutput::Stop { response_id });
         }
+    }
+
+    /// Marks a response still streaming as stopped with its socket (owed again on the next
+    /// connection); its id, if there was one.
+    fn cut_off_open_response(&mut self) -> Option<u64> {
+        let c = self
+            .current
+            .as_mut()
+            .filter(|c| !c.complete && !c.stopped)?;
+        c.stopped = true;
+        c.cut_off = true;
+        self.stats.responses_stopped += 1;
+        Some(c.id)
     }
 
     fn send_begin(&mut self, text: String) {
