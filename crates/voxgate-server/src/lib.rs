@@ -175,8 +175,7 @@ pub mod fuzzing {
         /// # Errors
         /// Why it was refused.
         pub fn perception_entry(json: &str) -> Result<String, String> {
-            let event: crate::bridge::perception::PerceptionEvent =
-                serde_json::from_str(json).map_err(|e| e.to_string())?;
+            let event = crate::cluster::perception::read_entry(json)?;
             let out = serde_json::to_string(&event).map_err(|e| e.to_string())?;
             crate::bridge::perception::PerceptionBus::new().publish(event);
             Ok(out)

@@ -25,7 +25,7 @@
 //! script call per lease third, however many sessions there are.
 
 mod mcp;
-mod perception;
+pub(crate) mod perception;
 mod stats;
 pub(crate) mod wire;
 

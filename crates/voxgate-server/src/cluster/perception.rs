@@ -123,7 +123,7 @@ pub(crate) async fn read(
                             let Some(json) = entry.get::<String>("event") else {
                                 continue;
                             };
-                            match serde_json::from_str::<PerceptionEvent>(&json) {
+                            match read_entry(&json) {
                                 Ok(e) if e.instance.as_deref() != Some(cluster.instance()) => {
                                     bus.publish(e);
                                 }
@@ -146,6 +146,28 @@ pub(crate) async fn read(
     }
 }
 
+/// Largest stream entry read.
+const MAX_ENTRY_BYTES: usize = 64 * 1024;
+
+/// Reads a stream entry as another instance's event, held to the bounds of an event published
+/// here (`PerceptionEvent::from_value`), its instance id to the bounds of `[cluster]
+/// instance_id`.
+pub(crate) fn read_entry(json: &str) -> Result<PerceptionEvent, String> {
+    if json.len() > MAX_ENTRY_BYTES {
+        return Err(format!("an entry of {} bytes", json.len()));
+    }
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let origin = serde_json::from_value(v["origin"].clone()).map_err(|e| e.to_string())?;
+    let instance = v["instance"]
+        .as_str()
+        .filter(|i| !i.is_empty() && i.len() <= 64)
+        .ok_or("`instance` (the publishing instance) is required")?
+        .to_owned();
+    let mut event = PerceptionEvent::from_value(v, None, None, origin).map_err(|e| e.0)?;
+    event.instance = Some(instance);
+    Ok(event)
+}
+
 /// The id of the stream's newest entry, if any.
 async fn newest_id(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
     let r: redis::streams::StreamRangeReply = conn.xrevrange_count(key, "+", "-", 1).await.ok()?;
@@ -166,7 +188,7 @@ fn id_lt(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::id_lt;
+    use super::{id_lt, read_entry};
 
     #[test]
     fn stream_ids_compare_as_numbers() {
@@ -174,5 +196,27 @@ mod tests {
         assert!(id_lt("10-2", "10-10"));
         assert!(!id_lt("10-0", "10-0"));
         assert!(!id_lt("11-0", "10-99"));
+    }
+
+    #[test]
+    fn stream_entries_are_held_to_the_bounds_of_a_local_event() {
+        let ok = r#"{"name":"face_detected","data":{"who":"ada"},"device_id":"cam-1","ts":1.5,"origin":"http","instance":"a"}"#;
+        let e = read_entry(ok).unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.instance.as_deref()),
+            ("face_detected", Some("a"))
+        );
+        for bad in [
+            r#"{"name":"","device_id":"cam-1","origin":"http","instance":"a"}"#.to_owned(),
+            r#"{"name":"x","device_id":"cam-1","origin":"http"}"#.to_owned(),
+            r#"{"name":"x","device_id":"cam-1","origin":"martian","instance":"a"}"#.to_owned(),
+            format!(
+                r#"{{"name":"{}","device_id":"d","origin":"http","instance":"a"}}"#,
+                "n".repeat(65)
+            ),
+            "[1]".to_owned(),
+        ] {
+            assert!(read_entry(&bad).is_err(), "{bad}");
+        }
     }
 }
