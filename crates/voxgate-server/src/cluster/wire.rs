@@ -45,7 +45,23 @@ impl Envelope {
                 bytes.len()
             ));
         }
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+        let envelope: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if let Self::Request {
+            from, op, target, ..
+        } = &envelope
+        {
+            // `from` names the channel the reply goes to: an instance id, nothing else.
+            let name_ok = |s: &str| {
+                !s.is_empty()
+                    && s.len() <= 64
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            };
+            if !name_ok(from) || !name_ok(op) || target.len() > 1024 {
+                return Err("a request with an unusable sender, operation or target".into());
+            }
+        }
+        Ok(envelope)
     }
 }
 
@@ -99,5 +115,12 @@ mod tests {
         assert!(Envelope::parse(&vec![b' '; MAX_MESSAGE_BYTES + 1]).is_err());
         assert!(Envelope::parse(b"{\"kind\":\"nope\"}").is_err());
         assert!(Envelope::parse(b"\xff").is_err());
+        for (from, op) in [("a:b", "x"), ("", "x"), ("a", "x y")] {
+            let bad = json!({"kind": "request", "id": 1, "from": from, "op": op, "target": "t", "body": null});
+            assert!(
+                Envelope::parse(bad.to_string().as_bytes()).is_err(),
+                "{bad}"
+            );
+        }
     }
 }
