@@ -82,6 +82,19 @@ impl Reply {
     }
 }
 
+/// The answer as HTTP: its status and JSON body (no body when it is `null`), as the handling
+/// instance would have answered.
+impl axum::response::IntoResponse for Reply {
+    fn into_response(self) -> axum::response::Response {
+        let status = axum::http::StatusCode::from_u16(self.status)
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        if self.body.is_null() {
+            return status.into_response();
+        }
+        (status, axum::Json(self.body)).into_response()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

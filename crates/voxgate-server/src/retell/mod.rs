@@ -457,19 +457,6 @@ async fn finish<T>(
     }
 }
 
-fn respond(reply: &crate::cluster::Reply) -> Response {
-    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if reply.body.is_null() {
-        return status.into_response();
-    }
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        reply.body.to_string(),
-    )
-        .into_response()
-}
-
 async fn interrupt(
     State(app): State<Arc<App>>,
     ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
@@ -484,7 +471,9 @@ async fn interrupt(
         Ok(Json(b)) => b,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    respond(&control(&app, &call_id, ControlOp::Interrupt(body), false).await)
+    control(&app, &call_id, ControlOp::Interrupt(body), false)
+        .await
+        .into_response()
 }
 
 async fn metadata(
@@ -501,7 +490,9 @@ async fn metadata(
         Ok(Json(b)) => b,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    respond(&control(&app, &call_id, ControlOp::Metadata(metadata), false).await)
+    control(&app, &call_id, ControlOp::Metadata(metadata), false)
+        .await
+        .into_response()
 }
 
 #[cfg(test)]

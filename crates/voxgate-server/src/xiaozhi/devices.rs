@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::Path;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -227,11 +226,6 @@ pub(crate) async fn push(app: &App, device: &str, body: Value, routed: bool) -> 
     }
 }
 
-fn respond(reply: Reply) -> Response {
-    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(reply.body)).into_response()
-}
-
 /// `POST /admin/xiaozhi/devices/{device_id}/push`.
 pub(super) async fn admin_push(
     Admin(app): Admin,
@@ -239,13 +233,13 @@ pub(super) async fn admin_push(
     body: Bytes,
 ) -> Response {
     if body.len() > MAX_BODY {
-        return respond(error(413, "too_large", "body too large"));
+        return error(413, "too_large", "body too large").into_response();
     }
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return respond(error(400, "bad_json", &e.to_string())),
+        Err(e) => return error(400, "bad_json", &e.to_string()).into_response(),
     };
-    respond(push(&app, &device, body, false).await)
+    push(&app, &device, body, false).await.into_response()
 }
 
 /// `GET /admin/xiaozhi/devices`.
