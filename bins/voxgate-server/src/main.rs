@@ -1,11 +1,17 @@
 //! `voxgate-server`: the voxgate reference voice-agent server.
 //!
 //! ```text
-//! voxgate-server [--config FILE] [--listen ADDR] [--log-format text|json] [--print-config]
+//! voxgate-server [--config FILE] [--listen ADDR] [--log-format text|json] [--offline]
+//!                [--print-config]
 //! ```
 //!
 //! Runs on the embedded defaults when given nothing: `127.0.0.1:8080`, the offline demo agent,
-//! no speech recognizer and the embedded synthesizer (espeak-ng when installed). A TOML file
+//! and in-process speech when its models are installed (`VOXGATE_MODELS_DIR`, default
+//! `~/.local/share/voxgate/models`; `docs/offline.md`): Whisper recognition and a Piper voice.
+//! Without them, no speech recognizer (the start-up log says how to install one) and the
+//! embedded synthesizer (espeak-ng when installed). `--offline` insists on local speech: it
+//! replaces configured cloud recognition and synthesis, and refuses to start without a
+//! recognition model. A TOML file
 //! (`--config`) and `VOXGATE_*` environment variables override them, `--listen` last (see the
 //! `voxgate_server::config` docs for the schema and every variable). `--print-config` prints
 //! the effective configuration (secrets masked) and exits.
@@ -47,6 +53,10 @@ struct Args {
     /// VOXGATE_LOG_FORMAT.
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
+    /// Recognize and speak in process, whatever the configuration says (fails when no
+    /// recognition model is installed; see docs/offline.md).
+    #[arg(long)]
+    offline: bool,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -70,8 +80,9 @@ fn resolve(text: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{text:?} resolves to no address"))
 }
 
-/// The configuration, and warnings about `VOXGATE_*` variables it did not read.
-fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>)> {
+/// The configuration, warnings about `VOXGATE_*` variables it did not read, and the local
+/// speech decisions for the start-up log.
+fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>, Vec<String>)> {
     let base = match &args.config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
@@ -88,7 +99,8 @@ fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>)> {
     if let Some(format) = args.log_format {
         config.telemetry.log_format = format;
     }
-    Ok((config, env_warnings))
+    let speech = config.use_local_speech(&voxgate_server::default_models_dir(), args.offline)?;
+    Ok((config, env_warnings, speech))
 }
 
 /// Prints an error once: its message and the causes it does not already quote, without the
@@ -109,7 +121,7 @@ fn report(e: &anyhow::Error) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let (config, env_warnings) = match config(&args) {
+    let (config, env_warnings, speech) = match config(&args) {
         Ok(c) => c,
         Err(e) => {
             report(&e);
@@ -136,6 +148,9 @@ fn main() -> ExitCode {
     };
     for warning in env_warnings.iter().chain(&warnings) {
         tracing::warn!("{warning}");
+    }
+    for line in &speech {
+        tracing::info!("{line}");
     }
     if let Some(url) = telemetry.traces_url() {
         tracing::info!("exporting traces to {url}");

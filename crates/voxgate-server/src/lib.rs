@@ -43,6 +43,8 @@ mod fallback;
 mod gemini;
 mod head_timeout;
 mod incident;
+mod local_speech;
+pub use local_speech::default_models_dir;
 mod mcp_endpoint;
 pub mod metrics;
 mod providers;

@@ -100,6 +100,12 @@ fn build_asr(spec: &AsrSpec) -> Result<Arc<dyn Asr>, ProviderError> {
             oc.api_key.clone_from(api_key);
             Arc::new(OpenAiTranscription::new(oc)?)
         }
+        AsrSpec::Local {
+            model,
+            workers,
+            queue,
+            language,
+        } => crate::local_speech::whisper(model, *workers, *queue, language)?,
         AsrSpec::None => Arc::new(NoAsr),
     })
 }
@@ -130,6 +136,13 @@ fn build_tts(spec: &TtsSpec) -> Result<Arc<dyn Tts>, ProviderError> {
             c.sample_rate = *sample_rate;
             Arc::new(ElevenLabsTts::new(c)?)
         }
+        TtsSpec::Local {
+            model,
+            onnxruntime,
+            speaker,
+            workers,
+            queue,
+        } => crate::local_speech::piper(model, onnxruntime, *speaker, *workers, *queue)?,
         TtsSpec::Command { program, args } => Arc::new(CommandTts::new(CommandTtsConfig {
             program: program.into(),
             args: args.clone(),

