@@ -71,19 +71,21 @@ fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
             }
         }
     });
-    let mut log = String::new();
+    // Owned by the guard from here, so every way out of this function ends the process.
+    let mut server = Server {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        log: String::new(),
+        child,
+    };
     loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("the server did not start:\n{log}"));
-        log.push_str(&line);
-        log.push('\n');
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) else {
+            panic!("the server did not start:\n{}", server.log);
+        };
+        server.log.push_str(&line);
+        server.log.push('\n');
         if let Some(addr) = line.strip_prefix("voxgate-server listening on http://") {
-            return Server {
-                addr: addr.trim().parse().unwrap(),
-                log,
-                child,
-            };
+            server.addr = addr.trim().parse().unwrap();
+            return server;
         }
     }
 }
@@ -108,7 +110,10 @@ fn speak(text: &str) -> Vec<i16> {
     let mut r = Resampler::new(wav.sample_rate, 16_000).unwrap();
     r.process(&wav.to_mono(), &mut pcm);
     r.flush(&mut pcm);
-    pcm.iter().map(|s| (s * 32_767.0) as i16).collect()
+    #[allow(clippy::cast_possible_truncation)]
+    pcm.iter()
+        .map(|s| (s * 32_767.0).clamp(-32_768.0, 32_767.0) as i16)
+        .collect()
 }
 
 /// 60 ms Opus packets of `pcm`, then a second of silence (the end of the turn).

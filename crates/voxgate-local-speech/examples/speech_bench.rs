@@ -6,7 +6,12 @@
 //! VOXGATE_MODELS_DIR=target/models cargo run --release -p voxgate-local-speech --example speech_bench
 //! ```
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation
+)]
 
 use std::process::Command;
 use std::time::Instant;
@@ -80,7 +85,7 @@ fn main() {
 
     let rss0 = rss_mb();
     let started = Instant::now();
-    let mut cfg = WhisperConfig::new(whisper_dir.clone());
+    let mut cfg = WhisperConfig::new(whisper_dir);
     let whisper = LocalWhisper::load(cfg.clone(), WorkerPool::new("bench", 1, 0).unwrap()).unwrap();
     let load = started.elapsed();
     let rss1 = rss_mb();

@@ -688,17 +688,17 @@ impl Loaded {
         for step in 0..budget {
             let input = Tensor::new(tokens.as_slice(), &Device::Cpu)?.unsqueeze(0)?;
             let ys = model.decoder.forward(&input, &features, step == 0)?;
-            if step == 0 {
-                if let Some(ns) = self.no_speech {
-                    // Whisper reads "no speech" off the start-of-transcript position.
-                    let first = self.logits(&ys.i((0, 0..1))?)?;
-                    let p = candle_nn::ops::softmax_last_dim(&first)?
-                        .i(ns as usize)?
-                        .to_scalar::<f32>()?;
-                    if p > self.config.no_speech_threshold {
-                        tracing::debug!(no_speech = p, "whisper: no speech");
-                        return Ok(String::new());
-                    }
+            if step == 0
+                && let Some(ns) = self.no_speech
+            {
+                // Whisper reads "no speech" off the start-of-transcript position.
+                let first = self.logits(&ys.i((0, 0..1))?)?;
+                let p = candle_nn::ops::softmax_last_dim(&first)?
+                    .i(ns as usize)?
+                    .to_scalar::<f32>()?;
+                if p > self.config.no_speech_threshold {
+                    tracing::debug!(no_speech = p, "whisper: no speech");
+                    return Ok(String::new());
                 }
             }
             let last = tokens.len() - 1;
@@ -729,9 +729,9 @@ impl Loaded {
         tracing::debug!(
             secs = pcm.len() as f64 / f64::from(Utterance::SAMPLE_RATE),
             frames,
-            mel_ms = mel_done.as_millis() as u64,
-            encoder_ms = (encoded - mel_done).as_millis() as u64,
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            mel_ms = mel_done.as_secs_f64() * 1e3,
+            encoder_ms = (encoded - mel_done).as_secs_f64() * 1e3,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             %text,
             "whisper transcript"
         );

@@ -3,7 +3,7 @@
 //! Ignored by default: they need a Piper voice and the ONNX Runtime library, which
 //! `cargo xtask offline` installs (under `target/models`, named by `VOXGATE_MODELS_DIR`) before
 //! running them, with `espeak-ng` on `PATH`.
-#![allow(clippy::unwrap_used, clippy::panic)] // test helpers may unwrap and panic
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may unwrap and panic
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};

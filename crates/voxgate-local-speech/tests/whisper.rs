@@ -1,6 +1,8 @@
 //! Recognition with the installed Whisper model (`cargo xtask offline` installs it and runs
 //! these; ignored in `cargo test --workspace`, which needs no model).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+
 mod support;
 
 use std::sync::{Arc, Barrier};

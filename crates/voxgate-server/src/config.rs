@@ -995,6 +995,7 @@ mod local_speech_tests {
 
     /// A models directory laid out as the PyPI packages unpack (files are placeholders: only
     /// their places are read here).
+    #[allow(clippy::unwrap_used)]
     fn models_dir(name: &str, with_voice: bool) -> PathBuf {
         let root = std::env::temp_dir().join(format!("voxgate-cfg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
@@ -1056,12 +1057,14 @@ mod local_speech_tests {
     #[test]
     fn configured_providers_are_kept_unless_offline() {
         let dir = models_dir("kept", false);
-        let mut c = Config::default();
-        c.asr = Some(AsrConfig {
-            base_url: Some("http://asr.example/v1".into()),
-            api_key: Some("k".into()),
-            ..AsrConfig::default()
-        });
+        let mut c = Config {
+            asr: Some(AsrConfig {
+                base_url: Some("http://asr.example/v1".into()),
+                api_key: Some("k".into()),
+                ..AsrConfig::default()
+            }),
+            ..Config::default()
+        };
         assert!(c.use_local_speech(&dir, false).unwrap().is_empty());
         assert!(matches!(c.asr_plan().unwrap().spec, AsrSpec::OpenAi { .. }));
         let lines = c.use_local_speech(&dir, true).unwrap();

@@ -184,7 +184,7 @@ mod loaded {
         let loaded = Arc::new(LocalWhisper::load(config, pool)?);
         tracing::info!(
             model = %model.display(),
-            load_ms = started.elapsed().as_millis() as u64,
+            load_ms = started.elapsed().as_secs_f64() * 1e3,
             "local speech recognizer loaded"
         );
         cache.insert(key, Arc::clone(&loaded));
@@ -223,7 +223,7 @@ mod loaded {
         let loaded = Arc::new(PiperTts::new(config, pool)?);
         tracing::info!(
             voice = %model.display(),
-            load_ms = started.elapsed().as_millis() as u64,
+            load_ms = started.elapsed().as_secs_f64() * 1e3,
             "local speech synthesizer loaded"
         );
         cache.insert(key, Arc::clone(&loaded));

@@ -1,7 +1,13 @@
 //! Shared by the model tests: the installed models and spoken test sentences made by
 //! espeak-ng at test time.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use std::path::PathBuf;
 use std::process::Command;
