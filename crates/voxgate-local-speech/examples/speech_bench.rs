@@ -13,25 +13,18 @@
     clippy::cast_possible_truncation
 )]
 
-use std::process::Command;
 use std::time::Instant;
 
-use voxgate_audio::resample::Resampler;
-use voxgate_audio::wav::read_wav;
 use voxgate_local_speech::{
     LocalWhisper, ModelDir, PiperConfig, PiperTts, WhisperConfig, WorkerPool, wer,
 };
 
-const SENTENCES: [&str; 8] = [
-    "What is the weather like in Paris today?",
-    "Please turn on the lights in the kitchen.",
-    "Set a timer for ten minutes.",
-    "Tell me a joke about computers.",
-    "How far is the moon from the earth?",
-    "I would like to order a large pizza with mushrooms.",
-    "Can you remind me to call my mother tomorrow morning?",
-    "Play some relaxing music in the living room.",
-];
+// The tests' sentences and their espeak-ng speaker, so the figures and the accuracy test
+// measure the same thing.
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::{SENTENCES, speak, to_16k};
 
 /// Resident memory of this process in MB (Linux).
 fn rss_mb() -> f64 {
@@ -41,34 +34,6 @@ fn rss_mb() -> f64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
-}
-
-fn to_16k(pcm: &[f32], rate: u32) -> Vec<i16> {
-    let mut out = Vec::new();
-    let mut r = Resampler::new(rate, 16_000).unwrap();
-    r.process(pcm, &mut out);
-    r.flush(&mut out);
-    out.iter()
-        .map(|s| (s * 32_767.0).clamp(-32_768.0, 32_767.0) as i16)
-        .collect()
-}
-
-fn speak(text: &str) -> Vec<i16> {
-    // A file rather than --stdout: espeak-ng streams a WAV header without sizes.
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("voxgate-speak-{}-{n}.wav", std::process::id()));
-    let status = Command::new("espeak-ng")
-        .args(["-v", "en-us", "-s", "160", "-w"])
-        .arg(&path)
-        .arg(text)
-        .status()
-        .expect("espeak-ng (Debian package espeak-ng)");
-    assert!(status.success(), "espeak-ng failed");
-    let bytes = std::fs::read(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
-    let wav = read_wav(&bytes).unwrap();
-    to_16k(&wav.to_mono(), wav.sample_rate)
 }
 
 fn main() {

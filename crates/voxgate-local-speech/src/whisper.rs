@@ -165,6 +165,39 @@ fn tensor(v: &ct2::Variable<'_>, path: &Path, name: &str) -> Result<Tensor, Whis
     Ok(Tensor::from_raw_buffer(v.data, dtype, &v.shape, &Device::Cpu)?.to_dtype(DType::F32)?)
 }
 
+/// One weight of a transformer block: candle's name (after the block's prefix) and
+/// CTranslate2's.
+enum Part {
+    /// A linear layer with bias.
+    Linear(&'static str, &'static str),
+    /// A fused projection split into equal parts (`k_proj` has no bias in Whisper).
+    Split(&'static str, &'static [&'static str], &'static str),
+    /// A layer norm (`gamma`/`beta` → `weight`/`bias`).
+    Norm(&'static str, &'static str),
+}
+
+/// Every encoder and decoder block: self-attention and the MLP.
+const SELF_ATTENTION_AND_MLP: [Part; 6] = [
+    Part::Split(
+        "self_attn",
+        &["q_proj", "k_proj", "v_proj"],
+        "self_attention/linear_0",
+    ),
+    Part::Linear("self_attn.out_proj", "self_attention/linear_1"),
+    Part::Norm("self_attn_layer_norm", "self_attention/layer_norm"),
+    Part::Linear("fc1", "ffn/linear_0"),
+    Part::Linear("fc2", "ffn/linear_1"),
+    Part::Norm("final_layer_norm", "ffn/layer_norm"),
+];
+
+/// Decoder blocks also attend to the audio.
+const CROSS_ATTENTION: [Part; 4] = [
+    Part::Linear("encoder_attn.q_proj", "attention/linear_0"),
+    Part::Split("encoder_attn", &["k_proj", "v_proj"], "attention/linear_1"),
+    Part::Linear("encoder_attn.out_proj", "attention/linear_2"),
+    Part::Norm("encoder_attn_layer_norm", "attention/layer_norm"),
+];
+
 /// Renames (and splits the fused projections of) CTranslate2's Whisper variables to the names
 /// candle-transformers' model loads.
 fn candle_weights(
@@ -206,6 +239,22 @@ fn candle_weights(
         out.insert(format!("{to}.bias"), get(&format!("{from}/beta"))?);
         Ok::<_, WhisperError>(())
     };
+    let apply = |out: &mut HashMap<String, Tensor>, to: &str, from: &str, parts: &[Part]| {
+        for part in parts {
+            match *part {
+                Part::Linear(t, f) => {
+                    linear(out, &format!("{to}.{t}"), &format!("{from}/{f}"), true)?;
+                }
+                Part::Split(t, names, f) => {
+                    split(out, &format!("{to}.{t}"), names, &format!("{from}/{f}"))?;
+                }
+                Part::Norm(t, f) => {
+                    norm(out, &format!("{to}.{t}"), &format!("{from}/{f}"))?;
+                }
+            }
+        }
+        Ok::<_, WhisperError>(())
+    };
     for conv in ["conv1", "conv2"] {
         linear(
             &mut out,
@@ -215,42 +264,11 @@ fn candle_weights(
         )?;
     }
     for i in 0..encoder_layers {
-        let to = format!("model.encoder.layers.{i}");
-        let from = format!("encoder/layer_{i}");
-        split(
-            &mut out,
-            &format!("{to}.self_attn"),
-            &["q_proj", "k_proj", "v_proj"],
-            &format!("{from}/self_attention/linear_0"),
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.self_attn.out_proj"),
-            &format!("{from}/self_attention/linear_1"),
-            true,
-        )?;
-        norm(
-            &mut out,
-            &format!("{to}.self_attn_layer_norm"),
-            &format!("{from}/self_attention/layer_norm"),
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.fc1"),
-            &format!("{from}/ffn/linear_0"),
-            true,
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.fc2"),
-            &format!("{from}/ffn/linear_1"),
-            true,
-        )?;
-        norm(
-            &mut out,
-            &format!("{to}.final_layer_norm"),
-            &format!("{from}/ffn/layer_norm"),
-        )?;
+        let (to, from) = (
+            format!("model.encoder.layers.{i}"),
+            format!("encoder/layer_{i}"),
+        );
+        apply(&mut out, &to, &from, &SELF_ATTENTION_AND_MLP)?;
     }
     norm(&mut out, "model.encoder.layer_norm", "encoder/layer_norm")?;
     out.insert(
@@ -262,65 +280,12 @@ fn candle_weights(
         get("decoder/position_encodings/encodings")?,
     );
     for i in 0..decoder_layers {
-        let to = format!("model.decoder.layers.{i}");
-        let from = format!("decoder/layer_{i}");
-        split(
-            &mut out,
-            &format!("{to}.self_attn"),
-            &["q_proj", "k_proj", "v_proj"],
-            &format!("{from}/self_attention/linear_0"),
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.self_attn.out_proj"),
-            &format!("{from}/self_attention/linear_1"),
-            true,
-        )?;
-        norm(
-            &mut out,
-            &format!("{to}.self_attn_layer_norm"),
-            &format!("{from}/self_attention/layer_norm"),
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.encoder_attn.q_proj"),
-            &format!("{from}/attention/linear_0"),
-            true,
-        )?;
-        split(
-            &mut out,
-            &format!("{to}.encoder_attn"),
-            &["k_proj", "v_proj"],
-            &format!("{from}/attention/linear_1"),
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.encoder_attn.out_proj"),
-            &format!("{from}/attention/linear_2"),
-            true,
-        )?;
-        norm(
-            &mut out,
-            &format!("{to}.encoder_attn_layer_norm"),
-            &format!("{from}/attention/layer_norm"),
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.fc1"),
-            &format!("{from}/ffn/linear_0"),
-            true,
-        )?;
-        linear(
-            &mut out,
-            &format!("{to}.fc2"),
-            &format!("{from}/ffn/linear_1"),
-            true,
-        )?;
-        norm(
-            &mut out,
-            &format!("{to}.final_layer_norm"),
-            &format!("{from}/ffn/layer_norm"),
-        )?;
+        let (to, from) = (
+            format!("model.decoder.layers.{i}"),
+            format!("decoder/layer_{i}"),
+        );
+        apply(&mut out, &to, &from, &SELF_ATTENTION_AND_MLP)?;
+        apply(&mut out, &to, &from, &CROSS_ATTENTION)?;
     }
     norm(&mut out, "model.decoder.layer_norm", "decoder/layer_norm")?;
     Ok(out)
