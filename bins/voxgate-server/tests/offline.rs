@@ -219,6 +219,33 @@ async fn the_run_command_holds_a_spoken_conversation_with_the_models_installed()
     // frames.
     assert!(tts_text.contains("Paris"), "answer text {tts_text:?}");
     assert!(audio >= 16, "{audio} audio frames");
+    // `/health` shows both models' pools and the work they did.
+    let health = get_json(server.addr, "/health").await;
+    let pools = health["local_speech"].as_array().expect("a list of pools");
+    for kind in ["asr", "tts"] {
+        let pool = pools
+            .iter()
+            .find(|p| p["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} pool in {health}"));
+        assert!(pool["done"].as_u64() >= Some(1), "{pool}");
+        assert_eq!(pool["refused_busy"], 0, "{pool}");
+    }
+}
+
+/// `GET path` on the server's main listener, the body as JSON.
+async fn get_json(addr: SocketAddr, path: &str) -> Value {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut response = Vec::new();
+    s.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (_, body) = text.split_once("\r\n\r\n").expect("a body");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 #[test]

@@ -285,6 +285,12 @@ impl PiperTts {
         })
     }
 
+    /// The pool the syntheses run on.
+    #[must_use]
+    pub fn pool(&self) -> &WorkerPool {
+        &self.pool
+    }
+
     /// The sample rate of the voice's audio (22050 Hz for Piper's `medium` voices).
     #[must_use]
     pub fn sample_rate(&self) -> u32 {

@@ -136,7 +136,13 @@ pub(crate) fn piper(
 }
 
 #[cfg(feature = "local-speech")]
-pub(crate) use loaded::{piper, whisper};
+pub(crate) use loaded::{health, piper, whisper};
+
+/// The loaded models' pools for `/health` (an empty list without the feature).
+#[cfg(not(feature = "local-speech"))]
+pub(crate) fn health() -> serde_json::Value {
+    serde_json::Value::Array(Vec::new())
+}
 
 #[cfg(feature = "local-speech")]
 mod loaded {
@@ -189,6 +195,30 @@ mod loaded {
         );
         cache.insert(key, Arc::clone(&loaded));
         Ok(loaded)
+    }
+
+    /// One entry per loaded model: what it is and its pool's counters (`/health`).
+    pub(crate) fn health() -> serde_json::Value {
+        let entry = |kind: &str, model: &Path, pool: &WorkerPool| {
+            let s = pool.stats();
+            serde_json::json!({
+                "kind": kind,
+                "model": model.display().to_string(),
+                "workers": s.workers,
+                "queue": s.queue,
+                "in_flight": s.in_flight,
+                "done": s.done,
+                "refused_busy": s.refused,
+            })
+        };
+        let mut out = Vec::new();
+        if let Ok(cache) = asr_cache().lock() {
+            out.extend(cache.iter().map(|(k, w)| entry("asr", &k.0, w.pool())));
+        }
+        if let Ok(cache) = tts_cache().lock() {
+            out.extend(cache.iter().map(|(k, p)| entry("tts", &k.0, p.pool())));
+        }
+        serde_json::Value::Array(out)
     }
 
     /// The Piper voice for these settings, loaded on first use.

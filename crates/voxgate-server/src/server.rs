@@ -512,6 +512,8 @@ async fn health(State(app): State<Arc<App>>) -> Response {
             "instance": c.instance(),
             "redis": if c.is_up() { "up" } else { "down" },
         })),
+        // The in-process speech models' worker pools: how close they are to refusing turns.
+        "local_speech": crate::local_speech::health(),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],
