@@ -155,6 +155,12 @@ impl<'a> Reader<'a> {
         let b = self.take(n)?;
         // The length counts a trailing NUL.
         let b = b.strip_suffix(&[0]).unwrap_or(b);
+        if b.contains(&0) {
+            return Err(Ct2Error::Invalid(format!(
+                "a name before byte {} holds a NUL",
+                self.at
+            )));
+        }
         String::from_utf8(b.to_vec())
             .map_err(|_| Ct2Error::Invalid(format!("a name before byte {} is not UTF-8", self.at)))
     }
