@@ -288,6 +288,15 @@ mod tests {
     }
 
     #[test]
+    fn a_name_holding_a_nul_is_refused() {
+        // The fuzz smoke's crash: "w\0" renamed to "\0\0" (same length) in the sample.
+        let mut bytes = sample();
+        let pos = bytes.windows(3).position(|w| w == [2, 0, b'w']).unwrap();
+        bytes[pos + 2] = 0;
+        assert!(matches!(parse(&bytes), Err(Ct2Error::Invalid(m)) if m.contains("NUL")));
+    }
+
+    #[test]
     fn inconsistent_sizes_and_versions_are_refused() {
         let mut bytes = sample();
         bytes[0] = 9;
