@@ -92,6 +92,11 @@ pub enum Content {
 }
 
 impl AudioData {
+    fn compact(&mut self) {
+        self.samples.shrink_to_fit();
+        self.transcription.shrink_to_fit();
+    }
+
     /// Its length in microseconds.
     fn micros(&self) -> u128 {
         if self.sample_rate == 0 {
@@ -167,6 +172,36 @@ impl ChatMessage {
         out
     }
 
+    /// Gives back the spare capacity a message's buffers grew while it was being built (a
+    /// reply's text arrives token by token): a finished message is kept for the rest of the
+    /// session, a hundred of them by default, so their slack adds up.
+    pub(crate) fn compact(&mut self) {
+        for c in &mut self.content {
+            match c {
+                Content::Text { text, tts_audio } => {
+                    text.shrink_to_fit();
+                    if let Some(a) = tts_audio {
+                        a.compact();
+                    }
+                }
+                Content::InputAudio(a) => a.compact(),
+                Content::Thoughts(t) | Content::Instructions(t) => t.shrink_to_fit(),
+                Content::ToolCall {
+                    id, name, llm_name, ..
+                } => {
+                    id.shrink_to_fit();
+                    name.shrink_to_fit();
+                    llm_name.shrink_to_fit();
+                }
+                Content::ToolResult { id, result } => {
+                    id.shrink_to_fit();
+                    result.shrink_to_fit();
+                }
+            }
+        }
+        self.content.shrink_to_fit();
+    }
+
     /// A copy without audio samples (`exclude_audio`).
     #[must_use]
     pub fn without_audio(&self) -> Self {
@@ -213,7 +248,10 @@ impl History {
     /// Adds a message, dropping the oldest finished ones beyond the limit. A message still in
     /// progress (the reply being generated) is never dropped: its calls and text are still
     /// being filed.
-    fn push(&mut self, m: ChatMessage) {
+    fn push(&mut self, mut m: ChatMessage) {
+        if m.delivery != DeliveryStatus::InProgress {
+            m.compact();
+        }
         self.messages.push(m);
         while self.limit > 0 && self.messages.len() > self.limit {
             let Some(oldest) = self
@@ -750,6 +788,32 @@ mod tests {
         assert!(bytes <= full + full / 10, "{full} -> {bytes}");
         assert!(bytes < 256 * 1024 * 9 / 10, "{bytes} bytes");
         eprintln!("full history of long messages: {bytes} bytes");
+    }
+
+    #[test]
+    fn finished_messages_hold_no_spare_capacity() {
+        let t0 = Instant::now();
+        let mut h = History::with_limit(10);
+        let mut grown = String::with_capacity(4096);
+        grown.push_str("What will the weather be like tomorrow?");
+        h.push_user_text(t0, TurnId(1), grown.clone());
+        let reply = h.assistant(t0, TurnId(2));
+        reply.content.reserve(16);
+        h.set_assistant_sentences(t0, TurnId(2), vec![(grown, None)]);
+        // Still in progress: left alone (its text may still grow).
+        assert!(h.messages()[1].content.capacity() >= 16);
+        let reply = h.assistant(t0, TurnId(2));
+        reply.delivery = DeliveryStatus::Complete;
+        reply.compact();
+        for m in h.messages() {
+            assert_eq!(m.content.capacity(), m.content.len());
+            for c in &m.content {
+                let Content::Text { text, .. } = c else {
+                    panic!("{c:?}")
+                };
+                assert_eq!(text.capacity(), text.len());
+            }
+        }
     }
 
     #[test]

@@ -287,6 +287,7 @@ impl Record {
             DeliveryStatus::Complete
         };
         m.ephemeral = ephemeral;
+        m.compact();
     }
 
     /// The LLM context for response `turn`, within `max_chars` with `reserve` characters left

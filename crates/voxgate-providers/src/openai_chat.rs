@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::error::ProviderError;
 use crate::http::{self, BodyReader, HttpSettings};
@@ -80,57 +80,162 @@ impl OpenAiChat {
         })
     }
 
-    /// The JSON body sent for `request`, with the wire-to-declared tool name map.
-    fn body(&self, request: &LlmRequest) -> (Value, HashMap<String, String>) {
+    /// The JSON body sent for `request`, serialized once (every attempt sends these bytes),
+    /// with the wire-to-declared tool name map.
+    ///
+    /// Written from borrowed wire structs rather than a `serde_json::Value` tree: a long
+    /// conversation's context is a hundred messages, and a tree of maps for each of them cost
+    /// several allocations per message per turn and was held for the whole stream.
+    fn body(&self, request: &LlmRequest) -> (bytes::Bytes, HashMap<String, String>) {
         let names = ToolNames::new(&request.tools);
-        let mut messages: Vec<Value> = request
+        let mut messages: Vec<OutMessage<'_>> = request
             .messages
             .iter()
-            .map(|m| message_json(m, &names))
+            .map(|m| OutMessage::of(m, &names))
             .collect();
         match &request.intent {
             Intent::Reply => {}
-            Intent::Greet => messages.push(json!({
-                "role": "system",
-                "content": self.config.greeting_instruction,
-            })),
+            Intent::Greet => messages.push(OutMessage::plain(
+                "system",
+                &self.config.greeting_instruction,
+            )),
             Intent::ConversationQuery { query } => {
-                messages.push(json!({"role": "user", "content": query}));
+                messages.push(OutMessage::plain("user", query));
             }
         }
-        let mut body = json!({
-            "model": self.config.model,
-            "messages": messages,
-            "stream": true,
+        // A conversation query is answered in words, never by acting.
+        let tools_allowed = !matches!(request.intent, Intent::ConversationQuery { .. });
+        let tools = (tools_allowed && !request.tools.is_empty()).then(|| {
+            request
+                .tools
+                .iter()
+                .map(|t| OutTool {
+                    kind: "function",
+                    function: OutFunction {
+                        name: names.wire(&t.name),
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect()
         });
-        if let Some(obj) = body.as_object_mut() {
-            if let Some(t) = request.temperature.or(self.config.temperature) {
-                obj.insert("temperature".into(), json!(t));
-            }
-            if let Some(n) = request.max_tokens {
-                obj.insert("max_tokens".into(), json!(n));
-            }
-            if self.config.include_usage {
-                obj.insert("stream_options".into(), json!({"include_usage": true}));
-            }
-            // A conversation query is answered in words, never by acting.
-            let tools_allowed = !matches!(request.intent, Intent::ConversationQuery { .. });
-            if tools_allowed && !request.tools.is_empty() {
-                let tools: Vec<Value> = request
-                    .tools
-                    .iter()
-                    .map(|t| {
-                        json!({"type": "function", "function": {
-                            "name": names.wire(&t.name),
-                            "description": t.description,
-                            "parameters": t.parameters,
-                        }})
-                    })
-                    .collect();
-                obj.insert("tools".into(), Value::Array(tools));
-            }
+        let body = OutBody {
+            model: &self.config.model,
+            messages,
+            stream: true,
+            temperature: request.temperature.or(self.config.temperature),
+            max_tokens: request.max_tokens,
+            stream_options: self.config.include_usage.then_some(StreamOptions {
+                include_usage: true,
+            }),
+            tools,
+        };
+        // Serializing borrowed strings, numbers and `Value`s to a `Vec` cannot fail.
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        (bytes.into(), names.back)
+    }
+}
+
+/// The request body of `POST /chat/completions`.
+#[derive(Serialize)]
+struct OutBody<'a> {
+    model: &'a str,
+    messages: Vec<OutMessage<'a>>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<OutTool<'a>>>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct OutTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: String,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// One message of the context. `content` is `null` for an assistant message that only calls
+/// tools (OpenAI refuses an empty string there).
+#[derive(Serialize)]
+struct OutMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutToolCall<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutCallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutCallFunction<'a> {
+    name: String,
+    arguments: &'a str,
+}
+
+impl<'a> OutMessage<'a> {
+    fn plain(role: &'static str, content: &'a str) -> Self {
+        Self {
+            role,
+            content: Some(content),
+            tool_call_id: None,
+            tool_calls: Vec::new(),
         }
-        (body, names.back)
+    }
+
+    fn of(m: &'a ChatMessage, names: &ToolNames) -> Self {
+        match m.role {
+            Role::Tool => Self {
+                tool_call_id: Some(m.tool_call_id.as_deref().unwrap_or_default()),
+                ..Self::plain("tool", &m.content)
+            },
+            Role::Assistant if !m.tool_calls.is_empty() => Self {
+                role: "assistant",
+                content: (!m.content.is_empty()).then_some(m.content.as_str()),
+                tool_call_id: None,
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| OutToolCall {
+                        id: &c.id,
+                        kind: "function",
+                        function: OutCallFunction {
+                            name: names.wire(&c.name),
+                            arguments: if c.arguments.is_empty() {
+                                "{}"
+                            } else {
+                                &c.arguments
+                            },
+                        },
+                    })
+                    .collect(),
+            },
+            role => Self::plain(role_name(role), &m.content),
+        }
     }
 }
 
@@ -203,35 +308,6 @@ fn sanitize(name: &str) -> String {
     s
 }
 
-fn message_json(m: &ChatMessage, names: &ToolNames) -> Value {
-    match m.role {
-        Role::Tool => json!({
-            "role": "tool",
-            "tool_call_id": m.tool_call_id.clone().unwrap_or_default(),
-            "content": m.content,
-        }),
-        Role::Assistant if !m.tool_calls.is_empty() => {
-            let calls: Vec<Value> = m
-                .tool_calls
-                .iter()
-                .map(|c| {
-                    json!({"id": c.id, "type": "function", "function": {
-                        "name": names.wire(&c.name),
-                        "arguments": if c.arguments.is_empty() { "{}" } else { &c.arguments },
-                    }})
-                })
-                .collect();
-            let content = if m.content.is_empty() {
-                Value::Null
-            } else {
-                Value::String(m.content.clone())
-            };
-            json!({"role": "assistant", "content": content, "tool_calls": calls})
-        }
-        role => json!({"role": role_name(role), "content": m.content}),
-    }
-}
-
 fn role_name(role: Role) -> &'static str {
     match role {
         Role::System => "system",
@@ -296,7 +372,7 @@ struct PartialCall {
 /// One generation in progress; dropping it drops the connection.
 struct ChatRun {
     chat: OpenAiChat,
-    body: Value,
+    body: bytes::Bytes,
     reader: Option<BodyReader>,
     chunks: ChunkDecoder,
 }
@@ -321,7 +397,11 @@ impl ChatRun {
             let chat = &self.chat;
             let body = &self.body;
             let resp = http::send_with_retries(&chat.config.http, || {
-                let mut req = chat.client.post(&chat.url).json(body);
+                let mut req = chat
+                    .client
+                    .post(&chat.url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone());
                 if let Some(key) = &chat.config.api_key {
                     req = req.bearer_auth(key);
                 }
@@ -527,6 +607,7 @@ impl ChunkDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn tool(name: &str) -> ToolDefinition {
         ToolDefinition {
@@ -646,6 +727,7 @@ mod tests {
             ..LlmRequest::default()
         };
         let (body, _) = chat.body(&req);
+        let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["model"], "m");
         assert_eq!(body["stream"], true);
         assert_eq!(body["temperature"], 0.5);
@@ -660,5 +742,69 @@ mod tests {
         );
         assert_eq!(body["messages"][3]["tool_call_id"], "c1");
         assert_eq!(body["tools"][0]["function"]["name"], "a_b");
+        // The whole shape: optional fields absent rather than null, the tool-only assistant
+        // message's content null, usage asked for.
+        assert_eq!(
+            body,
+            json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "c1", "type": "function",
+                         "function": {"name": "a_b", "arguments": "{}"}}
+                    ]},
+                    {"role": "tool", "content": "{\"ok\":true}", "tool_call_id": "c1"}
+                ],
+                "stream": true,
+                "temperature": 0.5,
+                "stream_options": {"include_usage": true},
+                "tools": [{"type": "function", "function": {
+                    "name": "a_b",
+                    "description": "",
+                    "parameters": tool("a.b").parameters
+                }}]
+            })
+        );
+    }
+
+    #[test]
+    fn greeting_and_query_bodies() {
+        let mut config = OpenAiChatConfig::new("http://127.0.0.1:1/v1", "m");
+        config.include_usage = false;
+        let chat = OpenAiChat::new(config).unwrap();
+        let greet = LlmRequest {
+            messages: vec![ChatMessage::system("be brief")],
+            tools: vec![tool("a.b")],
+            intent: Intent::Greet,
+            max_tokens: Some(40),
+            ..LlmRequest::default()
+        };
+        let (body, _) = chat.body(&greet);
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["messages"][1]["role"], "system");
+        assert_eq!(
+            body["messages"][1]["content"],
+            chat.config.greeting_instruction.as_str()
+        );
+        assert_eq!(body["max_tokens"], 40);
+        assert!(body.get("stream_options").is_none());
+        assert!(body.get("temperature").is_none());
+        assert_eq!(body["tools"][0]["function"]["name"], "a_b");
+        // A conversation query never offers tools.
+        let query = LlmRequest {
+            intent: Intent::ConversationQuery {
+                query: "what did I ask?".into(),
+            },
+            ..greet
+        };
+        let (body, _) = chat.body(&query);
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["messages"][1],
+            json!({"role": "user", "content": "what did I ask?"})
+        );
+        assert!(body.get("tools").is_none());
     }
 }

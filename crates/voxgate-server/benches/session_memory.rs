@@ -12,6 +12,12 @@
 //!
 //! RSS per session (what `cargo xtask load` reports) adds the allocator's own overhead and
 //! fragmentation on top of these figures.
+//!
+//! `-- long` measures a long-lived session instead: [`LONG_SESSIONS`] devices talk to the
+//! server for [`LONG_TURNS`] whole turns each (question, silence, the reply played to its
+//! `tts stop`) against the OpenAI-compatible fake providers, so every history fills to the
+//! default cap (`[limits] max_history_messages`, 100 messages); the heap per session is
+//! printed as the histories grow and once they are full (about a minute and a half).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::net::SocketAddr;
@@ -38,7 +44,17 @@ const WAIT: Duration = Duration::from_secs(30);
 /// 60 ms packets of speech before the silence that ends the utterance.
 const SPEECH_PACKETS: usize = 17;
 
+/// Devices of the `long` measurement.
+const LONG_SESSIONS: usize = 50;
+/// Turns each `long` device takes: two history messages a turn, so 55 turns fill the default
+/// cap of 100 messages and then replace ten of them.
+const LONG_TURNS: usize = 55;
+
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "long") {
+        measure_long();
+        return;
+    }
     let backends: Vec<OpusBackendChoice> = [OpusBackendChoice::Pure, OpusBackendChoice::Libopus]
         .into_iter()
         .filter(|b| b.resolve().is_available())
@@ -83,32 +99,13 @@ fn server_heap() -> f64 {
 }
 
 fn measure(backend: OpusBackendChoice) -> Figures {
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .on_thread_start(|| set_thread_tag(SERVER))
-        .enable_all()
-        .build()
-        .unwrap();
+    let server_rt = server_runtime();
     let mut config = Config::default().with_ephemeral_ports();
     config.xiaozhi.opus_backend = backend;
     config.xiaozhi.idle_timeout_secs = 0;
     // Every device comes from one address at once: admission control would refuse most.
     config.limits = LimitsConfig::unlimited();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server_task = server_rt.spawn(async move {
-        let server = Server::bind(config).await.unwrap();
-        addr_tx
-            .send((server.local_addr(), server.metrics()))
-            .unwrap();
-        server
-            .run(async move {
-                let _ = stop_rx.await;
-            })
-            .await
-            .unwrap();
-    });
-    let (addr, metrics) = addr_rx.recv_timeout(WAIT).unwrap();
+    let (addr, metrics, stop_tx, server_task) = start_server(&server_rt, config);
     let packets = speech_packets();
 
     let client_rt = tokio::runtime::Builder::new_current_thread()
@@ -173,6 +170,135 @@ fn measure(backend: OpusBackendChoice) -> Figures {
             .unwrap();
     });
     figures
+}
+
+/// The `long` measurement: heap per session as the histories fill to their cap.
+fn measure_long() {
+    let fakes = voxgate_test_support::fake_providers::FakeProviders::spawn(
+        voxgate_test_support::fake_providers::FakeDelays::default(),
+    )
+    .unwrap();
+    let server_rt = server_runtime();
+    let base = fakes.base_url();
+    let mut config = Config {
+        asr: Some(voxgate_server::config::AsrConfig {
+            base_url: Some(base.clone()),
+            ..Default::default()
+        }),
+        llm: Some(voxgate_server::config::LlmConfig {
+            base_url: Some(base.clone()),
+            ..Default::default()
+        }),
+        tts: Some(voxgate_server::config::TtsConfig {
+            base_url: Some(base),
+            ..Default::default()
+        }),
+        ..Config::default()
+    }
+    .with_ephemeral_ports();
+    config.xiaozhi.idle_timeout_secs = 0;
+    config.limits = LimitsConfig {
+        max_history_messages: LimitsConfig::default().max_history_messages,
+        ..LimitsConfig::unlimited()
+    };
+    let cap = config.limits.max_history_messages;
+    let (addr, metrics, stop_tx, server_task) = start_server(&server_rt, config);
+    let packets = speech_packets();
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "session_memory long: {LONG_SESSIONS} Xiaozhi sessions, {LONG_TURNS} turns each \
+         (history cap {cap} messages), live heap of the server"
+    );
+    client_rt.block_on(async {
+        let mut warm = Device::connect(addr).await;
+        warm.hello().await;
+        warm.turn(&packets).await;
+        warm.close().await;
+        wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let baseline = server_heap();
+        let mut devices = Vec::with_capacity(LONG_SESSIONS);
+        for _ in 0..LONG_SESSIONS {
+            let mut d = Device::connect(addr).await;
+            d.hello().await;
+            devices.push(d);
+        }
+        #[allow(clippy::cast_precision_loss, reason = "a small count")]
+        let n = LONG_SESSIONS as f64;
+        let t0 = Instant::now();
+        for turn in 1..=LONG_TURNS {
+            let turns: Vec<_> = devices.iter_mut().map(|d| d.turn(&packets)).collect();
+            futures::future::join_all(turns).await;
+            if turn == 1 || turn % 5 == 0 {
+                // Between turns: every session idle, listening again, its history `2 * turn`
+                // messages long (at most the cap).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                println!(
+                    "  after {turn:>2} turns ({:>3} messages kept): {:>6.1} KB per session ({:.0} s)",
+                    (2 * turn).min(cap),
+                    (server_heap() - baseline) / n,
+                    t0.elapsed().as_secs_f64(),
+                );
+            }
+        }
+        for d in devices {
+            d.close().await;
+        }
+        wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        println!(
+            "  {:+.1} KB per session left after all closed (baseline {baseline:.0} KB)",
+            (server_heap() - baseline) / n
+        );
+    });
+    let _ = stop_tx.send(());
+    server_rt.block_on(async {
+        tokio::time::timeout(WAIT, server_task)
+            .await
+            .unwrap()
+            .unwrap();
+    });
+    fakes.stop();
+}
+
+fn server_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .on_thread_start(|| set_thread_tag(SERVER))
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Starts the server on `rt`: its address, metrics, the stop signal and its task.
+fn start_server(
+    rt: &tokio::runtime::Runtime,
+    config: Config,
+) -> (
+    SocketAddr,
+    std::sync::Arc<voxgate_server::metrics::Metrics>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(async move {
+        let server = Server::bind(config).await.unwrap();
+        addr_tx
+            .send((server.local_addr(), server.metrics()))
+            .unwrap();
+        server
+            .run(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+            .unwrap();
+    });
+    let (addr, metrics) = addr_rx.recv_timeout(WAIT).unwrap();
+    (addr, metrics, stop_tx, task)
 }
 
 async fn wait_for(mut done: impl FnMut() -> bool) {
@@ -280,6 +406,25 @@ impl Device {
                 .unwrap();
             if matches!(msg, Message::Binary(_)) {
                 return;
+            }
+        }
+    }
+
+    /// One whole turn: listens, streams the question and its silence, and reads the reply to
+    /// its `tts stop`.
+    async fn turn(&mut self, packets: &[Vec<u8>]) {
+        self.listen(packets).await;
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("the reply in time")
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = msg {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["type"] == "tts" && v["state"] == "stop" {
+                    return;
+                }
             }
         }
     }
