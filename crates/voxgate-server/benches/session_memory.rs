@@ -120,16 +120,8 @@ fn measure(backend: OpusBackendChoice) -> Figures {
         warm.listen(&packets).await;
         warm.reply_started(&[]).await;
         warm.close().await;
-        wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let baseline = server_heap();
-
-        let mut devices = Vec::with_capacity(SESSIONS);
-        for _ in 0..SESSIONS {
-            let mut d = Device::connect(addr).await;
-            d.hello().await;
-            devices.push(d);
-        }
+        let baseline = settled_heap(&metrics).await;
+        let mut devices = Device::connect_all(addr, SESSIONS).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after_hello = server_heap();
         // Speech only (no trailing silence yet): every session is listening, mid-utterance.
@@ -217,15 +209,8 @@ fn measure_long() {
         warm.hello().await;
         warm.turn(&packets).await;
         warm.close().await;
-        wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let baseline = server_heap();
-        let mut devices = Vec::with_capacity(LONG_SESSIONS);
-        for _ in 0..LONG_SESSIONS {
-            let mut d = Device::connect(addr).await;
-            d.hello().await;
-            devices.push(d);
-        }
+        let baseline = settled_heap(&metrics).await;
+        let mut devices = Device::connect_all(addr, LONG_SESSIONS).await;
         #[allow(clippy::cast_precision_loss, reason = "a small count")]
         let n = LONG_SESSIONS as f64;
         let t0 = Instant::now();
@@ -301,6 +286,13 @@ fn start_server(
     (addr, metrics, stop_tx, task)
 }
 
+/// The server's heap once every session has closed and the server has settled.
+async fn settled_heap(metrics: &voxgate_server::metrics::Metrics) -> f64 {
+    wait_for(|| metrics.active_sessions(Door::Xiaozhi) == 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server_heap()
+}
+
 async fn wait_for(mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !done() {
@@ -355,6 +347,17 @@ impl Device {
             ws,
             codec: FrameCodec::new(ProtocolVersion::V1),
         }
+    }
+
+    /// `n` devices, each connected and past its hello.
+    async fn connect_all(addr: SocketAddr, n: usize) -> Vec<Self> {
+        let mut devices = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut d = Self::connect(addr).await;
+            d.hello().await;
+            devices.push(d);
+        }
+        devices
     }
 
     async fn send(&mut self, v: Value) {
