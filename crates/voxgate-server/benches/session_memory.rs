@@ -369,12 +369,7 @@ impl Device {
 
     async fn next_json(&mut self) -> Value {
         loop {
-            let msg = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("a message in time")
-                .expect("the server keeps the session open")
-                .unwrap();
-            if let Message::Text(t) = msg {
+            if let Message::Text(t) = self.next_message().await {
                 return serde_json::from_str(&t).unwrap();
             }
         }
@@ -402,15 +397,19 @@ impl Device {
     async fn reply_started(&mut self, packets: &[Vec<u8>]) {
         self.stream(packets).await;
         loop {
-            let msg = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("the reply in time")
-                .unwrap()
-                .unwrap();
-            if matches!(msg, Message::Binary(_)) {
+            if matches!(self.next_message().await, Message::Binary(_)) {
                 return;
             }
         }
+    }
+
+    /// The server's next frame, within [`WAIT`].
+    async fn next_message(&mut self) -> Message {
+        tokio::time::timeout(WAIT, self.ws.next())
+            .await
+            .expect("a message in time")
+            .expect("the server keeps the session open")
+            .unwrap()
     }
 
     /// One whole turn: listens, streams the question and its silence, and reads the reply to
@@ -418,16 +417,9 @@ impl Device {
     async fn turn(&mut self, packets: &[Vec<u8>]) {
         self.listen(packets).await;
         loop {
-            let msg = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("the reply in time")
-                .unwrap()
-                .unwrap();
-            if let Message::Text(t) = msg {
-                let v: Value = serde_json::from_str(&t).unwrap();
-                if v["type"] == "tts" && v["state"] == "stop" {
-                    return;
-                }
+            let v = self.next_json().await;
+            if v["type"] == "tts" && v["state"] == "stop" {
+                return;
             }
         }
     }
