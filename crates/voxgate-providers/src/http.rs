@@ -26,6 +26,17 @@ pub struct HttpSettings {
     pub max_retries: u32,
     /// Wait before the first retry; doubled for each further retry.
     pub initial_backoff: Duration,
+    /// Idle connections kept open to the provider's host for later requests; a connection
+    /// coming free beyond them is closed.
+    ///
+    /// Without a cap the pool holds every connection used in the last
+    /// [`idle_connection_timeout`](Self::idle_connection_timeout): the HTTP client opens a
+    /// new connection whenever none is free at the moment of a request, even if one frees a
+    /// millisecond later, and keeps both. Under a steady load of voice sessions that grew to
+    /// hundreds of idle connections, each holding its read and write buffers.
+    pub max_idle_connections: usize,
+    /// How long an idle connection is kept for reuse before it is closed.
+    pub idle_connection_timeout: Duration,
 }
 
 impl Default for HttpSettings {
@@ -36,14 +47,21 @@ impl Default for HttpSettings {
             idle_timeout: Duration::from_secs(20),
             max_retries: 2,
             initial_backoff: Duration::from_millis(250),
+            // Enough to ride out the second-to-second swing of a few hundred requests in
+            // flight without new TLS handshakes; a busier server opens more as it needs them.
+            max_idle_connections: 32,
+            idle_connection_timeout: Duration::from_secs(90),
         }
     }
 }
 
-/// Builds a client with the connect timeout; the other limits are applied per request.
+/// Builds a client with the connect timeout and the connection pool's limits; the other
+/// limits are applied per request.
 pub(crate) fn build_client(settings: &HttpSettings) -> Result<reqwest::Client, ProviderError> {
     reqwest::Client::builder()
         .connect_timeout(settings.connect_timeout)
+        .pool_max_idle_per_host(settings.max_idle_connections)
+        .pool_idle_timeout(settings.idle_connection_timeout)
         .build()
         .map_err(|e| ProviderError::Config(describe(&e)))
 }

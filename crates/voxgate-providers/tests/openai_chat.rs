@@ -423,3 +423,117 @@ async fn greet_and_conversation_query_are_mapped_to_messages() {
         json!({"role": "user", "content": "What did we talk about?"})
     );
 }
+
+/// A keep-alive HTTP/1.1 chat server that holds the first `together` requests until all of
+/// them have arrived (so each needs its own connection), and counts the connections it
+/// accepted and those still open.
+async fn counting_server(together: usize) -> (String, [Arc<std::sync::atomic::AtomicUsize>; 2]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let open = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(together));
+    let body = sse(&[
+        &delta("hi"),
+        &json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}).to_string(),
+        "[DONE]",
+    ]);
+    let (counter, total) = (Arc::clone(&open), Arc::clone(&accepted));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            total.fetch_add(1, Ordering::SeqCst);
+            let (counter, barrier, body) =
+                (Arc::clone(&counter), Arc::clone(&barrier), body.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                'requests: loop {
+                    // One request: its head, then as many body bytes as it announces.
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break 'requests,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < head_end + len {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break 'requests,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..head_end + len);
+                    barrier.wait().await;
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if sock.write_all(reply.as_bytes()).await.is_err()
+                        || sock.write_all(&body).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (format!("http://{addr}"), [open, accepted])
+}
+
+/// Runs `n` requests at once against a [`counting_server`] with the pool capped at
+/// `max_idle`, and returns how many connections are still open once they have all finished
+/// and the pool has settled.
+async fn open_after_concurrent_requests(n: usize, max_idle: usize) -> usize {
+    let (base, [open, accepted]) = counting_server(n).await;
+    let mut cfg = OpenAiChatConfig::new(format!("{base}/v1"), "test-model");
+    cfg.http = fast_http();
+    cfg.http.first_byte_timeout = Duration::from_secs(10);
+    cfg.http.max_idle_connections = max_idle;
+    let llm = OpenAiChat::new(cfg).unwrap();
+    let runs = (0..n).map(|_| collect(llm.generate(hello())));
+    for events in futures::future::join_all(runs).await {
+        assert_eq!(text_of(&events), "hi", "{events:?}");
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        n,
+        "the requests needed a connection each"
+    );
+    // Connections go back to the pool (or are closed) just after their bodies end.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = n;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = open.load(std::sync::atomic::Ordering::SeqCst);
+        if now <= max_idle && now == last {
+            break;
+        }
+        last = now;
+    }
+    open.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn the_pool_keeps_at_most_max_idle_connections() {
+    assert_eq!(open_after_concurrent_requests(6, 2).await, 2);
+}
+
+#[tokio::test]
+async fn below_the_cap_every_connection_is_kept_for_reuse() {
+    assert_eq!(open_after_concurrent_requests(6, 8).await, 6);
+}

@@ -71,6 +71,7 @@ pub(crate) fn fast_http() -> HttpSettings {
         idle_timeout: Duration::from_millis(300),
         max_retries: 0,
         initial_backoff: Duration::from_millis(10),
+        ..HttpSettings::default()
     }
 }
 
