@@ -97,6 +97,7 @@
 //! | `VOXGATE_MAX_SCHEDULING_DELAY_MS` | `limits.max_scheduling_delay_ms` (0: overload guard off) |
 //! | `VOXGATE_HEADER_TIMEOUT_SECS`, `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
 //! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
+//! | `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` | `limits.max_idle_provider_connections` (0: no cap) |
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |

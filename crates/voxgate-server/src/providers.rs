@@ -12,9 +12,9 @@ use voxgate_engine::provider::{ChatRole, ContextMessage, ToolSpec};
 use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId};
 use voxgate_providers::{
     Asr, ChatMessage, CommandTts, CommandTtsConfig, DemoAgent, ElevenLabsConfig, ElevenLabsTts,
-    Intent, Llm, LlmEvent, LlmRequest, NoAsr, OpenAiChat, OpenAiChatConfig, OpenAiSpeech,
-    OpenAiSpeechConfig, OpenAiTranscription, OpenAiTranscriptionConfig, ProviderError, Role,
-    ToneTts, ToolCall, ToolDefinition, Tts, TtsRequest, Utterance,
+    HttpSettings, Intent, Llm, LlmEvent, LlmRequest, NoAsr, OpenAiChat, OpenAiChatConfig,
+    OpenAiSpeech, OpenAiSpeechConfig, OpenAiTranscription, OpenAiTranscriptionConfig,
+    ProviderError, Role, ToneTts, ToolCall, ToolDefinition, Tts, TtsRequest, Utterance,
 };
 
 use crate::config::providers::OVERRIDE_DOORS;
@@ -63,16 +63,25 @@ impl Providers {
     /// an unusable option (a bad base URL).
     pub fn from_config(config: &Config) -> Result<Self, ProviderError> {
         let cfg = |e: crate::config::ConfigError| ProviderError::Config(e.to_string());
+        let http = http_settings(config);
         Ok(Self {
-            llm: build_llm(&config.llm_plan().map_err(cfg)?.spec)?,
-            asr: build_asr(&config.asr_plan().map_err(cfg)?.spec)?,
-            tts: build_tts(&config.tts_plan().map_err(cfg)?.spec)?,
+            llm: build_llm(&config.llm_plan().map_err(cfg)?.spec, &http)?,
+            asr: build_asr(&config.asr_plan().map_err(cfg)?.spec, &http)?,
+            tts: build_tts(&config.tts_plan().map_err(cfg)?.spec, &http)?,
         })
     }
 }
 
+/// The HTTP providers' settings: the library's, with the connection pool's cap from `[limits]`.
+fn http_settings(config: &Config) -> HttpSettings {
+    HttpSettings {
+        max_idle_connections: config.limits.provider_idle_connection_cap(),
+        ..HttpSettings::default()
+    }
+}
+
 /// The bare language model `spec` names.
-fn build_llm(spec: &LlmSpec) -> Result<Arc<dyn Llm>, ProviderError> {
+fn build_llm(spec: &LlmSpec, http: &HttpSettings) -> Result<Arc<dyn Llm>, ProviderError> {
     Ok(match spec {
         LlmSpec::OpenAi {
             base_url,
@@ -81,6 +90,7 @@ fn build_llm(spec: &LlmSpec) -> Result<Arc<dyn Llm>, ProviderError> {
         } => {
             let mut oc = OpenAiChatConfig::new(base_url, model);
             oc.api_key.clone_from(api_key);
+            oc.http = http.clone();
             Arc::new(OpenAiChat::new(oc)?)
         }
         LlmSpec::Acp(c) => Arc::new(voxgate_providers::AcpAgent::new(c.to_provider())?),
@@ -89,7 +99,7 @@ fn build_llm(spec: &LlmSpec) -> Result<Arc<dyn Llm>, ProviderError> {
 }
 
 /// The bare recognizer `spec` names.
-fn build_asr(spec: &AsrSpec) -> Result<Arc<dyn Asr>, ProviderError> {
+fn build_asr(spec: &AsrSpec, http: &HttpSettings) -> Result<Arc<dyn Asr>, ProviderError> {
     Ok(match spec {
         AsrSpec::OpenAi {
             base_url,
@@ -98,6 +108,7 @@ fn build_asr(spec: &AsrSpec) -> Result<Arc<dyn Asr>, ProviderError> {
         } => {
             let mut oc = OpenAiTranscriptionConfig::new(base_url, model);
             oc.api_key.clone_from(api_key);
+            oc.http = http.clone();
             Arc::new(OpenAiTranscription::new(oc)?)
         }
         AsrSpec::Local {
@@ -111,7 +122,7 @@ fn build_asr(spec: &AsrSpec) -> Result<Arc<dyn Asr>, ProviderError> {
 }
 
 /// The bare synthesizer `spec` names.
-fn build_tts(spec: &TtsSpec) -> Result<Arc<dyn Tts>, ProviderError> {
+fn build_tts(spec: &TtsSpec, http: &HttpSettings) -> Result<Arc<dyn Tts>, ProviderError> {
     Ok(match spec {
         TtsSpec::OpenAi {
             base_url,
@@ -121,6 +132,7 @@ fn build_tts(spec: &TtsSpec) -> Result<Arc<dyn Tts>, ProviderError> {
         } => {
             let mut oc = OpenAiSpeechConfig::new(base_url, model, voice);
             oc.api_key.clone_from(api_key);
+            oc.http = http.clone();
             Arc::new(OpenAiSpeech::new(oc)?)
         }
         TtsSpec::ElevenLabs {
@@ -134,6 +146,7 @@ fn build_tts(spec: &TtsSpec) -> Result<Arc<dyn Tts>, ProviderError> {
             c.model_id.clone_from(model_id);
             c.base_url.clone_from(base_url);
             c.sample_rate = *sample_rate;
+            c.http = http.clone();
             Arc::new(ElevenLabsTts::new(c)?)
         }
         TtsSpec::Local {
@@ -215,25 +228,14 @@ impl DoorProviderSet {
         metrics: &Arc<Metrics>,
     ) -> Result<Self, ProviderError> {
         let cfg = |e: crate::config::ConfigError| ProviderError::Config(e.to_string());
+        let http = http_settings(config);
+        let llm = |s: &LlmSpec| build_llm(s, &http);
+        let asr = |s: &AsrSpec| build_asr(s, &http);
+        let tts = |s: &TtsSpec| build_tts(s, &http);
         let server = Providers {
-            llm: guard(
-                base.llm,
-                &config.llm_plan().map_err(cfg)?,
-                &build_llm,
-                metrics,
-            )?,
-            asr: guard(
-                base.asr,
-                &config.asr_plan().map_err(cfg)?,
-                &build_asr,
-                metrics,
-            )?,
-            tts: guard(
-                base.tts,
-                &config.tts_plan().map_err(cfg)?,
-                &build_tts,
-                metrics,
-            )?,
+            llm: guard(base.llm, &config.llm_plan().map_err(cfg)?, &llm, metrics)?,
+            asr: guard(base.asr, &config.asr_plan().map_err(cfg)?, &asr, metrics)?,
+            tts: guard(base.tts, &config.tts_plan().map_err(cfg)?, &tts, metrics)?,
         };
         let door = |name: &str| -> Result<Providers, ProviderError> {
             let mut p = server.clone();
@@ -242,15 +244,15 @@ impl DoorProviderSet {
             };
             if let Some(l) = &d.llm {
                 let plan = l.resolve(&format!("{name}.llm")).map_err(cfg)?;
-                p.llm = guard(build_llm(&plan.spec)?, &plan, &build_llm, metrics)?;
+                p.llm = guard(llm(&plan.spec)?, &plan, &llm, metrics)?;
             }
             if let Some(a) = &d.asr {
                 let plan = a.resolve(&format!("{name}.asr")).map_err(cfg)?;
-                p.asr = guard(build_asr(&plan.spec)?, &plan, &build_asr, metrics)?;
+                p.asr = guard(asr(&plan.spec)?, &plan, &asr, metrics)?;
             }
             if let Some(t) = &d.tts {
                 let plan = t.resolve(&format!("{name}.tts")).map_err(cfg)?;
-                p.tts = guard(build_tts(&plan.spec)?, &plan, &build_tts, metrics)?;
+                p.tts = guard(tts(&plan.spec)?, &plan, &tts, metrics)?;
             }
             Ok(p)
         };
@@ -716,6 +718,29 @@ fn tool_definition(t: ToolSpec) -> ToolDefinition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_providers_pool_cap_comes_from_the_limits() {
+        let mut config = Config::default();
+        assert_eq!(
+            http_settings(&config).max_idle_connections,
+            crate::config::limits::DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS
+        );
+        assert_eq!(
+            crate::config::limits::DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS,
+            HttpSettings::default().max_idle_connections,
+            "the server's default is the library's"
+        );
+        config.limits.max_idle_provider_connections = 5;
+        assert_eq!(http_settings(&config).max_idle_connections, 5);
+        config.limits.max_idle_provider_connections = 0;
+        assert_eq!(http_settings(&config).max_idle_connections, usize::MAX);
+        // The other HTTP settings stay the library's.
+        assert_eq!(
+            http_settings(&config).first_byte_timeout,
+            HttpSettings::default().first_byte_timeout
+        );
+    }
 
     #[tokio::test]
     async fn generate_streams_the_demo_reply_and_cancel_aborts() {

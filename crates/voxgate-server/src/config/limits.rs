@@ -42,6 +42,10 @@ pub const SESSIONS_PER_CORE: usize = 400;
 ///   a full history of long messages (400-character questions, 1,200-character answers with a
 ///   tool call) measured about 163 KB, well under 256 KB a session; the LLM context keeps its
 ///   own character budget, smaller than that.
+/// - [`max_idle_provider_connections`](Self::max_idle_provider_connections): 32 per HTTP
+///   provider, enough to ride out the second-to-second swing of a few hundred requests in
+///   flight; without a cap the pool grew under steady load to hundreds of idle connections
+///   (`docs/performance.md`, "Long-lived sessions").
 ///
 /// Behind a reverse proxy every session comes from the proxy's address: set
 /// `max_sessions_per_ip` and `max_handshakes_per_sec_per_ip` to 0 there (the proxy should do
@@ -79,6 +83,10 @@ pub struct LimitsConfig {
     pub shutdown_grace_secs: u64,
     /// Conversation history kept per session, in messages; older ones are dropped. 0: no limit.
     pub max_history_messages: usize,
+    /// Idle connections each HTTP provider (LLM, recognizer, synthesizer, each fallback) keeps
+    /// open to its host for later requests; one coming free beyond them is closed. Requests in
+    /// flight are never limited. 0: no cap.
+    pub max_idle_provider_connections: usize,
 }
 
 /// Default [`LimitsConfig::max_sessions_per_ip`].
@@ -89,6 +97,8 @@ pub const DEFAULT_MAX_HANDSHAKES_PER_SEC_PER_IP: u32 = 20;
 pub const DEFAULT_MAX_SCHEDULING_DELAY_MS: u64 = 50;
 /// Default [`LimitsConfig::max_history_messages`].
 pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = voxgate_engine::DEFAULT_MAX_HISTORY_MESSAGES;
+/// Default [`LimitsConfig::max_idle_provider_connections`].
+pub const DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS: usize = 32;
 
 /// [`SESSIONS_PER_CORE`] times the cores this process may use (1 when unknown).
 #[must_use]
@@ -113,6 +123,7 @@ impl Default for LimitsConfig {
             write_timeout_secs: 10,
             shutdown_grace_secs: 5,
             max_history_messages: DEFAULT_MAX_HISTORY_MESSAGES,
+            max_idle_provider_connections: DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS,
         }
     }
 }
@@ -140,6 +151,7 @@ impl LimitsConfig {
             write_timeout_secs: 0,
             shutdown_grace_secs: 0,
             max_history_messages: 0,
+            max_idle_provider_connections: 0,
         }
     }
 
@@ -192,12 +204,22 @@ impl LimitsConfig {
         (self.max_history_messages > 0).then_some(self.max_history_messages)
     }
 
+    /// [`Self::max_idle_provider_connections`] as the HTTP client's cap (0: none).
+    #[must_use]
+    pub fn provider_idle_connection_cap(&self) -> usize {
+        match self.max_idle_provider_connections {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+
     /// Applies the `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`,
     /// `VOXGATE_MAX_SESSIONS_PER_IP`, `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP`,
     /// `VOXGATE_MAX_SCHEDULING_DELAY_MS`, `VOXGATE_HEADER_TIMEOUT_SECS`,
     /// `VOXGATE_INIT_TIMEOUT_SECS`,
     /// `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`,
-    /// `VOXGATE_SHUTDOWN_GRACE_SECS` and `VOXGATE_MAX_HISTORY_MESSAGES` overrides.
+    /// `VOXGATE_SHUTDOWN_GRACE_SECS`, `VOXGATE_MAX_HISTORY_MESSAGES` and
+    /// `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` overrides.
     pub(crate) fn apply_env(
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
@@ -226,6 +248,10 @@ impl LimitsConfig {
         vars.parsed(
             "VOXGATE_MAX_HISTORY_MESSAGES",
             &mut self.max_history_messages,
+        )?;
+        vars.parsed(
+            "VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS",
+            &mut self.max_idle_provider_connections,
         )?;
         Ok(())
     }
@@ -312,6 +338,7 @@ mod tests {
                 "VOXGATE_WRITE_TIMEOUT_SECS" => "9",
                 "VOXGATE_SHUTDOWN_GRACE_SECS" => " 10 ",
                 "VOXGATE_MAX_HISTORY_MESSAGES" => "0",
+                "VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS" => "12",
                 _ => return None,
             };
             Some(v.to_owned())
@@ -332,6 +359,7 @@ mod tests {
                 write_timeout_secs: 9,
                 shutdown_grace_secs: 10,
                 max_history_messages: 0,
+                max_idle_provider_connections: 12,
             }
         );
         let bad =
