@@ -39,6 +39,11 @@ pub struct HttpSettings {
     pub idle_connection_timeout: Duration,
 }
 
+/// Default [`HttpSettings::max_idle_connections`]: enough to ride out the second-to-second
+/// swing of a few hundred requests in flight without new TLS handshakes; a busier server opens
+/// more as it needs them.
+pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 32;
+
 impl Default for HttpSettings {
     fn default() -> Self {
         Self {
@@ -47,9 +52,7 @@ impl Default for HttpSettings {
             idle_timeout: Duration::from_secs(20),
             max_retries: 2,
             initial_backoff: Duration::from_millis(250),
-            // Enough to ride out the second-to-second swing of a few hundred requests in
-            // flight without new TLS handshakes; a busier server opens more as it needs them.
-            max_idle_connections: 32,
+            max_idle_connections: DEFAULT_MAX_IDLE_CONNECTIONS,
             idle_connection_timeout: Duration::from_secs(90),
         }
     }

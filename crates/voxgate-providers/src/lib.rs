@@ -71,7 +71,7 @@ pub use command::{CommandTts, CommandTtsConfig, embedded_tts, embedded_tts_name}
 pub use demo::{DemoAgent, NoAsr, ToneTts, no_asr_marker, parse_no_asr_marker};
 pub use elevenlabs::{ElevenLabsConfig, ElevenLabsLocation, ElevenLabsTts, VoiceSettings};
 pub use error::{ProviderError, TimeoutPhase};
-pub use http::HttpSettings;
+pub use http::{DEFAULT_MAX_IDLE_CONNECTIONS, HttpSettings};
 pub use openai_audio::{
     OpenAiSpeech, OpenAiSpeechConfig, OpenAiTranscription, OpenAiTranscriptionConfig, SpeechFormat,
 };

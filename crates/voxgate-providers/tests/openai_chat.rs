@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -427,8 +428,7 @@ async fn greet_and_conversation_query_are_mapped_to_messages() {
 /// A keep-alive HTTP/1.1 chat server that holds the first `together` requests until all of
 /// them have arrived (so each needs its own connection), and counts the connections it
 /// accepted and those still open.
-async fn counting_server(together: usize) -> (String, [Arc<std::sync::atomic::AtomicUsize>; 2]) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+async fn counting_server(together: usize) -> (String, [Arc<AtomicUsize>; 2]) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -510,7 +510,7 @@ async fn open_after_concurrent_requests(n: usize, max_idle: usize) -> usize {
         assert_eq!(text_of(&events), "hi", "{events:?}");
     }
     assert_eq!(
-        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        accepted.load(Ordering::SeqCst),
         n,
         "the requests needed a connection each"
     );
@@ -519,13 +519,13 @@ async fn open_after_concurrent_requests(n: usize, max_idle: usize) -> usize {
     let mut last = n;
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = open.load(std::sync::atomic::Ordering::SeqCst);
+        let now = open.load(Ordering::SeqCst);
         if now <= max_idle && now == last {
             break;
         }
         last = now;
     }
-    open.load(std::sync::atomic::Ordering::SeqCst)
+    open.load(Ordering::SeqCst)
 }
 
 #[tokio::test]

@@ -98,7 +98,8 @@ pub const DEFAULT_MAX_SCHEDULING_DELAY_MS: u64 = 50;
 /// Default [`LimitsConfig::max_history_messages`].
 pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = voxgate_engine::DEFAULT_MAX_HISTORY_MESSAGES;
 /// Default [`LimitsConfig::max_idle_provider_connections`].
-pub const DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS: usize = 32;
+pub const DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS: usize =
+    voxgate_providers::DEFAULT_MAX_IDLE_CONNECTIONS;
 
 /// [`SESSIONS_PER_CORE`] times the cores this process may use (1 when unknown).
 #[must_use]
