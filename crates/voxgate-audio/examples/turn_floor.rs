@@ -126,8 +126,9 @@ fn resample(pcm: &[f32], from: u32, to: u32) -> Result<Vec<f32>, String> {
     Ok(out)
 }
 
-/// One second of the committed speech fixture, padded to whole frames, (espeak-ng, 16 kHz) from where its speech
-/// starts, at the reply's rate, as 16-bit samples: the door encodes replies from `i16`.
+/// One second of the committed speech fixture (espeak-ng, 16 kHz) from where its speech
+/// starts, at the reply's rate and padded to whole frames, as 16-bit samples: the door encodes
+/// replies from `i16`.
 fn reply_pcm() -> Result<Vec<i16>, String> {
     let wav = read_wav(include_bytes!("../tests/fixtures/speech.wav"))
         .map_err(|e| format!("speech.wav: {e}"))?;
