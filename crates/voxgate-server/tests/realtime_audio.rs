@@ -1200,6 +1200,13 @@ async fn realtime_clients_never_see_the_reply_emoji() {
 /// `chat.completion.chunk`s, then `[DONE]`). It records each request and answers with the
 /// number of the request: "Reply 1.", "Reply 2."...
 async fn fake_llm() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    fake_llm_saying(|n| format!("{n}.")).await
+}
+
+/// [`fake_llm`] whose reply to the `n`th request is "Reply " and `rest(n)`.
+async fn fake_llm_saying(
+    rest: fn(usize) -> String,
+) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
     let s2 = Arc::clone(&seen);
     let router = axum::Router::new().route(
@@ -1225,7 +1232,7 @@ async fn fake_llm() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
                         None,
                     ),
                     chunk(serde_json::json!({"content": "Reply "}), None),
-                    chunk(serde_json::json!({"content": format!("{n}.")}), None),
+                    chunk(serde_json::json!({"content": rest(n)}), None),
                     chunk(serde_json::json!({}), Some("stop")),
                     "data: [DONE]\n\n".to_owned(),
                 ]
@@ -1570,4 +1577,105 @@ async fn no_trigger_speech_during_a_reply_neither_cuts_it_nor_gets_a_reply() {
     let (next, _) = spoken_response(&mut c).await;
     assert!(next > first);
     server.stop_within(WAIT).await;
+}
+
+/// Streams silence in 20 ms packets at real time until the returned sender is dropped, as a
+/// client with an open microphone does (the Deepslate plugins stream it throughout).
+fn open_microphone(c: &mut Client) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let tx = c.tx.clone();
+    let first = c.next_packet;
+    c.next_packet += 1_000_000;
+    let silence = encode(&[0.0; 320], AudioFormat::SPEECH_16K);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        for id in first.. {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = &mut stopped => return,
+            }
+            let m = ServiceBoundMessage::user_audio(
+                id,
+                InferenceTriggerMode::Immediate,
+                silence.clone().into(),
+            );
+            if tx.send(Message::Binary(m.to_frame())).is_err() {
+                return;
+            }
+        }
+    });
+    stop
+}
+
+/// What the Deepslate Pipecat and LiveKit plugins hit: after a spoken turn in a TTS session
+/// whose reply asks a question, a reply request sent once the reply has played (its progress
+/// and final snapshot are in) is answered, with and without a NO_TRIGGER text before it,
+/// while the microphone stays open. (It used to wait for the user's answer, up to the
+/// turn machine's listen timeout, and was then dropped.)
+#[tokio::test]
+async fn a_reply_request_after_a_played_spoken_reply_is_answered() {
+    let (asr, _) = fake_asr().await;
+    let (llm, _) = fake_llm_saying(|n| format!("{n}. Anything else?")).await;
+    let mut server_config = with_asr(&asr);
+    server_config.llm = Some(voxgate_server::config::LlmConfig {
+        base_url: Some(format!("{llm}/v1")),
+        model: Some("test-model".into()),
+        ..voxgate_server::config::LlmConfig::default()
+    });
+    for (pause, with_text) in [(1_000, false), (4_000, true)] {
+        let server = start(server_config.clone()).await;
+        let config = speaking(
+            AudioFormat::SPEECH_16K,
+            AudioFormat::SPEECH_16K,
+            hosted_tts(),
+        );
+        let mut c = Client::initialized(server.addr, &config).await;
+        // The spoken question at real time, then the open microphone's silence.
+        let sender = c.stream_audio(
+            &encode(&speech(), AudioFormat::SPEECH_16K),
+            640,
+            Duration::from_millis(20),
+        );
+        let msgs = c.until(|m| matches!(m, Down::ResponseBegin(_))).await;
+        assert!(transcription(&msgs).is_some(), "{msgs:?}");
+        let turn = response_begin(&msgs).unwrap();
+        sender.await.unwrap();
+        let _mic = open_microphone(&mut c);
+        // Played: every sentence announced and the final snapshot in.
+        let msgs = c
+            .until(|m| matches!(m, Down::TurnSnapshot(s) if s.is_final))
+            .await;
+        let done = snapshot_of(&msgs, turn).expect("the reply's final snapshot");
+        assert_eq!(
+            done.delivery_status,
+            ChatDeliveryStatus::DeliveryComplete as i32
+        );
+        let quiet = c.during(Duration::from_millis(pause)).await;
+        assert!(
+            !quiet.iter().any(|m| matches!(m, Down::ResponseBegin(_))),
+            "{quiet:?}"
+        );
+        if with_text {
+            c.send(&ServiceBoundMessage::user_text(
+                200,
+                InferenceTriggerMode::NoTrigger,
+                "tell me more",
+            ));
+        }
+        c.send(&ServiceBoundMessage::trigger_inference(
+            Some("Answer briefly.".into()),
+            false,
+        ));
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            c.until(|m| matches!(m, Down::ResponseBegin(_))),
+        )
+        .await;
+        let msgs = answer.unwrap_or_else(|_| {
+            panic!("no reply within 5 s to a trigger {pause} ms after the played reply")
+        });
+        let next = response_begin(&msgs).unwrap();
+        assert!(next > turn);
+        server.stop_within(WAIT).await;
+    }
 }

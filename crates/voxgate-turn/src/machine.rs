@@ -336,8 +336,13 @@ impl TurnMachine {
                 .and_then(|u| u.listen_deadline)
                 .is_some_and(|d| now >= d)
             {
-                self.user = None;
-                self.set_state(State::Idle);
+                // A trigger that waited for an answer that never came is answered, not lost.
+                match self.user.take().and_then(|u| u.trigger) {
+                    Some(instructions) => {
+                        self.request_response(now, ResponseCause::Trigger, instructions, now, None);
+                    }
+                    None => self.set_state(State::Idle),
+                }
             }
         }
         self.update(now);
@@ -419,7 +424,10 @@ impl TurnMachine {
                 self.speech_stopped(now);
             }
             Input::SpeechOnset => self.speech_onset = true,
-            Input::SpeechOnsetRejected => self.speech_onset = false,
+            Input::SpeechOnsetRejected => {
+                self.speech_onset = false;
+                self.answer_idle_trigger(now);
+            }
             Input::Words { text, is_final } => self.words(now, &text, is_final),
             Input::EndOfTurnPrediction { probability } => {
                 if let Some(u) = &mut self.user {
@@ -950,14 +958,35 @@ impl TurnMachine {
                 self.request_response(now, ResponseCause::Trigger, instructions, now, None);
             }
             State::Listening if flush_vad => self.end_user_turn(now, Some(instructions)),
-            State::Listening => {
-                if let Some(u) = &mut self.user {
+            State::Listening => match &mut self.user {
+                Some(u) => {
                     u.trigger = Some(instructions);
+                    self.answer_idle_trigger(now);
                 }
-            }
+                None => self.request_response(now, ResponseCause::Trigger, instructions, now, None),
+            },
             _ => self.enqueue(Pending::Trigger(instructions))?,
         }
         Ok(())
+    }
+
+    /// A trigger held by a user turn in which nobody speaks or types (the wait for an answer
+    /// after the system asked a question) is answered now: nothing but the wait's timeout
+    /// would end that turn, and clients asking for a reply expect it within seconds.
+    fn answer_idle_trigger(&mut self, now: Instant) {
+        let idle = self.state == State::Listening
+            && !self.user_speaking
+            && !self.speech_onset
+            && self
+                .user
+                .as_ref()
+                .is_some_and(|u| !u.active && !u.manual && u.trigger.is_some());
+        if !idle {
+            return;
+        }
+        if let Some(instructions) = self.user.take().and_then(|u| u.trigger) {
+            self.request_response(now, ResponseCause::Trigger, instructions, now, None);
+        }
     }
 
     fn abort(&mut self, now: Instant) {

@@ -454,6 +454,83 @@ fn a_follow_up_question_moves_speaking_to_listening_and_times_out_to_idle() {
     assert!(user_turns(&outs).is_empty());
 }
 
+/// What the Deepslate plugins hit: a reply request while the machine waits for an answer to
+/// its question is answered at once, not held for speech that never comes (and then dropped
+/// with the wait).
+#[test]
+fn a_trigger_during_the_wait_after_a_question_is_answered_at_once() {
+    for instructions in [None, Some("Say more.".to_owned())] {
+        let mut h = harness();
+        let turn = user_says(&mut h, "set an alarm", ms(500));
+        reply(&mut h, turn, &["For what time?"], 900);
+        h.input(Input::ResponseEnd {
+            turn,
+            awaits_user: true,
+        })
+        .unwrap();
+        let outs = h.advance(ms(900));
+        assert_eq!(states(&outs), [(State::Speaking, State::Listening)]);
+        h.advance(ms(2_000));
+        let outs = h
+            .input(Input::TriggerInference {
+                instructions: instructions.clone(),
+                flush_vad: false,
+            })
+            .unwrap();
+        assert!(
+            outs.iter().any(|o| matches!(
+                o,
+                Output::StartResponse { cause: ResponseCause::Trigger, instructions: i, .. }
+                    if *i == instructions
+            )),
+            "{outs:?}"
+        );
+        assert_eq!(states(&outs), [(State::Listening, State::Processing)]);
+        assert!(user_turns(&outs).is_empty());
+    }
+}
+
+/// A trigger that waits for possible speech is never lost with the wait: answered when the
+/// onset turns out not to be speech, or when the wait after the question times out.
+#[test]
+fn a_trigger_held_by_a_possible_onset_is_answered_when_no_speech_follows() {
+    for rejected in [true, false] {
+        let mut h = harness();
+        let turn = user_says(&mut h, "set an alarm", ms(500));
+        reply(&mut h, turn, &["For what time?"], 900);
+        h.input(Input::ResponseEnd {
+            turn,
+            awaits_user: true,
+        })
+        .unwrap();
+        h.advance(ms(900));
+        h.input(Input::SpeechOnset).unwrap();
+        let outs = h
+            .input(Input::TriggerInference {
+                instructions: None,
+                flush_vad: false,
+            })
+            .unwrap();
+        assert!(states(&outs).is_empty(), "waits for the onset: {outs:?}");
+        let outs = if rejected {
+            h.input(Input::SpeechOnsetRejected).unwrap()
+        } else {
+            h.advance(Config::default().listen_timeout)
+        };
+        assert!(
+            outs.iter().any(|o| matches!(
+                o,
+                Output::StartResponse {
+                    cause: ResponseCause::Trigger,
+                    ..
+                }
+            )),
+            "{outs:?}"
+        );
+        assert_eq!(states(&outs), [(State::Listening, State::Processing)]);
+    }
+}
+
 #[test]
 fn a_tool_call_moves_processing_to_action_and_back_to_processing_when_done() {
     let mut h = harness();
