@@ -29,6 +29,12 @@ pub const DEFAULT_MAX_CONTEXT_CHARS: usize = 32_000;
 /// characters) that still keeps far more exchanges than the model is given.
 pub const DEFAULT_MAX_HISTORY_MESSAGES: usize = 100;
 
+/// Default [`EngineConfig::max_sentences_ahead`]: the sentence playing plus two ready behind it.
+/// One long reply then runs at most three synthesizer requests at a time and holds a few
+/// sentences of audio, where sending every sentence at once started one synthesizer per
+/// sentence (1,200 processes for one 60 KB `DirectSpeech`).
+pub const DEFAULT_MAX_SENTENCES_AHEAD: usize = 2;
+
 /// Default [`Speculation::after_silence`]: 64 ms, four VAD frames. The gaps between words
 /// (stop consonants, breaths) are up to three frames of non-speech in the VAD fixtures
 /// (`question.wav` has three of 16 to 32 ms besides its 128 ms pause after "Hello.",
@@ -94,6 +100,12 @@ pub struct EngineConfig {
     pub emotion: Option<EmojiPolicy>,
     /// Longest sentence sent to TTS, in characters; longer runs are cut at a comma or space.
     pub max_sentence_chars: usize,
+    /// Sentences of a spoken reply synthesized ahead of the one playing: the next sentence
+    /// goes to TTS only while fewer than this many are being synthesized or wait to be heard.
+    /// Bounds what one reply costs at a time (synthesizer runs, audio held) however long it
+    /// is; 2 keeps the next sentence ready even when TTS is slower than a short sentence
+    /// plays. At least 1. Default [`DEFAULT_MAX_SENTENCES_AHEAD`].
+    pub max_sentences_ahead: usize,
     /// Emit [`crate::ClientEvent::VadFrame`] for every 16 ms VAD frame.
     pub vad_frame_telemetry: bool,
     /// Longest utterance kept for transcription; audio beyond it is dropped (and counted).
@@ -144,6 +156,7 @@ impl Default for EngineConfig {
             temperature: None,
             emotion: None,
             max_sentence_chars: 200,
+            max_sentences_ahead: DEFAULT_MAX_SENTENCES_AHEAD,
             vad_frame_telemetry: false,
             max_utterance: Duration::from_secs(60),
             keep_user_audio: true,

@@ -192,6 +192,7 @@ impl Engine {
             self.turn.poll_timeout(),
             self.tools.poll_timeout(),
             self.actions.poll_timeout(),
+            self.reply.synthesis_deadline(),
             held,
         ]
         .into_iter()
@@ -208,6 +209,7 @@ impl Engine {
         self.actions.handle_timeout(now);
         self.pump_actions(now);
         self.release_held(now);
+        self.request_synthesis(now);
         self.settle(now);
     }
 
@@ -319,6 +321,7 @@ impl Engine {
             Input::PlaybackReport { turn, bytes_played } => {
                 self.reply.report_playback(turn, bytes_played);
                 self.feed(now, TurnInput::PlaybackProgress { turn, bytes_played })?;
+                self.request_synthesis(now);
             }
             Input::SetTools(tools) => {
                 for error in self.tools.set_client_tools(tools) {
@@ -863,9 +866,7 @@ impl Engine {
         if let Some(event) = routed.emotion {
             self.client(event);
         }
-        for request in routed.synthesize {
-            self.provider(request);
-        }
+        self.request_synthesis(now);
         if let Some(chunk) = routed.chunk {
             self.feed_internal(now, chunk);
             self.pump(now);
@@ -878,10 +879,17 @@ impl Engine {
             .reply
             .settle_emotion(self.config.emotion.as_ref(), &mut self.next_request);
         self.routed(now, routed);
-        for request in self.reply.end_text(&mut self.next_request) {
+        self.reply.end_text(&mut self.next_request);
+        self.request_synthesis(now);
+        self.flush_reply(now);
+    }
+
+    /// Sends the reply's sentences that playback has made room for to TTS.
+    fn request_synthesis(&mut self, now: Instant) {
+        let reports = self.config.turn.playback_reports;
+        for request in self.reply.due_synthesis(now, reports) {
             self.provider(request);
         }
-        self.flush_reply(now);
     }
 
     /// Delivers TTS audio of the head sentence(s) in order, one chunk at a time so the turn
@@ -892,6 +900,8 @@ impl Engine {
             self.feed_internal(now, chunk);
             self.pump(now);
         }
+        // A finished sentence makes room for the next.
+        self.request_synthesis(now);
         let Some(end) = self.reply.end_generation() else {
             return;
         };

@@ -141,8 +141,8 @@ mod tools;
 mod types;
 
 pub use config::{
-    DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, DEFAULT_SPECULATE_AFTER, EngineConfig,
-    OutputAudio, Speculation,
+    DEFAULT_MAX_CONTEXT_CHARS, DEFAULT_MAX_HISTORY_MESSAGES, DEFAULT_MAX_SENTENCES_AHEAD,
+    DEFAULT_SPECULATE_AFTER, EngineConfig, OutputAudio, Speculation,
 };
 pub use engine::{Engine, SPECULATIVE_TURN};
 pub use history::ChatMessage;

@@ -14,6 +14,8 @@ struct Segment {
     start: u64,
     bytes: u64,
     done: bool,
+    /// When its audio delivered so far will have played, by the real-time estimate.
+    est_end: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +46,7 @@ impl Ledger {
             start: self.total,
             bytes: 0,
             done: false,
+            est_end: None,
         });
     }
 
@@ -66,7 +69,34 @@ impl Ledger {
         self.total = self.total.saturating_add(bytes);
         if let Some(last) = self.segments.last_mut() {
             last.bytes = last.bytes.saturating_add(bytes);
+            last.est_end = self.est_end;
         }
+    }
+
+    /// Finished sentences whose audio has not played out by `now` (neither by the real-time
+    /// estimate nor, with reports on, by the client's reports), and the estimated end of the
+    /// earliest of them. Pacing only; what was heard is [`Ledger::heard_segments`].
+    pub(crate) fn unplayed_finished(
+        &self,
+        now: Instant,
+        reports: bool,
+    ) -> (usize, Option<Instant>) {
+        let mut count = 0;
+        let mut first_end = None;
+        // Playback is in order: the unplayed finished sentences are the last finished ones.
+        for s in self.segments.iter().rev().filter(|s| s.done) {
+            if self.played(s, now, reports) {
+                break;
+            }
+            count += 1;
+            first_end = s.est_end;
+        }
+        (count, first_end)
+    }
+
+    fn played(&self, s: &Segment, now: Instant, reports: bool) -> bool {
+        s.est_end.is_none_or(|end| end <= now)
+            || reports && self.reported >= s.start.saturating_add(s.bytes)
     }
 
     /// A client report of cumulative bytes played (never goes backwards).

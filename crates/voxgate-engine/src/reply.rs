@@ -13,6 +13,13 @@
 //! cancelled, until its record comes out), one held chunk (see [`Reply::deliver`]), the
 //! sentences of the reply (each at most [`crate::EngineConfig::max_sentence_chars`]) and their
 //! TTS audio.
+//!
+//! Synthesis is paced by playback: a sentence is sent to TTS only while fewer than
+//! [`crate::EngineConfig::max_sentences_ahead`] sentences beyond the one playing are being
+//! synthesized or wait to be heard. A long reply (a model's essay, a long `DirectSpeech`)
+//! thus costs a few synthesizer runs at a time and a few sentences of audio, however long
+//! it is; the rest of its text waits, and [`Reply::synthesis_deadline`] says when playback
+//! will have made room.
 
 use std::collections::VecDeque;
 use std::mem;
@@ -37,6 +44,8 @@ struct Sentence {
     /// Audio that arrived before earlier sentences finished. The TTS back end's answer to one
     /// sentence of the model's reply (at most `max_sentence_chars` of text), not the client's.
     held: VecDeque<(Vec<i16>, u32)>,
+    /// Sent to TTS (sentences wait for playback to make room, see the module docs).
+    requested: bool,
     started: bool,
     done: bool,
 }
@@ -64,8 +73,14 @@ struct Response {
     asks_question: bool,
     /// Text-only replies: emoji removal across fragments.
     stripper: FragmentStripper,
-    /// Spoken replies: each delivered sentence's audio, in ledger segment order.
+    /// Spoken replies: each delivered sentence's audio, in ledger segment order, up to
+    /// `max_history_audio` of it (history keeps no more).
     spoken: Vec<AudioData>,
+    /// Samples in `spoken`, at their own rates, in nanoseconds of audio.
+    spoken_nanos: u128,
+    /// When playback makes room for the next sentence's synthesis (see
+    /// [`Reply::synthesis_deadline`]).
+    wake: Option<Instant>,
 }
 
 impl Response {
@@ -74,7 +89,12 @@ impl Response {
         self.llm
             .filter(|_| !self.llm_done)
             .into_iter()
-            .chain(self.sentences.iter().filter(|s| !s.done).map(|s| s.id))
+            .chain(
+                self.sentences
+                    .iter()
+                    .filter(|s| s.requested && !s.done)
+                    .map(|s| s.id),
+            )
             .collect()
     }
 }
@@ -92,8 +112,6 @@ struct Held {
 pub(crate) struct Routed {
     /// The face read from the reply's leading emoji: send it first.
     pub(crate) emotion: Option<ClientEvent>,
-    /// Sentences now complete (spoken replies): start these TTS requests.
-    pub(crate) synthesize: Vec<ProviderRequest>,
     /// A text fragment (text-only replies), held: feed this to the turn machine.
     pub(crate) chunk: Option<TurnInput>,
 }
@@ -140,6 +158,10 @@ pub(crate) struct Reply {
     max_sentence_chars: usize,
     /// History keeps reply audio (its cap is not zero).
     keep_audio: bool,
+    /// Most reply audio kept for history, in nanoseconds.
+    max_kept_nanos: u128,
+    /// Sentences synthesized or waiting to be heard beyond the one playing.
+    max_ahead: usize,
     resp: Option<Response>,
     /// A response just cancelled by the turn machine, kept until its record comes out.
     closing: Option<Response>,
@@ -159,6 +181,8 @@ impl Reply {
             output_audio: config.output_audio,
             max_sentence_chars: config.max_sentence_chars,
             keep_audio: !config.max_history_audio.is_zero(),
+            max_kept_nanos: config.max_history_audio.as_nanos(),
+            max_ahead: config.max_sentences_ahead.max(1),
             resp: None,
             closing: None,
             held: None,
@@ -188,6 +212,8 @@ impl Reply {
             asks_question: false,
             stripper: FragmentStripper::new(),
             spoken: Vec::new(),
+            spoken_nanos: 0,
+            wake: None,
         });
     }
 
@@ -218,7 +244,66 @@ impl Reply {
     pub(crate) fn is_tts(&self, id: RequestId) -> bool {
         self.resp
             .as_ref()
-            .is_some_and(|r| r.sentences.iter().any(|s| s.id == id))
+            .is_some_and(|r| r.sentences.iter().any(|s| s.requested && s.id == id))
+    }
+
+    /// The sentences to send to TTS now: the next ones in order, while fewer than
+    /// `max_ahead` sentences beyond the one playing are being synthesized, wait for delivery,
+    /// or were delivered and not yet played out (by `now`, estimated from real time, or by
+    /// the client's reports).
+    pub(crate) fn due_synthesis(&mut self, now: Instant, reports: bool) -> Vec<ProviderRequest> {
+        let mut requests = Vec::new();
+        let Some(r) = &mut self.resp else {
+            return requests;
+        };
+        if r.generation_ended {
+            return requests;
+        }
+        let (unplayed, first_end) = r.ledger.unplayed_finished(now, reports);
+        let outstanding = unplayed + r.sentences.iter().filter(|s| s.requested).count();
+        // One sentence plays; `max_ahead` more may be ready behind it.
+        let room = (self.max_ahead + 1).saturating_sub(outstanding);
+        let waiting = r.sentences.iter().filter(|s| !s.requested).count();
+        // Playback makes room when the earliest unplayed sentence ends (synthesis makes room
+        // by finishing, which comes in as an event).
+        r.wake = first_end.filter(|_| unplayed > 0 && waiting > room);
+        for s in r.sentences.iter_mut().filter(|s| !s.requested).take(room) {
+            s.requested = true;
+            requests.push(ProviderRequest::Synthesize {
+                id: s.id,
+                turn: r.turn,
+                text: s.text.clone(),
+            });
+        }
+        requests
+    }
+
+    /// The first sentence's TTS request, once it is complete (and only once): what a
+    /// speculative reply synthesizes ahead, with no playback to pace.
+    pub(crate) fn first_synthesis(&mut self) -> Option<ProviderRequest> {
+        let r = self.resp.as_mut()?;
+        if r.sentences.iter().any(|s| s.requested) {
+            return None;
+        }
+        let s = r.sentences.front_mut()?;
+        s.requested = true;
+        Some(ProviderRequest::Synthesize {
+            id: s.id,
+            turn: r.turn,
+            text: s.text.clone(),
+        })
+    }
+
+    /// When playback will have made room for a sentence still waiting for synthesis (the
+    /// estimated end of the earliest delivered sentence not yet played, as of the last
+    /// [`Reply::due_synthesis`]); `None` when no sentence waits or room depends on synthesis
+    /// finishing, not on playback.
+    pub(crate) fn synthesis_deadline(&self) -> Option<Instant> {
+        let r = self.resp.as_ref()?;
+        if r.generation_ended || r.sentences.iter().all(|s| s.requested) {
+            return None;
+        }
+        r.wake
     }
 
     /// The response's turn while its LLM still streams (`None`: its events are stale).
@@ -310,13 +395,14 @@ impl Reply {
     }
 
     /// The LLM is done: the last sentence is complete. Call after [`Reply::settle_emotion`]
-    /// (and after feeding what it routed), then deliver what is due.
-    pub(crate) fn end_text(&mut self, next: &mut u64) -> Vec<ProviderRequest> {
+    /// (and after feeding what it routed), then ask for [`Reply::due_synthesis`] and deliver
+    /// what is due.
+    pub(crate) fn end_text(&mut self, next: &mut u64) {
         if let Some(r) = &mut self.resp {
             r.llm_done = true;
             r.splitter.finish();
         }
-        self.sentences(next)
+        self.sentences(next);
     }
 
     /// Settled text to TTS sentences or to a text fragment.
@@ -326,10 +412,8 @@ impl Reply {
         };
         if self.output_audio.is_some() {
             r.splitter.push(text);
-            return Routed {
-                synthesize: self.sentences(next),
-                ..Routed::default()
-            };
+            self.sentences(next);
+            return Routed::default();
         }
         let out = r.stripper.push(text);
         Routed {
@@ -338,11 +422,11 @@ impl Reply {
         }
     }
 
-    /// Completed sentences with something to say, each with its TTS request.
-    fn sentences(&mut self, next: &mut u64) -> Vec<ProviderRequest> {
-        let mut requests = Vec::new();
+    /// Completed sentences with something to say join the queue for TTS
+    /// ([`Reply::due_synthesis`]).
+    fn sentences(&mut self, next: &mut u64) {
         let Some(r) = &mut self.resp else {
-            return requests;
+            return;
         };
         while let Some(sentence) = r.splitter.pop() {
             let text = emotion::strip_emoji(&sentence).into_owned();
@@ -353,18 +437,13 @@ impl Reply {
             let id = next_id(next);
             r.sentences.push_back(Sentence {
                 id,
-                text: text.clone(),
+                text,
                 held: VecDeque::new(),
+                requested: false,
                 started: false,
                 done: false,
             });
-            requests.push(ProviderRequest::Synthesize {
-                id,
-                turn: r.turn,
-                text,
-            });
         }
-        requests
     }
 
     /// Holds a text fragment and returns its chunk for the turn machine.
@@ -398,7 +477,7 @@ impl Reply {
         let Some(s) = self
             .resp
             .as_mut()
-            .and_then(|r| r.sentences.iter_mut().find(|s| s.id == id))
+            .and_then(|r| r.sentences.iter_mut().find(|s| s.requested && s.id == id))
         else {
             return Tts::Unknown;
         };
@@ -468,9 +547,14 @@ impl Reply {
         let mut events = Vec::with_capacity(2);
         let mut chunk_text = String::new();
         // History keeps each sentence's audio; a chunk at another rate than its sentence's
-        // first (a provider switching rates mid-sentence) is delivered but not kept.
+        // first (a provider switching rates mid-sentence) is delivered but not kept. Beyond
+        // the history's audio cap nothing more is kept: history would drop it anyway.
+        let keep = self.keep_audio && r.spoken_nanos < self.max_kept_nanos;
+        if keep {
+            r.spoken_nanos += duration.as_nanos();
+        }
         match (&first_of, r.spoken.last_mut()) {
-            _ if !self.keep_audio => {}
+            _ if !keep => {}
             (Some(text), _) => r.spoken.push(AudioData {
                 samples: samples.clone(),
                 sample_rate: rate,
@@ -704,9 +788,11 @@ mod tests {
         assert!(r.mark_started());
         assert!(!r.mark_started());
         r.settle_emotion(None, &mut next);
-        let first = r.text("Hello there. How are", None, &mut next).synthesize;
+        r.text("Hello there. How are", None, &mut next);
+        let first = r.due_synthesis(t0, false);
         assert_eq!(synth(&first), vec![(RequestId(10), "Hello there.")]);
-        let rest = r.end_text(&mut next);
+        r.end_text(&mut next);
+        let rest = r.due_synthesis(t0, false);
         assert_eq!(synth(&rest), vec![(RequestId(11), "How are")]);
         assert_eq!(r.generating(), None);
         assert!(r.is_tts(RequestId(11)) && !r.is_llm(RequestId(11)));
@@ -789,7 +875,8 @@ mod tests {
         r.begin(T, Some(RequestId(1)));
         r.settle_emotion(None, &mut next);
         r.refuse("call-1".into());
-        assert!(r.end_text(&mut next).is_empty());
+        r.end_text(&mut next);
+        assert!(r.due_synthesis(Instant::now(), false).is_empty());
         // Text-only replies never set awaits_user from sentences: none are split.
         assert_eq!(
             r.end_generation(),
@@ -801,8 +888,9 @@ mod tests {
         );
         let mut r = spoken();
         r.begin(T, Some(RequestId(1)));
-        let mut requests = r.text("Ready? Shall we go?", None, &mut next).synthesize;
-        requests.extend(r.end_text(&mut next));
+        r.text("Ready? Shall we go?", None, &mut next);
+        r.end_text(&mut next);
+        let requests = r.due_synthesis(Instant::now(), false);
         let ids = synth(&requests)
             .into_iter()
             .map(|(id, _)| id)
@@ -839,6 +927,7 @@ mod tests {
         r.begin(T, Some(RequestId(1)));
         r.settle_emotion(None, &mut next);
         r.text("One. Two. Three", None, &mut next);
+        assert_eq!(r.due_synthesis(Instant::now(), false).len(), 2);
         r.tts(ProviderEvent::Done { id: RequestId(10) });
         r.tts(audio(RequestId(11), 24));
         assert!(r.next_audio(Instant::now()).is_some());
@@ -858,5 +947,89 @@ mod tests {
         r.begin(TurnId(8), Some(RequestId(20)));
         assert_eq!(r.close(), vec![RequestId(20)]);
         assert_eq!(r.generating(), None);
+    }
+
+    /// Synthesizes sentence `id` as `ms` milliseconds of 24 kHz audio and delivers it.
+    fn synthesized(r: &mut Reply, now: Instant, id: RequestId, ms: usize) {
+        assert_eq!(r.tts(audio(id, ms * 24)), Tts::Applied);
+        assert_eq!(r.tts(ProviderEvent::Done { id }), Tts::Applied);
+        while r.next_audio(now).is_some() {}
+    }
+
+    #[test]
+    fn a_long_reply_is_synthesized_a_few_sentences_ahead_of_playback() {
+        let mut r = spoken();
+        let t0 = Instant::now();
+        let mut next = 1;
+        r.begin_direct(T);
+        let text: String = (1..=50).map(|i| format!("Sentence number {i}. ")).collect();
+        r.text(&text, None, &mut next);
+        r.end_text(&mut next);
+        // The sentence to play and two ready behind it; nothing else until room is made.
+        let requests = r.due_synthesis(t0, false);
+        let asked: Vec<RequestId> = synth(&requests).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(asked.len(), 3, "{asked:?}");
+        assert!(r.due_synthesis(t0, false).is_empty());
+        assert_eq!(
+            r.synthesis_deadline(),
+            None,
+            "waits on synthesis, not playback"
+        );
+        // Finished synthesis is room only once it has been heard: one second each.
+        for id in asked {
+            synthesized(&mut r, t0, id, 1_000);
+        }
+        assert!(r.due_synthesis(t0, false).is_empty());
+        let wake = r.synthesis_deadline().expect("playback makes room");
+        assert_eq!(wake, t0 + Duration::from_secs(1));
+        let more = r.due_synthesis(wake, false);
+        assert_eq!(synth(&more), vec![(RequestId(4), "Sentence number 4.")]);
+        // With reports on, a report of what was played makes room as well.
+        assert!(r.due_synthesis(wake, true).is_empty());
+        r.report_playback(T, 2 * 48_000);
+        assert_eq!(synth(&r.due_synthesis(wake, true)).len(), 1);
+        // Everything is still said, in order, to the end.
+        let mut now = wake;
+        let mut said = 3;
+        let mut in_flight: Vec<RequestId> = vec![RequestId(4), RequestId(5)];
+        while let Some(id) = in_flight.first().copied() {
+            in_flight.remove(0);
+            synthesized(&mut r, now, id, 1_000);
+            said += 1;
+            now = r.synthesis_deadline().unwrap_or(now);
+            let requests = r.due_synthesis(now, false);
+            in_flight.extend(synth(&requests).into_iter().map(|(id, _)| id));
+            assert!(in_flight.len() <= 3);
+        }
+        assert_eq!(said, 50);
+        assert!(r.end_generation().is_some());
+    }
+
+    #[test]
+    fn reply_audio_kept_for_history_stops_at_the_history_cap() {
+        let mut r = Reply::new(&EngineConfig {
+            max_history_audio: Duration::from_millis(1_500),
+            ..EngineConfig::default()
+        });
+        let t0 = Instant::now();
+        let mut next = 1;
+        r.begin_direct(T);
+        r.text("One. Two. Three.", None, &mut next);
+        r.end_text(&mut next);
+        let requests = r.due_synthesis(t0, false);
+        let ids: Vec<RequestId> = synth(&requests).into_iter().map(|(id, _)| id).collect();
+        for id in ids {
+            synthesized(&mut r, t0, id, 1_000);
+        }
+        r.end_generation();
+        let ended = r.end(T, t0, false, false).unwrap();
+        let kept: Vec<Option<usize>> = ended
+            .sentences
+            .unwrap()
+            .into_iter()
+            .map(|(_, a)| a.map(|a| a.samples.len()))
+            .collect();
+        // The second sentence started below the cap and is kept whole; the third is not.
+        assert_eq!(kept, vec![Some(24_000), Some(24_000), None]);
     }
 }

@@ -561,15 +561,14 @@ impl Speculator {
             _ => return Held::Nothing,
         }
         let first = match (&event, s.shadow.as_mut()) {
-            (ProviderEvent::TextDelta { delta, .. }, Some(shadow)) => shadow
-                .text(delta, policy, &mut s.shadow_ids)
-                .synthesize
-                .into_iter()
-                .next(),
+            (ProviderEvent::TextDelta { delta, .. }, Some(shadow)) => {
+                shadow.text(delta, policy, &mut s.shadow_ids);
+                shadow.first_synthesis()
+            }
             (ProviderEvent::Done { .. }, Some(shadow)) => {
-                let mut requests = shadow.settle_emotion(policy, &mut s.shadow_ids).synthesize;
-                requests.extend(shadow.end_text(&mut s.shadow_ids));
-                requests.into_iter().next()
+                shadow.settle_emotion(policy, &mut s.shadow_ids);
+                shadow.end_text(&mut s.shadow_ids);
+                shadow.first_synthesis()
             }
             _ => None,
         };

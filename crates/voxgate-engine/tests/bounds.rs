@@ -114,3 +114,46 @@ fn history_keeps_the_newest_messages_and_exports_count_the_dropped() {
     };
     assert_eq!((messages.len(), *dropped), (4, 6));
 }
+
+/// One long `DirectSpeech` (or a model's long answer) never has more than the configured
+/// sentences at the synthesizer at once: the rest waits for playback, and every sentence is
+/// still said, in order, at the pace the client plays them.
+#[test]
+fn a_long_reply_runs_a_bounded_number_of_syntheses_at_a_time() {
+    use common::{MS, synth, tts_audio};
+    let mut d = Driver::new(EngineConfig::default());
+    let text: String = (1..=120)
+        .map(|i| format!("This is sentence {i}. "))
+        .collect();
+    let mut out = d.input(Input::DirectSpeech {
+        text,
+        include_in_history: true,
+        uninterruptible: false,
+    });
+    let mut in_flight: Vec<_> = synth(&out);
+    let mut said = Vec::new();
+    let mut peak = in_flight.len();
+    while let Some((id, text)) = (!in_flight.is_empty()).then(|| in_flight.remove(0)) {
+        // Each sentence: 500 ms of audio, synthesized 50 ms after it was asked for.
+        out = d.advance(50 * MS);
+        out.extend(d.provider(tts_audio(id, 500)));
+        out.extend(d.provider(done(id)));
+        said.push(text);
+        in_flight.extend(synth(&out));
+        if in_flight.is_empty() {
+            // Nothing at the synthesizer: the rest waits for playback to make room.
+            out = d.advance(600 * MS);
+            in_flight.extend(synth(&out));
+        }
+        peak = peak.max(in_flight.len());
+    }
+    assert_eq!(said.len(), 120);
+    for (i, text) in said.iter().enumerate() {
+        assert_eq!(*text, format!("This is sentence {}.", i + 1));
+    }
+    // The one playing plus the default two ahead.
+    assert!(peak <= 3, "{peak} syntheses at once");
+    // Paced by playback: 120 half-second sentences take about a minute to say.
+    let took = d.now - d.origin;
+    assert!(took >= 55_000 * MS, "{took:?}");
+}

@@ -1,4 +1,10 @@
 //! Synthesis by a local program that reads text on stdin and writes a WAV file to stdout.
+//!
+//! Every run is a process, so what runs at once is bounded by a [`ProcessPool`] that the
+//! synthesizers of a server share: requests beyond it wait their turn (the engine already
+//! keeps each reply to a few sentences ahead of playback). Starting a process (fork and exec)
+//! blocks the calling thread, so it happens on tokio's blocking pool, never on a runtime
+//! worker; waiting for it is asynchronous.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -7,6 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -18,6 +25,63 @@ use crate::{Tts, TtsStream};
 
 /// How much of the child's stderr is kept for error messages.
 const MAX_STDERR: usize = 4096;
+
+/// Processes a [`ProcessPool::default`] runs at once: two per core, at least four. A
+/// synthesizer process is mostly CPU, so more than this only makes each one slower.
+#[must_use]
+pub fn default_max_processes() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, std::num::NonZeroUsize::get)
+        .saturating_mul(2)
+        .max(4)
+}
+
+/// A bound on synthesizer processes running at once, shared by the [`CommandTts`]s made with
+/// it (clones share it). Requests beyond it wait in order, each until a process ends; the
+/// time a request waits does not count against its timeout.
+#[derive(Debug, Clone)]
+pub struct ProcessPool {
+    permits: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ProcessPool {
+    /// A pool running at most `max` processes at once (at least one).
+    #[must_use]
+    pub fn new(max: usize) -> Self {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// The most processes the pool runs at once.
+    #[must_use]
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Processes running now.
+    #[must_use]
+    pub fn running(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+
+    async fn acquire(&self) -> Result<OwnedSemaphorePermit, ProviderError> {
+        Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| ProviderError::Command("the process pool is closed".into()))
+    }
+}
+
+impl Default for ProcessPool {
+    /// [`default_max_processes`].
+    fn default() -> Self {
+        Self::new(default_max_processes())
+    }
+}
 
 /// Configuration of [`CommandTts`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,14 +119,24 @@ impl CommandTtsConfig {
 #[derive(Debug, Clone)]
 pub struct CommandTts {
     config: Arc<CommandTtsConfig>,
+    pool: ProcessPool,
 }
 
 impl CommandTts {
-    /// A synthesizer running `config`. The program is looked up when a sentence is synthesized.
+    /// A synthesizer running `config` with a pool of its own ([`ProcessPool::default`]). The
+    /// program is looked up when a sentence is synthesized.
     #[must_use]
     pub fn new(config: CommandTtsConfig) -> Self {
+        Self::with_pool(config, ProcessPool::default())
+    }
+
+    /// A synthesizer running `config` whose processes count against `pool`, shared with
+    /// other synthesizers (a server's doors).
+    #[must_use]
+    pub fn with_pool(config: CommandTtsConfig, pool: ProcessPool) -> Self {
         Self {
             config: Arc::new(config),
+            pool,
         }
     }
 }
@@ -92,12 +166,21 @@ pub fn embedded_tts_name() -> &'static str {
 /// placeholder [`ToneTts`] (beeps, not speech).
 #[must_use]
 pub fn embedded_tts() -> Arc<dyn Tts> {
+    embedded_tts_in(ProcessPool::default())
+}
+
+/// [`embedded_tts`] whose processes count against `pool`.
+#[must_use]
+pub fn embedded_tts_in(pool: ProcessPool) -> Arc<dyn Tts> {
     let espeak = CommandTtsConfig::espeak_ng();
     match find_program(&espeak.program) {
-        Some(path) => Arc::new(CommandTts::new(CommandTtsConfig {
-            program: path,
-            ..espeak
-        })),
+        Some(path) => Arc::new(CommandTts::with_pool(
+            CommandTtsConfig {
+                program: path,
+                ..espeak
+            },
+            pool,
+        )),
         None => Arc::new(ToneTts),
     }
 }
@@ -109,6 +192,7 @@ impl Tts for CommandTts {
         }
         let run = CommandRun {
             config: Arc::clone(&self.config),
+            pool: self.pool.clone(),
             request: Some(request),
             running: None,
             decoder: WavStreamDecoder::new(),
@@ -136,6 +220,8 @@ impl Tts for CommandTts {
 }
 
 struct Running {
+    /// The pool's place, given back when the run ends (after the child is killed).
+    _permit: OwnedSemaphorePermit,
     child: Child,
     stdout: ChildStdout,
     stderr: JoinHandle<Vec<u8>>,
@@ -144,6 +230,7 @@ struct Running {
 
 struct CommandRun {
     config: Arc<CommandTtsConfig>,
+    pool: ProcessPool,
     request: Option<TtsRequest>,
     running: Option<Running>,
     decoder: WavStreamDecoder,
@@ -152,20 +239,28 @@ struct CommandRun {
 }
 
 impl CommandRun {
-    fn spawn(&self, request: TtsRequest) -> Result<Running, ProviderError> {
-        let cfg = &self.config;
-        let mut cmd = Command::new(&cfg.program);
-        cmd.args(&cfg.args);
-        if let (Some(flag), Some(voice)) = (&cfg.voice_flag, request.voice.or(request.language)) {
-            cmd.arg(flag).arg(voice);
-        }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| {
-            ProviderError::Command(format!("cannot start {}: {e}", cfg.program.display()))
-        })?;
+    async fn spawn(&self, request: TtsRequest) -> Result<Running, ProviderError> {
+        let permit = self.pool.acquire().await?;
+        let cfg = Arc::clone(&self.config);
+        let voice = request.voice.or(request.language);
+        // fork and exec block the calling thread (for milliseconds under load): never a
+        // runtime worker's.
+        let mut child = tokio::task::spawn_blocking(move || {
+            let mut cmd = Command::new(&cfg.program);
+            cmd.args(&cfg.args);
+            if let (Some(flag), Some(voice)) = (&cfg.voice_flag, voice) {
+                cmd.arg(flag).arg(voice);
+            }
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            cmd.spawn().map_err(|e| {
+                ProviderError::Command(format!("cannot start {}: {e}", cfg.program.display()))
+            })
+        })
+        .await
+        .map_err(|e| ProviderError::Command(format!("starting the program: {e}")))??;
         let (Some(mut stdin), Some(stdout), Some(mut stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -191,6 +286,7 @@ impl CommandRun {
             kept
         });
         Ok(Running {
+            _permit: permit,
             child,
             stdout,
             stderr,
@@ -207,7 +303,9 @@ impl CommandRun {
 
     async fn step(&mut self) -> Result<Option<PcmChunk>, ProviderError> {
         if let Some(request) = self.request.take() {
-            self.running = Some(self.spawn(request)?);
+            self.running = Some(self.spawn(request).await?);
+            // The timeout covers the run, not the wait for a place in the pool.
+            self.deadline = Instant::now() + self.config.timeout;
             return Ok(None);
         }
         let deadline = self.deadline;

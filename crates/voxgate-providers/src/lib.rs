@@ -67,7 +67,10 @@ mod types;
 pub mod wav_stream;
 
 pub use acp::{AcpAgent, AcpConfig, AcpConversation, AcpPermissions};
-pub use command::{CommandTts, CommandTtsConfig, embedded_tts, embedded_tts_name};
+pub use command::{
+    CommandTts, CommandTtsConfig, ProcessPool, default_max_processes, embedded_tts,
+    embedded_tts_in, embedded_tts_name,
+};
 pub use demo::{DemoAgent, NoAsr, ToneTts, no_asr_marker, parse_no_asr_marker};
 pub use elevenlabs::{ElevenLabsConfig, ElevenLabsLocation, ElevenLabsTts, VoiceSettings};
 pub use error::{ProviderError, TimeoutPhase};

@@ -215,3 +215,49 @@ async fn the_embedded_default_always_produces_audio() {
     let total: usize = items.into_iter().map(|c| c.unwrap().samples.len()).sum();
     assert!(total > 0);
 }
+
+/// The pool bounds the processes running at once, whoever asks: the rest wait, in order,
+/// and their timeouts start when their process does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_pool_runs_at_most_its_size_at_once_and_queues_the_rest() {
+    let dir = scratch("pool");
+    std::fs::write(
+        dir.join("out.wav"),
+        voxgate_audio::wav::wav_bytes_i16(16_000, 1, &[0; 160]).unwrap(),
+    )
+    .unwrap();
+    let d = dir.display();
+    // Each run marks itself running for 300 ms; the peak is the most marks seen at once.
+    let program = script(
+        &dir,
+        &format!(
+            "cat > /dev/null\ntouch {d}/run.$$\nls {d} | grep -c '^run' >> {d}/seen\n\
+             sleep 0.3\nrm {d}/run.$$\ncat {d}/out.wav"
+        ),
+    );
+    let pool = voxgate_providers::ProcessPool::new(3);
+    let mut cfg = config(program);
+    // Twelve runs of 0.3 s through three places take 1.2 s: a 1 s timeout counted from the
+    // request instead of the process start would fail the last ones.
+    cfg.timeout = Duration::from_secs(1);
+    let a = CommandTts::with_pool(cfg.clone(), pool.clone());
+    let b = CommandTts::with_pool(cfg, pool.clone());
+    let runs = (0..12).map(|i| {
+        let tts = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tokio::spawn(async move { collect(tts.synthesize(say("x"))).await })
+    });
+    let results = futures::future::join_all(runs).await;
+    for r in results {
+        for item in r.unwrap() {
+            item.unwrap();
+        }
+    }
+    let seen = std::fs::read_to_string(dir.join("seen")).unwrap();
+    let peak = seen
+        .lines()
+        .map(|l| l.trim().parse::<usize>().unwrap())
+        .max();
+    assert_eq!(seen.lines().count(), 12);
+    assert!(peak.is_some_and(|p| p <= 3), "peak {peak:?}: {seen}");
+    assert_eq!(pool.running(), 0);
+}

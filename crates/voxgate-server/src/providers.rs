@@ -13,7 +13,7 @@ use voxgate_engine::{ProviderEvent, ProviderRequest, RequestId};
 use voxgate_providers::{
     Asr, ChatMessage, CommandTts, CommandTtsConfig, DemoAgent, ElevenLabsConfig, ElevenLabsTts,
     HttpSettings, Intent, Llm, LlmEvent, LlmRequest, NoAsr, OpenAiChat, OpenAiChatConfig,
-    OpenAiSpeech, OpenAiSpeechConfig, OpenAiTranscription, OpenAiTranscriptionConfig,
+    OpenAiSpeech, OpenAiSpeechConfig, OpenAiTranscription, OpenAiTranscriptionConfig, ProcessPool,
     ProviderError, Role, ToneTts, ToolCall, ToolDefinition, Tts, TtsRequest, Utterance,
 };
 
@@ -63,11 +63,11 @@ impl Providers {
     /// an unusable option (a bad base URL).
     pub fn from_config(config: &Config) -> Result<Self, ProviderError> {
         let cfg = |e: crate::config::ConfigError| ProviderError::Config(e.to_string());
-        let http = http_settings(config);
+        let shared = Shared::of(config);
         Ok(Self {
-            llm: build_llm(&config.llm_plan().map_err(cfg)?.spec, &http)?,
-            asr: build_asr(&config.asr_plan().map_err(cfg)?.spec, &http)?,
-            tts: build_tts(&config.tts_plan().map_err(cfg)?.spec, &http)?,
+            llm: build_llm(&config.llm_plan().map_err(cfg)?.spec, &shared.http)?,
+            asr: build_asr(&config.asr_plan().map_err(cfg)?.spec, &shared.http)?,
+            tts: build_tts(&config.tts_plan().map_err(cfg)?.spec, &shared)?,
         })
     }
 }
@@ -77,6 +77,35 @@ fn http_settings(config: &Config) -> HttpSettings {
     HttpSettings {
         max_idle_connections: config.limits.provider_idle_connection_cap(),
         ..HttpSettings::default()
+    }
+}
+
+/// What the providers of one server share: HTTP settings and the synthesizer process pool.
+struct Shared {
+    http: HttpSettings,
+    processes: ProcessPool,
+}
+
+impl Shared {
+    fn of(config: &Config) -> Self {
+        Self {
+            http: http_settings(config),
+            processes: process_pool(config.limits.synth_process_cap()),
+        }
+    }
+}
+
+/// The synthesizer process pool of size `max`: one for the whole process (processes are the
+/// OS process's to spend, whichever door or server asks), replaced only when a server is
+/// configured with another size.
+fn process_pool(max: usize) -> ProcessPool {
+    static POOL: std::sync::Mutex<Option<ProcessPool>> = std::sync::Mutex::new(None);
+    let mut pool = POOL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match &*pool {
+        Some(p) if p.max() == max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS) => p.clone(),
+        _ => pool.insert(ProcessPool::new(max)).clone(),
     }
 }
 
@@ -122,7 +151,8 @@ fn build_asr(spec: &AsrSpec, http: &HttpSettings) -> Result<Arc<dyn Asr>, Provid
 }
 
 /// The bare synthesizer `spec` names.
-fn build_tts(spec: &TtsSpec, http: &HttpSettings) -> Result<Arc<dyn Tts>, ProviderError> {
+fn build_tts(spec: &TtsSpec, shared: &Shared) -> Result<Arc<dyn Tts>, ProviderError> {
+    let http = &shared.http;
     Ok(match spec {
         TtsSpec::OpenAi {
             base_url,
@@ -156,15 +186,21 @@ fn build_tts(spec: &TtsSpec, http: &HttpSettings) -> Result<Arc<dyn Tts>, Provid
             workers,
             queue,
         } => crate::local_speech::piper(model, onnxruntime, *speaker, *workers, *queue)?,
-        TtsSpec::Command { program, args } => Arc::new(CommandTts::new(CommandTtsConfig {
-            program: program.into(),
-            args: args.clone(),
-            voice_flag: None,
-            ..CommandTtsConfig::espeak_ng()
-        })),
-        TtsSpec::Espeak => Arc::new(CommandTts::new(CommandTtsConfig::espeak_ng())),
+        TtsSpec::Command { program, args } => Arc::new(CommandTts::with_pool(
+            CommandTtsConfig {
+                program: program.into(),
+                args: args.clone(),
+                voice_flag: None,
+                ..CommandTtsConfig::espeak_ng()
+            },
+            shared.processes.clone(),
+        )),
+        TtsSpec::Espeak => Arc::new(CommandTts::with_pool(
+            CommandTtsConfig::espeak_ng(),
+            shared.processes.clone(),
+        )),
         TtsSpec::Tone => Arc::new(ToneTts),
-        TtsSpec::Embedded => voxgate_providers::embedded_tts(),
+        TtsSpec::Embedded => voxgate_providers::embedded_tts_in(shared.processes.clone()),
     })
 }
 
@@ -228,10 +264,10 @@ impl DoorProviderSet {
         metrics: &Arc<Metrics>,
     ) -> Result<Self, ProviderError> {
         let cfg = |e: crate::config::ConfigError| ProviderError::Config(e.to_string());
-        let http = http_settings(config);
-        let llm = |s: &LlmSpec| build_llm(s, &http);
-        let asr = |s: &AsrSpec| build_asr(s, &http);
-        let tts = |s: &TtsSpec| build_tts(s, &http);
+        let shared = Shared::of(config);
+        let llm = |s: &LlmSpec| build_llm(s, &shared.http);
+        let asr = |s: &AsrSpec| build_asr(s, &shared.http);
+        let tts = |s: &TtsSpec| build_tts(s, &shared);
         let server = Providers {
             llm: guard(base.llm, &config.llm_plan().map_err(cfg)?, &llm, metrics)?,
             asr: guard(base.asr, &config.asr_plan().map_err(cfg)?, &asr, metrics)?,

@@ -37,6 +37,9 @@ pub const MAX_INTERRUPTION_WORDS: u32 = 50;
 pub const MAX_GREETING_CHARS: usize = 2_000;
 /// Largest context budget accepted (about 250 000 tokens, beyond any current model).
 pub const MAX_CONTEXT_CHARS: usize = 1_000_000;
+/// Most sentences a spoken reply may synthesize ahead of the one playing: each is a
+/// synthesizer run (a process for command voices) and its audio held.
+pub const MAX_SENTENCES_AHEAD: usize = 8;
 /// Longest utterance kept for transcription, in seconds: an utterance is held in memory
 /// (about 64 kB a second), so this bounds a session's audio buffer.
 pub const MAX_UTTERANCE_SECS: u64 = 120;
@@ -142,6 +145,11 @@ pub struct EngineSettings {
     /// dropped. Code default 60.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_utterance_secs: Option<u64>,
+    /// Spoken replies: sentences synthesized ahead of the one playing (1 to 8); later ones
+    /// wait for playback, so a long reply costs a few synthesizer runs at a time. Code
+    /// default 2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sentences_ahead: Option<usize>,
     /// Speculative generation at pauses in speech: recognize, generate and synthesize the
     /// first sentence ahead of the turn's end, kept only if the pause ends the turn (an extra
     /// recognition, and often a generation, for every pause that does not). Code default
@@ -215,6 +223,7 @@ impl EngineSettings {
             greeting: self.greeting.clone().or_else(|| base.greeting.clone()),
             max_context_chars: self.max_context_chars.or(base.max_context_chars),
             max_utterance_secs: self.max_utterance_secs.or(base.max_utterance_secs),
+            max_sentences_ahead: self.max_sentences_ahead.or(base.max_sentences_ahead),
             speculate: self.speculate.or(base.speculate),
             speculate_after_ms: self.speculate_after_ms.or(base.speculate_after_ms),
             no_recognizer: self.no_recognizer,
@@ -263,6 +272,9 @@ impl EngineSettings {
         }
         if let Some(v) = self.max_utterance_secs {
             c.max_utterance = Duration::from_secs(v);
+        }
+        if let Some(v) = self.max_sentences_ahead {
+            c.max_sentences_ahead = v;
         }
         if let Some(v) = self.speculate {
             c.speculation.enabled = v;
@@ -377,6 +389,14 @@ impl EngineSettings {
                 format!("= {s} is out of range (1 to {MAX_UTTERANCE_SECS})"),
             );
         }
+        if let Some(n) = self.max_sentences_ahead
+            && !(1..=MAX_SENTENCES_AHEAD).contains(&n)
+        {
+            return bad(
+                "max_sentences_ahead",
+                format!("= {n} is out of range (1 to {MAX_SENTENCES_AHEAD})"),
+            );
+        }
         let allowed: &[&str] = match scope {
             Scope::All => return Ok(()),
             Scope::Retell => &["greeting", "max_context_chars"],
@@ -432,6 +452,7 @@ impl EngineSettings {
         add("greeting", self.greeting.is_some());
         add("max_context_chars", self.max_context_chars.is_some());
         add("max_utterance_secs", self.max_utterance_secs.is_some());
+        add("max_sentences_ahead", self.max_sentences_ahead.is_some());
         add("speculate", self.speculate.is_some());
         add("speculate_after_ms", self.speculate_after_ms.is_some());
         keys
@@ -480,6 +501,7 @@ impl EngineSettings {
         vars.optional(names.greeting, &mut self.greeting);
         vars.parsed_some(names.max_context_chars, &mut self.max_context_chars)?;
         vars.parsed_some(names.max_utterance_secs, &mut self.max_utterance_secs)?;
+        vars.parsed_some(names.max_sentences_ahead, &mut self.max_sentences_ahead)?;
         vars.parsed_some(names.speculate_after_ms, &mut self.speculate_after_ms)?;
         Ok(())
     }
@@ -502,6 +524,7 @@ pub(crate) struct EnvNames {
     greeting: &'static str,
     max_context_chars: &'static str,
     max_utterance_secs: &'static str,
+    max_sentences_ahead: &'static str,
     speculate: &'static str,
     speculate_after_ms: &'static str,
 }
@@ -524,6 +547,7 @@ macro_rules! env_names {
             greeting: concat!($prefix, "GREETING"),
             max_context_chars: concat!($prefix, "MAX_CONTEXT_CHARS"),
             max_utterance_secs: concat!($prefix, "MAX_UTTERANCE_SECS"),
+            max_sentences_ahead: concat!($prefix, "MAX_SENTENCES_AHEAD"),
             speculate: concat!($prefix, "SPECULATE"),
             speculate_after_ms: concat!($prefix, "SPECULATE_AFTER_MS"),
         }
@@ -724,11 +748,12 @@ mod tests {
             greeting: Some("Hello".into()),
             max_context_chars: Some(99),
             max_utterance_secs: Some(5),
+            max_sentences_ahead: Some(4),
             speculate: Some(true),
             speculate_after_ms: Some(16),
             no_recognizer: false,
         };
-        assert_eq!(all.set_keys().len(), 16);
+        assert_eq!(all.set_keys().len(), 17);
         let mut c = EngineConfig::default();
         all.apply(&mut c);
         let ms = Duration::from_millis;
@@ -751,6 +776,7 @@ mod tests {
         assert!(!c.turn.resume_false_interruptions);
         assert_eq!(c.max_context_chars, 99);
         assert_eq!(c.max_utterance, Duration::from_secs(5));
+        assert_eq!(c.max_sentences_ahead, 4);
         assert!(c.speculation.enabled);
         assert_eq!(c.speculation.after_silence, ms(16));
         assert_eq!(all.over(&EngineSettings::default()), all);

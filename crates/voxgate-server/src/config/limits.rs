@@ -46,6 +46,9 @@ pub const SESSIONS_PER_CORE: usize = 400;
 ///   provider, enough to ride out the second-to-second swing of a few hundred requests in
 ///   flight; without a cap the pool grew under steady load to hundreds of idle connections
 ///   (`docs/performance.md`, "Long-lived sessions").
+/// - [`max_synth_processes`](Self::max_synth_processes): two per core, at least four. A
+///   synthesizer process (espeak-ng, a `command` voice) is mostly CPU: more at once only
+///   makes each slower, and one long reply once started over a thousand at the same time.
 ///
 /// Behind a reverse proxy every session comes from the proxy's address: set
 /// `max_sessions_per_ip` and `max_handshakes_per_sec_per_ip` to 0 there (the proxy should do
@@ -87,6 +90,9 @@ pub struct LimitsConfig {
     /// open to its host for later requests; one coming free beyond them is closed. Requests in
     /// flight are never limited. 0: no cap.
     pub max_idle_provider_connections: usize,
+    /// Synthesizer processes (`espeak-ng`, `[tts] provider = "command"`) the whole server
+    /// runs at once; sentences beyond them wait for one to end. 0: no cap.
+    pub max_synth_processes: usize,
 }
 
 /// Default [`LimitsConfig::max_sessions_per_ip`].
@@ -125,6 +131,7 @@ impl Default for LimitsConfig {
             shutdown_grace_secs: 5,
             max_history_messages: DEFAULT_MAX_HISTORY_MESSAGES,
             max_idle_provider_connections: DEFAULT_MAX_IDLE_PROVIDER_CONNECTIONS,
+            max_synth_processes: voxgate_providers::default_max_processes(),
         }
     }
 }
@@ -153,6 +160,7 @@ impl LimitsConfig {
             shutdown_grace_secs: 0,
             max_history_messages: 0,
             max_idle_provider_connections: 0,
+            max_synth_processes: 0,
         }
     }
 
@@ -214,13 +222,22 @@ impl LimitsConfig {
         }
     }
 
+    /// [`Self::max_synth_processes`] as a pool size (0: as many as the OS allows).
+    #[must_use]
+    pub fn synth_process_cap(&self) -> usize {
+        match self.max_synth_processes {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+
     /// Applies the `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`,
     /// `VOXGATE_MAX_SESSIONS_PER_IP`, `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP`,
     /// `VOXGATE_MAX_SCHEDULING_DELAY_MS`, `VOXGATE_HEADER_TIMEOUT_SECS`,
     /// `VOXGATE_INIT_TIMEOUT_SECS`,
     /// `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`,
-    /// `VOXGATE_SHUTDOWN_GRACE_SECS`, `VOXGATE_MAX_HISTORY_MESSAGES` and
-    /// `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` overrides.
+    /// `VOXGATE_SHUTDOWN_GRACE_SECS`, `VOXGATE_MAX_HISTORY_MESSAGES`,
+    /// `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` and `VOXGATE_MAX_SYNTH_PROCESSES` overrides.
     pub(crate) fn apply_env(
         &mut self,
         var: &impl Fn(&str) -> Option<String>,
@@ -254,6 +271,7 @@ impl LimitsConfig {
             "VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS",
             &mut self.max_idle_provider_connections,
         )?;
+        vars.parsed("VOXGATE_MAX_SYNTH_PROCESSES", &mut self.max_synth_processes)?;
         Ok(())
     }
 }
@@ -340,6 +358,7 @@ mod tests {
                 "VOXGATE_SHUTDOWN_GRACE_SECS" => " 10 ",
                 "VOXGATE_MAX_HISTORY_MESSAGES" => "0",
                 "VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS" => "12",
+                "VOXGATE_MAX_SYNTH_PROCESSES" => "13",
                 _ => return None,
             };
             Some(v.to_owned())
@@ -361,6 +380,7 @@ mod tests {
                 shutdown_grace_secs: 10,
                 max_history_messages: 0,
                 max_idle_provider_connections: 12,
+                max_synth_processes: 13,
             }
         );
         let bad =

@@ -1,0 +1,121 @@
+//! What one peer can make the server spend: each test starts work a client may start
+//! (anonymously, on the defaults) and checks that its cost stays within a bound, counted on
+//! the real server over real sockets on 127.0.0.1.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use support::{Running, connect, http, rt_recv, rt_send};
+use voxgate_realtime::proto::client_bound_message::Payload;
+use voxgate_realtime::{
+    AudioFormat, HostedTtsSettings, HostedVoice, ServiceBoundMessage, SessionConfig, TtsSettings,
+};
+use voxgate_server::Config;
+use voxgate_server::config::TtsConfig;
+
+/// A fresh directory for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("voxgate-cost-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A synthesizer script that marks itself running while it works, writes how many runs it
+/// saw at its start to `seen`, and answers with `ms` of silence.
+fn counting_synthesizer(dir: &Path, ms: usize) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(
+        dir.join("out.wav"),
+        voxgate_audio::wav::wav_bytes_i16(16_000, 1, &vec![0; ms * 16]).unwrap(),
+    )
+    .unwrap();
+    let d = dir.display();
+    let path = dir.join("tts.sh");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\ncat > /dev/null\ntouch {d}/run.$$\nls {d} | grep -c '^run' >> {d}/seen\n\
+             sleep 0.05\nrm -f {d}/run.$$\ncat {d}/out.wav\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn seen(dir: &Path) -> Vec<usize> {
+    std::fs::read_to_string(dir.join("seen"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+/// One long `DirectSpeech` on an anonymous session used to start a synthesizer per sentence
+/// at once (about 1,200 processes for 60 KB). Now the reply is synthesized a few sentences
+/// ahead of playback, whatever its length, and the server stays responsive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_direct_speech_runs_a_few_synthesizers_at_a_time() {
+    let dir = scratch("direct");
+    let program = counting_synthesizer(&dir, 200);
+    let server = Running::start(Config {
+        tts: Some(TtsConfig {
+            provider: Some("command".into()),
+            command: Some(program.display().to_string()),
+            ..TtsConfig::default()
+        }),
+        ..Config::default()
+    })
+    .await;
+    let mut ws = connect(server.addr, "/realtime").await;
+    let mut config = SessionConfig::new(AudioFormat::SPEECH_16K, AudioFormat::SPEECH_16K);
+    config.tts = Some(TtsSettings::Hosted(HostedTtsSettings {
+        voice: HostedVoice::Ref {
+            voice_id: "default".into(),
+        },
+        mode: voxgate_realtime::proto::HostedTtsMode::LowLatency,
+    }));
+    rt_send(&mut ws, &ServiceBoundMessage::initialize(&config).unwrap()).await;
+    assert!(matches!(rt_recv(&mut ws).await, Payload::SessionReady(_)));
+    // About 60 KB (the most one message may carry is 64 KiB): 3,900 sentences.
+    let text: String = (1..=3_900).map(|i| format!("Line {i:04} here. ")).collect();
+    assert!(text.len() > 60_000);
+    rt_send(
+        &mut ws,
+        &ServiceBoundMessage::direct_speech(text, true, false),
+    )
+    .await;
+    // Two seconds of it: ten 200 ms sentences play; the health check answers at once.
+    let start = Instant::now();
+    let mut audio = 0;
+    let mut slowest = Duration::ZERO;
+    while start.elapsed() < Duration::from_secs(2) {
+        let asked = Instant::now();
+        let h = http(server.addr, "GET", "/health", &[], b"").await;
+        assert_eq!(h.status, 200);
+        slowest = slowest.max(asked.elapsed());
+        if let Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Binary(_)))) =
+            tokio::time::timeout(
+                Duration::from_millis(100),
+                futures::StreamExt::next(&mut ws),
+            )
+            .await
+        {
+            audio += 1;
+        }
+    }
+    let runs = seen(&dir);
+    assert!(audio > 0, "the reply is spoken");
+    assert!(
+        runs.iter().all(|n| *n <= 3),
+        "at most the sentence playing and two ahead: {runs:?}"
+    );
+    // Paced by playback: two seconds of 200 ms sentences, not the whole reply.
+    assert!(runs.len() <= 20, "{} runs in 2 s", runs.len());
+    assert!(slowest < Duration::from_secs(1), "/health took {slowest:?}");
+    server.stop_within(Duration::from_secs(15)).await;
+}
