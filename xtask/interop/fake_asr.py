@@ -10,7 +10,10 @@ what it receives, because the point is to prove that the server sends a real rec
 
 Anything else is answered with HTTP 400 and an OpenAI-style error body. The transcript names
 the length of the audio it got (`"interop transcript of 3.2 seconds"`), so a scenario can check
-that the recording reached the recognizer in full.
+that the recording reached the recognizer in full. Under the base URL `/question/v1` (the
+same port) the transcript asks instead (`"interop transcript of 3.2 seconds, is that right?"`):
+a server pointed there answers each spoken turn with a reply that ends with a question, after
+which a server with TTS waits for the user's answer (the Deepslate plugins' scenarios).
 
 Usage: python fake_asr.py [--port 0]. Prints `listening on http://127.0.0.1:PORT/v1` on
 stdout once it accepts connections, then serves until killed. Every request is logged on
@@ -26,6 +29,8 @@ from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PREFIX = "interop transcript of"
+QUESTION_SUFFIX = ", is that right?"
+QUESTION_BASE = "/question/"
 
 
 def parse_wav(data: bytes) -> tuple[int, int, int, int]:
@@ -116,7 +121,8 @@ class Handler(BaseHTTPRequestHandler):
             f"fake_asr: {filename} {seconds:.2f} s, model={model}, "
             f"fields={sorted(fields)}\n"
         )
-        self.reply(200, {"text": f"{PREFIX} {seconds:.1f} seconds"})
+        suffix = QUESTION_SUFFIX if self.path.startswith(QUESTION_BASE) else ""
+        self.reply(200, {"text": f"{PREFIX} {seconds:.1f} seconds{suffix}"})
 
 
 def main() -> None:

@@ -3,12 +3,16 @@
 //! Installs the pinned Python clients (`xtask/interop/requirements.txt`: `deepslate-core`
 //! 0.1.23 for the realtime door, `xiaozhi-sdk` 0.5.1 for the Xiaozhi door) into a venv under
 //! `target/interop-venv` (aiortc for the WebRTC doors in `target/webrtc-venv`, grpcio for the
-//! realtime gRPC service in `target/grpc-venv`), builds `voxgate-server` (unless `--server-bin`
-//! names one), starts the
-//! fake recognizer `xtask/interop/fake_asr.py` and the server on free loopback ports, waits for
-//! `GET /health`, then runs each scenario script with a time limit. The server and the fake
-//! are killed at the end, also when a step fails. Logs go to `target/interop/`; a failing
-//! scenario fails the command with its output and the end of the server log.
+//! realtime gRPC service in `target/grpc-venv`, the Deepslate Pipecat plugin with Pipecat
+//! 0.0.108 in `target/pipecat-venv` and the Deepslate LiveKit plugin with livekit-agents 1.8.9
+//! in `target/livekit-venv`: the two plugins' pins conflict on `openai`), builds
+//! `voxgate-server` (unless `--server-bin` names one), starts the fake recognizer
+//! `xtask/interop/fake_asr.py` and the server on free loopback ports, waits for
+//! `GET /health`, then runs each scenario script with a time limit. The plugin scenarios get a
+//! second server of the same binary whose recognizer answers with questions (see
+//! [`Scenario::asks_questions`]). The servers and the fake are killed at the end, also when a
+//! step fails. Logs go to `target/interop/`; a failing scenario fails the command with its
+//! output and the end of the server logs.
 //!
 //! See `docs/interop.md` for what each scenario covers.
 
@@ -67,13 +71,22 @@ pub(crate) enum Scenario {
     /// `deepslate-core`'s event sequence of a scripted session (`realtime_sequence.py`) as the
     /// reference for `voxgate-client realtime` over WebSocket and gRPC.
     Sequence,
+    /// The Deepslate Pipecat plugin (`deepslate-pipecat`'s DeepslateRealtimeLLMService in a
+    /// Pipecat pipeline, `pipecat_scenario.py`) against the realtime door.
+    Pipecat,
+    /// The Deepslate LiveKit plugin's realtime session (`deepslate-livekit`'s
+    /// `RealtimeModel().session()`, no LiveKit server, `livekit_scenario.py`) against the
+    /// realtime door.
+    Livekit,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 7] = [
+    const ALL: [Scenario; 9] = [
         Scenario::Realtime,
         Scenario::Grpc,
         Scenario::Sequence,
+        Scenario::Pipecat,
+        Scenario::Livekit,
         Scenario::Xiaozhi,
         Scenario::Webrtc,
         Scenario::Mcp,
@@ -89,6 +102,8 @@ impl Scenario {
             Scenario::Webrtc => "webrtc",
             Scenario::Grpc => "grpc",
             Scenario::Sequence => "sequence",
+            Scenario::Pipecat => "pipecat",
+            Scenario::Livekit => "livekit",
         }
     }
 
@@ -99,8 +114,18 @@ impl Scenario {
             Scenario::Webrtc => "webrtc_peer.py",
             Scenario::Grpc => "grpc_scenario.py",
             Scenario::Sequence => "realtime_sequence.py",
+            Scenario::Pipecat => "pipecat_scenario.py",
+            Scenario::Livekit => "livekit_scenario.py",
             Scenario::Mcp | Scenario::Acp => "",
         }
+    }
+
+    /// Whether the scenario runs against the second server, whose recognizer turns every
+    /// utterance into a question (`fake_asr.py` under `/question/v1`), so that each spoken
+    /// turn's reply ends with one. After such a reply a server with TTS waits for the user's
+    /// answer, which is when the plugins send their reply requests in real conversations.
+    fn asks_questions(self) -> bool {
+        matches!(self, Scenario::Pipecat | Scenario::Livekit)
     }
 
     /// The venv (under target/) and requirements file of a scenario run against the server.
@@ -108,6 +133,8 @@ impl Scenario {
         match self {
             Scenario::Webrtc => ("webrtc-venv", "requirements-webrtc.txt"),
             Scenario::Grpc => ("grpc-venv", "requirements-grpc.txt"),
+            Scenario::Pipecat => ("pipecat-venv", "requirements-pipecat.txt"),
+            Scenario::Livekit => ("livekit-venv", "requirements-livekit.txt"),
             _ => ("interop-venv", "requirements.txt"),
         }
     }
@@ -121,7 +148,9 @@ impl Scenario {
             | Scenario::Xiaozhi
             | Scenario::Webrtc
             | Scenario::Grpc
-            | Scenario::Sequence => None,
+            | Scenario::Sequence
+            | Scenario::Pipecat
+            | Scenario::Livekit => None,
             Scenario::Mcp => Some(CargoScenario {
                 venv: "mcp-interop-venv",
                 requirements: "requirements-mcp.txt",
@@ -189,7 +218,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         chosen.into_iter().partition(|s| s.cargo_tests().is_some());
 
     let mut failed = Vec::new();
-    let mut server_log = None;
+    let mut server_logs = Vec::new();
     if args.webrtc_fake && scenarios.contains(&Scenario::Webrtc) {
         scenarios.retain(|s| *s != Scenario::Webrtc);
         let started = Instant::now();
@@ -208,12 +237,31 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         };
         let (_asr, asr_url) = start_listener_script(&asr_python, &root, &logs, "fake_asr.py")?;
         let log = logs.join("server.log");
-        let (server, addr) = start_server(&server_bin, &asr_url, &log)?;
+        let (server, main_addr) = start_server(&server_bin, &asr_url, &log)?;
+        server_logs.push(log);
         eprintln!(
-            "interop: {} on {addr} (ASR: fake at {asr_url})",
+            "interop: {} on {main_addr} (ASR: fake at {asr_url})",
             server_bin.display()
         );
+        // Started when the first scenario that needs it comes (it takes a fraction of a second).
+        let mut questions_server: Option<(Guard, SocketAddr)> = None;
         for scenario in scenarios {
+            let addr = if scenario.asks_questions() {
+                match &questions_server {
+                    Some((_, addr)) => *addr,
+                    None => {
+                        let url = questions_url(&asr_url)?;
+                        let log = logs.join("server-questions.log");
+                        let (guard, addr) = start_server(&server_bin, &url, &log)?;
+                        eprintln!("interop: a second server on {addr} (ASR: fake at {url})");
+                        server_logs.push(log);
+                        questions_server = Some((guard, addr));
+                        addr
+                    }
+                }
+            } else {
+                main_addr
+            };
             let started = Instant::now();
             let (venv, requirements) = scenario.venv();
             let result =
@@ -230,8 +278,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 });
             record(scenario, started, result, &mut failed);
         }
+        drop(questions_server);
         drop(server);
-        server_log = Some(log);
     }
     for scenario in cargo_scenarios {
         let started = Instant::now();
@@ -246,14 +294,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     if !failed.is_empty() {
-        let log = server_log.map_or_else(String::new, |l| {
-            format!(
-                " (server log: {}, last lines:\n{})",
-                l.display(),
-                tail(&l, 40)
-            )
-        });
-        bail!("interop scenarios failed: {}{log}", failed.join(", "));
+        let logs: String = server_logs
+            .iter()
+            .map(|l| {
+                format!(
+                    "\n(server log: {}, last lines:\n{})",
+                    l.display(),
+                    tail(l, 40)
+                )
+            })
+            .collect();
+        bail!("interop scenarios failed: {}{logs}", failed.join(", "));
     }
     Ok(())
 }
@@ -300,6 +351,7 @@ fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result
     if python.exists() && fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(python);
     }
+    let started = Instant::now();
     if !python.exists() {
         util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).context(
             "creating the interop venv (on Debian/Ubuntu: apt-get install python3-venv)",
@@ -318,6 +370,13 @@ fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result
             .arg(&requirements),
     )?;
     fs::write(&marker, wanted).with_context(|| format!("writing {}", marker.display()))?;
+    // What a first run (and CI, from a fresh clone) pays for each venv.
+    eprintln!(
+        "interop: {} installed from {} in {:.1?}",
+        venv.display(),
+        requirements.display(),
+        started.elapsed()
+    );
     Ok(python)
 }
 
@@ -389,6 +448,15 @@ fn start_listener_script(
         .strip_prefix("listening on ")
         .with_context(|| format!("unexpected first line from {script}: {line:?}"))?;
     Ok((guard, url.to_owned()))
+}
+
+/// The fake recognizer's URL whose transcripts are questions (`fake_asr.py`: `/question/v1`
+/// on the same port) from its usual `http://HOST:PORT/v1`.
+fn questions_url(asr_url: &str) -> anyhow::Result<String> {
+    match asr_url.strip_suffix("/v1") {
+        Some(base) => Ok(format!("{base}/question/v1")),
+        None => bail!("fake_asr.py reported {asr_url:?}, not a URL ending in /v1"),
+    }
 }
 
 /// A port that was free a moment ago (the server binds it right after).
@@ -517,7 +585,7 @@ fn run_scenario(
         .stdout(log.try_clone()?)
         .stderr(log);
     match scenario {
-        Scenario::Realtime => {
+        Scenario::Realtime | Scenario::Pipecat | Scenario::Livekit => {
             cmd.args(["--api-key", API_KEY]);
         }
         Scenario::Grpc => {
@@ -725,11 +793,20 @@ pub(crate) fn tail(path: &Path, lines: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::check_summary;
+    use super::{check_summary, questions_url};
     use serde_json::json;
 
     fn summary(events: &[&str], heard: f64) -> serde_json::Value {
         json!({"ok": true, "failure": null, "reply_nonsilent_seconds": heard, "events": events})
+    }
+
+    #[test]
+    fn questions_url_is_the_fakes_question_path() {
+        assert_eq!(
+            questions_url("http://127.0.0.1:4000/v1").unwrap(),
+            "http://127.0.0.1:4000/question/v1"
+        );
+        assert!(questions_url("http://127.0.0.1:4000/other").is_err());
     }
 
     #[test]
