@@ -119,3 +119,50 @@ async fn a_long_direct_speech_runs_a_few_synthesizers_at_a_time() {
     assert!(slowest < Duration::from_secs(1), "/health took {slowest:?}");
     server.stop_within(Duration::from_secs(15)).await;
 }
+
+/// The outside probe's flood: 16 devices × 64 event names with 60 KB of `data` each grew the
+/// server by 718 MiB for good. Such events are refused with 413 now, and what the bus keeps
+/// of events it takes stays within its byte budget, whatever is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perception_events_keep_a_bounded_number_of_bytes() {
+    let server = Running::start(Config::default()).await;
+    let big = "x".repeat(60_000);
+    let r = support::post_json(
+        server.addr,
+        "/api/perception/event",
+        &serde_json::json!({"name": "n", "device_id": "d", "data": {"v": big}}),
+    )
+    .await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(r.body.contains("4096"), "{}", r.body);
+    // At the limit: accepted, and 16 devices × 64 names of it are kept within the budget.
+    let fits = "y".repeat(4_000);
+    for d in 0..16 {
+        for n in 0..64 {
+            let r = support::post_json(
+                server.addr,
+                "/api/perception/event",
+                &serde_json::json!({"name": format!("n{n}"), "device_id": format!("d{d}"),
+                    "data": {"v": fits}}),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+    }
+    let state = http(server.addr, "GET", "/admin/perception", &[], b"").await;
+    assert_eq!(state.status, 200);
+    let devices = state.json()["devices"].as_array().unwrap().clone();
+    assert_eq!(devices.len(), 16);
+    for d in &devices {
+        let kept: usize = d["latest"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|l| l["data"].to_string().len())
+            .sum();
+        // A device's newest names, within 32 KiB; the rest forgotten.
+        assert!(kept <= 32 * 1024, "{kept}");
+        assert_eq!(d["events"], 64);
+    }
+    server.stop_within(Duration::from_secs(15)).await;
+}

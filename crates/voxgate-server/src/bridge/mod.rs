@@ -409,6 +409,19 @@ async fn json_body(app: &App, body: Body, headers: &HeaderMap) -> Result<Value, 
     serde_json::from_slice(&bytes).map_err(bad_json)
 }
 
+/// The 400 for a malformed perception event, 413 for one whose `data` is too large.
+#[allow(
+    clippy::needless_pass_by_value,
+    reason = "map_err hands the error over by value"
+)]
+fn event_refused(e: perception::InvalidEvent) -> ApiError {
+    if e.too_large() {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.0)
+    } else {
+        ApiError::bad_request(e.0)
+    }
+}
+
 /// The 400 for a body that is not JSON (a `map_err` adapter, hence the owned error).
 #[allow(
     clippy::needless_pass_by_value,
@@ -513,8 +526,8 @@ async fn perception_event(State(app): State<Arc<App>>, request: Request) -> ApiR
     authorize(&app, &parts.headers)?;
     shutting_down(&app)?;
     let v = json_body(&app, body, &parts.headers).await?;
-    let event = PerceptionEvent::from_value(v, None, None, EventOrigin::Http)
-        .map_err(|e| ApiError::bad_request(e.0))?;
+    let event =
+        PerceptionEvent::from_value(v, None, None, EventOrigin::Http).map_err(event_refused)?;
     app.shared.perception.publish(event);
     ok_json(json!({"ok": true}))
 }
@@ -664,7 +677,7 @@ async fn admin_device(Admin(app): Admin, Path(device_id): Path<String>) -> ApiRe
 async fn admin_publish(Admin(app): Admin, headers: HeaderMap, body: Body) -> ApiResult {
     let v = json_body(&app, body, &headers).await?;
     let event = PerceptionEvent::from_value(v, Some("admin"), None, EventOrigin::Admin)
-        .map_err(|e| ApiError::bad_request(e.0))?;
+        .map_err(event_refused)?;
     let delivered = app.shared.perception.publish(event);
     ok_json(json!({"ok": true, "delivered": delivered}))
 }

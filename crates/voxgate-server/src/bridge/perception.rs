@@ -18,6 +18,15 @@
 //! falls more than [`BUS_CAPACITY`] events behind gets `RecvError::Lagged` and skips ahead
 //! (the bus never blocks a publisher). Listeners outside the process read the same stream as
 //! Server-Sent Events from `GET /api/perception/events`.
+//!
+//! # Bounds
+//! The bus is open to anonymous clients by default, so what it keeps is bounded in bytes,
+//! not only in counts: an event's `data` is at most [`MAX_DATA_BYTES`] (refused beyond, the
+//! HTTP API answers 413), a device's remembered events at most [`MAX_DEVICE_BYTES`] (its
+//! least recently updated event names are forgotten beyond), and all devices together at most
+//! [`MAX_BUS_BYTES`] (the least recently seen devices are forgotten beyond). Sizes are the
+//! compact JSON text of `data`, which is also how it is held: each event's data is one
+//! shared string, never copied per subscriber or per device.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -33,6 +42,13 @@ pub(crate) const BUS_CAPACITY: usize = 256;
 const MAX_DEVICES: usize = 1024;
 /// Distinct event names remembered per device.
 const MAX_NAMES: usize = 64;
+/// Largest `data` of one event, as compact JSON: perception details (a face's box, a sound's
+/// level, a state name) are tens of bytes; 4 KiB leaves room for rich ones.
+pub(crate) const MAX_DATA_BYTES: usize = 4 * 1024;
+/// Most `data` bytes remembered for one device (its latest event of each name).
+pub(crate) const MAX_DEVICE_BYTES: usize = 32 * 1024;
+/// Most `data` bytes remembered for all devices together (with names and ids, a few MiB).
+pub(crate) const MAX_BUS_BYTES: usize = 4 * 1024 * 1024;
 const MAX_NAME_LEN: usize = 64;
 const MAX_ID_LEN: usize = 256;
 
@@ -48,13 +64,52 @@ pub(crate) enum EventOrigin {
     Admin,
 }
 
+/// An event's `data`: a JSON object held as its compact text, shared (cheap to clone) and
+/// written out as the object it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EventData(Arc<str>);
+
+impl EventData {
+    /// The object's compact JSON text.
+    fn of(map: &Map<String, Value>) -> Self {
+        Self(Arc::from(
+            serde_json::to_string(map).unwrap_or_else(|_| "{}".into()),
+        ))
+    }
+
+    /// Size in bytes, what the bounds count.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The object, parsed (for reading a member).
+    pub(crate) fn object(&self) -> Map<String, Value> {
+        serde_json::from_str(&self.0).unwrap_or_default()
+    }
+}
+
+impl Serialize for EventData {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Written from the text as it is (serde_json passes raw values through).
+        let raw = serde_json::value::RawValue::from_string(self.0.to_string())
+            .map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for EventData {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self::of(&Map::deserialize(d)?))
+    }
+}
+
 /// One perception event, as the firmware frame has it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct PerceptionEvent {
     /// `face_detected`, `face_lost`, `sound_event`, `state_changed`, `dance_started`...
     pub(crate) name: String,
-    /// Event details (always an object).
-    pub(crate) data: Map<String, Value>,
+    /// Event details (always an object), at most [`MAX_DATA_BYTES`].
+    pub(crate) data: EventData,
     /// The device that noticed it.
     pub(crate) device_id: String,
     /// The device's conversation session, when known.
@@ -69,10 +124,20 @@ pub(crate) struct PerceptionEvent {
     pub(crate) instance: Option<String>,
 }
 
-/// Why an event was refused (the HTTP API answers 400 with this text).
+/// Why an event was refused (the HTTP API answers 400 with this text, 413 when
+/// [`InvalidEvent::too_large`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct InvalidEvent(pub(crate) String);
+
+impl InvalidEvent {
+    /// The event was refused for its size, not its shape.
+    pub(crate) fn too_large(&self) -> bool {
+        self.0.starts_with(TOO_LARGE)
+    }
+}
+
+const TOO_LARGE: &str = "`data` is larger than";
 
 fn now_secs() -> f64 {
     SystemTime::now()
@@ -106,16 +171,22 @@ impl PerceptionEvent {
         session_id: Option<&str>,
         origin: EventOrigin,
     ) -> Result<Self, InvalidEvent> {
-        let Value::Object(obj) = value else {
+        let Value::Object(mut obj) = value else {
             return Err(InvalidEvent("the event must be a JSON object".into()));
         };
         let name = text_field(&obj, "name", MAX_NAME_LEN)?
             .ok_or_else(|| InvalidEvent("`name` is required (a non-empty string)".into()))?;
-        let data = match obj.get("data") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
+        let data = match obj.remove("data") {
+            None | Some(Value::Null) => EventData::of(&Map::new()),
+            Some(Value::Object(m)) => EventData::of(&m),
             Some(_) => return Err(InvalidEvent("`data` must be a JSON object".into())),
         };
+        if data.len() > MAX_DATA_BYTES {
+            return Err(InvalidEvent(format!(
+                "{TOO_LARGE} {MAX_DATA_BYTES} bytes ({} bytes of JSON)",
+                data.len()
+            )));
+        }
         let device_id = text_field(&obj, "device_id", MAX_ID_LEN)?
             .or_else(|| device_id.map(str::to_owned))
             .ok_or_else(|| InvalidEvent("`device_id` is required (a non-empty string)".into()))?;
@@ -145,9 +216,12 @@ impl PerceptionEvent {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct LastEvent {
     /// Its data.
-    pub(crate) data: Map<String, Value>,
+    pub(crate) data: EventData,
     /// When.
     pub(crate) ts: f64,
+    /// The device's event count when it came (for forgetting the least recently updated).
+    #[serde(skip)]
+    seq: u64,
 }
 
 /// What is known about one device from its events.
@@ -174,6 +248,9 @@ pub(crate) struct DeviceState {
     pub(crate) dancing: Option<bool>,
     /// The latest event of each name.
     pub(crate) latest: BTreeMap<String, LastEvent>,
+    /// `data` bytes in `latest`.
+    #[serde(skip)]
+    bytes: usize,
 }
 
 fn first_string(data: &Map<String, Value>, keys: &[&str]) -> Option<String> {
@@ -195,7 +272,13 @@ impl DeviceState {
             state: None,
             dancing: None,
             latest: BTreeMap::new(),
+            bytes: 0,
         }
+    }
+
+    /// What this device's state holds in bytes, as the bus counts it.
+    fn size(&self) -> usize {
+        self.bytes
     }
 
     fn apply(&mut self, e: &PerceptionEvent) {
@@ -205,7 +288,16 @@ impl DeviceState {
         if e.session_id.is_some() {
             self.session_id.clone_from(&e.session_id);
         }
-        let who = first_string(&e.data, &["name", "identity", "person"]);
+        // Only the events whose members are read pay for a parse.
+        let data = if matches!(
+            e.name.as_str(),
+            "face_detected" | "face_identified" | "state_changed"
+        ) {
+            e.data.object()
+        } else {
+            Map::new()
+        };
+        let who = first_string(&data, &["name", "identity", "person"]);
         match e.name.as_str() {
             "face_detected" => {
                 self.face_present = Some(true);
@@ -222,7 +314,7 @@ impl DeviceState {
                 self.identity = None;
             }
             "state_changed" => {
-                if let Some(s) = first_string(&e.data, &["state", "new_state", "to"]) {
+                if let Some(s) = first_string(&data, &["state", "new_state", "to"]) {
                     self.state = Some(s);
                 }
             }
@@ -231,19 +323,60 @@ impl DeviceState {
             _ => {}
         }
         if self.latest.len() < MAX_NAMES || self.latest.contains_key(&e.name) {
-            self.latest.insert(
-                e.name.clone(),
-                LastEvent {
-                    data: e.data.clone(),
-                    ts: e.ts,
-                },
-            );
+            let last = LastEvent {
+                data: e.data.clone(),
+                ts: e.ts,
+                seq: self.events,
+            };
+            self.bytes += last.data.len();
+            if let Some(old) = self.latest.insert(e.name.clone(), last) {
+                self.bytes -= old.data.len();
+            }
+        }
+        // Over the device's budget: forget its least recently updated names.
+        while self.bytes > MAX_DEVICE_BYTES {
+            let Some(oldest) = self
+                .latest
+                .iter()
+                .min_by_key(|(_, l)| l.seq)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some(old) = self.latest.remove(&oldest) {
+                self.bytes -= old.data.len();
+            }
         }
     }
 }
 
-/// Device state keyed by id with the sighting counter value of its last event, and the counter.
-type Devices = (HashMap<String, (u64, DeviceState)>, u64);
+/// Device state keyed by id with the sighting counter value of its last event, the counter,
+/// and the bytes all devices' states hold.
+#[derive(Debug, Default)]
+struct Devices {
+    states: HashMap<String, (u64, DeviceState)>,
+    clock: u64,
+    bytes: usize,
+}
+
+impl Devices {
+    /// Forgets the least recently seen device other than `keep`; `false` when there is none.
+    fn evict_one(&mut self, keep: &str) -> bool {
+        let oldest = self
+            .states
+            .iter()
+            .filter(|(k, _)| k.as_str() != keep)
+            .min_by_key(|(_, (t, _))| *t)
+            .map(|(k, _)| k.clone());
+        match oldest.and_then(|k| self.states.remove(&k)) {
+            Some((_, s)) => {
+                self.bytes -= s.size();
+                true
+            }
+            None => false,
+        }
+    }
+}
 
 /// The bus and the per-device state. Shared behind an `Arc`.
 #[derive(Debug)]
@@ -267,7 +400,7 @@ impl PerceptionBus {
         Self {
             tx: broadcast::channel(BUS_CAPACITY).0,
             outbox: std::sync::OnceLock::new(),
-            devices: Mutex::new((HashMap::new(), 0)),
+            devices: Mutex::new(Devices::default()),
         }
     }
 
@@ -282,23 +415,22 @@ impl PerceptionBus {
     pub(crate) fn publish(&self, event: PerceptionEvent) -> usize {
         {
             let mut guard = self.lock();
-            let (devices, clock) = &mut *guard;
-            *clock += 1;
-            let seen = *clock;
-            if !devices.contains_key(&event.device_id) && devices.len() >= MAX_DEVICES {
-                let oldest = devices
-                    .iter()
-                    .min_by_key(|(_, (t, _))| *t)
-                    .map(|(k, _)| k.clone());
-                if let Some(k) = oldest {
-                    devices.remove(&k);
-                }
+            let d = &mut *guard;
+            d.clock += 1;
+            let seen = d.clock;
+            if !d.states.contains_key(&event.device_id) && d.states.len() >= MAX_DEVICES {
+                d.evict_one(&event.device_id);
             }
-            let entry = devices
+            let entry = d
+                .states
                 .entry(event.device_id.clone())
                 .or_insert_with(|| (seen, DeviceState::new(&event.device_id)));
             entry.0 = seen;
+            let before = entry.1.size();
             entry.1.apply(&event);
+            d.bytes = d.bytes - before + entry.1.size();
+            // Over the bus's budget: forget the least recently seen devices.
+            while d.bytes > MAX_BUS_BYTES && d.evict_one(&event.device_id) {}
         }
         tracing::debug!(name = %event.name, device = %event.device_id, "perception event");
         let event = Arc::new(event);
@@ -329,12 +461,17 @@ impl PerceptionBus {
 
     /// One device's state.
     pub(crate) fn device(&self, device_id: &str) -> Option<DeviceState> {
-        self.lock().0.get(device_id).map(|(_, s)| s.clone())
+        self.lock().states.get(device_id).map(|(_, s)| s.clone())
     }
 
     /// Every device's state, by device id.
     pub(crate) fn devices(&self) -> Vec<DeviceState> {
-        let mut all: Vec<DeviceState> = self.lock().0.values().map(|(_, s)| s.clone()).collect();
+        let mut all: Vec<DeviceState> = self
+            .lock()
+            .states
+            .values()
+            .map(|(_, s)| s.clone())
+            .collect();
         all.sort_by(|a, b| a.device_id.cmp(&b.device_id));
         all
     }
@@ -379,7 +516,7 @@ mod tests {
             ("dev", Some("s1"))
         );
         assert!(e.ts > 1.0e9);
-        assert!(e.data.is_empty());
+        assert!(e.data.object().is_empty());
     }
 
     #[tokio::test]
@@ -413,10 +550,15 @@ mod tests {
         assert_eq!(s.dancing, Some(true));
         assert_eq!(s.last_event, "face_lost");
         assert_eq!(s.session_id.as_deref(), Some("s"));
-        assert_eq!(s.latest["face_detected"].data["name"], "Ana");
+        assert_eq!(s.latest["face_detected"].data.object()["name"], "Ana");
         let all = bus.devices();
         assert_eq!(all.len(), 2);
-        assert_eq!(all[1].latest["sound_event"].data["db"], 70);
+        assert_eq!(all[1].latest["sound_event"].data.object()["db"], 70);
+        // Written out as the object it is.
+        assert_eq!(
+            serde_json::to_value(&all[1].latest["sound_event"]).unwrap(),
+            json!({"data": {"db": 70}, "ts": all[1].latest["sound_event"].ts})
+        );
     }
 
     #[test]
@@ -428,5 +570,62 @@ mod tests {
         assert_eq!(bus.devices().len(), MAX_DEVICES);
         assert!(bus.device("d0").is_none());
         assert!(bus.device(&format!("d{MAX_DEVICES}")).is_some());
+    }
+
+    /// `count` events of `bytes` of data each, named `name{i}` on `device`.
+    fn flood(bus: &PerceptionBus, device: &str, names: usize, bytes: usize) {
+        let filler = "x".repeat(bytes - 10);
+        for i in 0..names {
+            bus.publish(event(json!({"name": format!("n{i}"), "device_id": device,
+                "data": {"v": filler}})));
+        }
+    }
+
+    #[test]
+    fn an_event_with_too_much_data_is_refused_as_too_large() {
+        let big = "x".repeat(MAX_DATA_BYTES);
+        let e = PerceptionEvent::from_value(
+            json!({"name": "x", "device_id": "d", "data": {"v": big}}),
+            None,
+            None,
+            EventOrigin::Http,
+        )
+        .unwrap_err();
+        assert!(e.too_large(), "{e}");
+        assert!(e.0.contains("4096"), "{e}");
+        let shape =
+            PerceptionEvent::from_value(json!({"device_id": "d"}), None, None, EventOrigin::Http)
+                .unwrap_err();
+        assert!(!shape.too_large());
+    }
+
+    #[test]
+    fn what_a_device_and_the_bus_remember_is_bounded_in_bytes() {
+        let bus = PerceptionBus::new();
+        // One device, 64 names of nearly 4 KiB: it keeps its newest names within its budget.
+        flood(&bus, "d", MAX_NAMES, MAX_DATA_BYTES);
+        let s = bus.device("d").unwrap();
+        let kept: usize = s.latest.values().map(|l| l.data.len()).sum();
+        assert!(kept <= MAX_DEVICE_BYTES, "{kept}");
+        assert!(s.latest.contains_key(&format!("n{}", MAX_NAMES - 1)));
+        assert!(!s.latest.contains_key("n0"));
+        assert_eq!(s.events, MAX_NAMES as u64);
+        // Many devices: the bus keeps its newest devices within its budget.
+        for d in 0..(2 * MAX_BUS_BYTES / MAX_DEVICE_BYTES) {
+            flood(&bus, &format!("dev{d}"), 8, MAX_DATA_BYTES);
+        }
+        let all = bus.devices();
+        let total: usize = all
+            .iter()
+            .flat_map(|s| s.latest.values())
+            .map(|l| l.data.len())
+            .sum();
+        assert!(total <= MAX_BUS_BYTES, "{total}");
+        assert!(
+            bus.device("d").is_none(),
+            "the least recently seen went first"
+        );
+        let last = format!("dev{}", 2 * MAX_BUS_BYTES / MAX_DEVICE_BYTES - 1);
+        assert!(bus.device(&last).is_some());
     }
 }
