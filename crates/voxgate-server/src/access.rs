@@ -177,13 +177,47 @@ fn node(s: &str) -> Option<IpAddr> {
     s.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
 }
 
-/// The token of `Authorization: Bearer <token>` (scheme in any case), if there is one.
+/// The token of `Authorization: Bearer <token>` (scheme in any case), if there is one: the
+/// one reading of a bearer token every door and operator surface uses.
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(' ')?;
+    bearer_value(headers.get(header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of an `Authorization` value `Bearer <token>` (RFC 7235: the scheme in any
+/// letter case); `None` for another scheme or an empty token.
+pub(crate) fn bearer_value(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// The first `name` parameter of a query string, percent-decoded (`+` as a space), as the
+/// doors that take a token in the URL read it; `None` when absent or badly escaped.
+pub(crate) fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(key, true)? == name).then(|| percent_decode(value, true))?
+    })
+}
+
+/// `%XX` decoding (and `+` as a space in a query); `None` for a bad escape or non-UTF-8.
+pub(crate) fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hi = char::from(bytes.next()?).to_digit(16)?;
+                let lo = char::from(bytes.next()?).to_digit(16)?;
+                out.push(u8::try_from(hi * 16 + lo).ok()?);
+            }
+            b'+' if plus_is_space => out.push(b' '),
+            b => out.push(b),
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Why an operator surface refused a request.
@@ -420,5 +454,25 @@ mod tests {
         }
         assert_eq!(NotLocal.status(), StatusCode::FORBIDDEN);
         assert_eq!(WrongToken.status(), StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn bearer_schemes_in_any_case_and_query_tokens_percent_decoded() {
+        for value in ["Bearer t0k", "bearer t0k", "BEARER  t0k ", " BeArEr t0k"] {
+            assert_eq!(bearer_value(value), Some("t0k"), "{value:?}");
+        }
+        for value in ["Basic t0k", "Bearer", "Bearer   ", "t0k", "Bearert0k"] {
+            assert_eq!(bearer_value(value), None, "{value:?}");
+        }
+        assert_eq!(
+            query_param("a=1&token=s%2Fk%3D%3D+x&token=second", "token").as_deref(),
+            Some("s/k== x")
+        );
+        assert_eq!(query_param("to%6Ben=v", "token").as_deref(), Some("v"));
+        assert_eq!(query_param("token", "token").as_deref(), Some(""));
+        assert_eq!(query_param("other=1", "token"), None);
+        // A bad escape is no token (never a token with the escape left in).
+        assert_eq!(query_param("token=%zz", "token"), None);
+        assert_eq!(query_param("token=%e2%82", "token"), None);
     }
 }

@@ -249,3 +249,36 @@ async fn retell_control_api_follows_the_same_rule() {
     })
     .await;
 }
+
+/// The VIP door reads a token the way every door does: the `Bearer` scheme in any case, and
+/// `?token=` percent-decoded (a token holding `/`, `+` or `=` must be escaped in a URL).
+#[tokio::test]
+async fn the_vip_door_takes_tokens_as_every_door_does() {
+    let server = Running::start(config(|c| c.vip.tokens = vec!["a/b+c=".into()])).await;
+    let offer = |path: String, auth: Option<&'static str>| {
+        let addr = server.addr;
+        async move {
+            let mut headers = vec![("Content-Type", "application/sdp")];
+            if let Some(a) = auth {
+                headers.push(("Authorization", a));
+            }
+            // Not an offer: a 400 past the token check, a 401 before it.
+            http(addr, "POST", &path, &headers, b"v=0\r\n").await.status
+        }
+    };
+    assert_eq!(offer("/webrtc/offer".into(), None).await, 401);
+    assert_eq!(offer("/webrtc/offer?token=a/b+c=".into(), None).await, 401);
+    assert_eq!(
+        offer("/webrtc/offer?token=a%2Fb%2Bc%3D".into(), None).await,
+        400
+    );
+    assert_eq!(
+        offer("/webrtc/offer".into(), Some("bearer a/b+c=")).await,
+        400
+    );
+    assert_eq!(
+        offer("/webrtc/offer".into(), Some("Bearer wrong")).await,
+        401
+    );
+    server.stop_within(WAIT).await;
+}

@@ -116,6 +116,10 @@ async fn tokens_guard_the_api() {
         assert_eq!(r.json(), json!({"ok": true}));
         let r = http(server.addr, "GET", "/admin/sessions", &good, b"").await;
         assert_eq!(r.status, 200);
+        // The scheme in any letter case, as docs/security.md says.
+        let lower = [("Authorization", "bearer tok")];
+        let r = http(server.addr, "POST", "/api/message", &lower, body.as_bytes()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
         // /health stays open.
         let r = http(server.addr, "GET", "/health", &[], b"").await;
         assert_eq!(r.status, 200);

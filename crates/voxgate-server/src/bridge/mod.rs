@@ -355,11 +355,7 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     if tokens.is_empty() {
         return Ok(());
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim())
-        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    let given = crate::access::bearer(headers);
     match given {
         Some(t) if crate::secret::matches_any(tokens, t) => Ok(()),
         Some(_) => Err(ApiError::new(

@@ -143,7 +143,7 @@ async fn upgrade(
         Ok(p) => p,
         Err(refused) => return refused.into_response(),
     };
-    let token = bearer(&headers)
+    let token = crate::access::bearer(&headers)
         .map(str::to_owned)
         .or(q.token)
         .unwrap_or_default();
@@ -159,16 +159,6 @@ async fn upgrade(
             let _permit = permit;
             serve(socket, app, token).await;
         })
-}
-
-/// The token of an `Authorization: Bearer` header, if there is one.
-fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
-    let value = headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Serves one bridge connection until it closes or the server shuts down.

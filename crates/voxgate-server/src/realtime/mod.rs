@@ -112,8 +112,8 @@ fn bearer_accepted(keys: &[String], authorization: Option<&str>) -> bool {
         return true;
     }
     authorization
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|token| crate::secret::matches_any(keys, token.trim()))
+        .and_then(crate::access::bearer_value)
+        .is_some_and(|token| crate::secret::matches_any(keys, token))
 }
 
 async fn realtime_upgrade(
@@ -156,5 +156,15 @@ mod tests {
         assert!(!authorized(&keys, &h));
         h.insert(header::AUTHORIZATION, "Bearer k1".parse().unwrap());
         assert!(authorized(&keys, &h));
+        // RFC 7235: the scheme in any letter case (docs/security.md says so).
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            h.insert(
+                header::AUTHORIZATION,
+                format!("{scheme} k1").parse().unwrap(),
+            );
+            assert!(authorized(&keys, &h), "{scheme}");
+        }
+        h.insert(header::AUTHORIZATION, "Basic k1".parse().unwrap());
+        assert!(!authorized(&keys, &h));
     }
 }

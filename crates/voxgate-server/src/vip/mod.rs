@@ -90,18 +90,11 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
         .into_response()
 }
 
-/// The token an offer carries: `Authorization: Bearer <t>` or `?token=<t>`.
-fn presented<'a>(headers: &'a HeaderMap, uri: &'a Uri) -> Option<&'a str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .or_else(|| {
-            uri.query()?
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("token="))
-        })
+/// The token an offer carries: `Authorization: Bearer <t>` or `?token=<t>` (percent-decoded).
+fn presented(headers: &HeaderMap, uri: &Uri) -> Option<String> {
+    crate::access::bearer(headers)
+        .map(str::to_owned)
+        .or_else(|| crate::access::query_param(uri.query()?, "token"))
 }
 
 /// The offer's SDP and whether the answer goes back as JSON.
@@ -171,7 +164,8 @@ async fn offer(
         );
     }
     if !config.tokens.is_empty()
-        && !presented(&headers, &uri).is_some_and(|t| crate::secret::matches_any(&config.tokens, t))
+        && !presented(&headers, &uri)
+            .is_some_and(|t| crate::secret::matches_any(&config.tokens, &t))
     {
         app.metrics.error(Door::Vip);
         return (
