@@ -86,7 +86,7 @@ mod retell_event;
 mod server_event;
 mod transcript;
 
-pub use call::{Call, CallType};
+pub use call::{Call, CallBounds, CallType};
 /// The string type of [`Word::word`], re-exported so callers need not depend on `compact_str`.
 pub use compact_str::CompactString;
 pub use error::{Blame, DecodeError, EncodeError};

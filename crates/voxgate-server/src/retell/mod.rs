@@ -292,7 +292,8 @@ async fn serve_upgrade(
     let lease = match claimed {
         Ok(lease) => lease,
         Err(Refused::Busy) => {
-            tracing::info!(%call_id, peer = %peer.ip(), "Retell upgrade refused: the call has a live socket");
+            // Never the call id: refusals are not logged with what was guessed.
+            tracing::info!(peer = %peer.ip(), "Retell upgrade refused: the call has a live socket");
             return json_error(
                 StatusCode::CONFLICT,
                 "this call already has a live socket; a reconnect is accepted once it closes",

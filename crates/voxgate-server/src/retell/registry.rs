@@ -34,6 +34,24 @@ const CONTROL_QUEUE: usize = 16;
 /// Calls (connected or parked for resuming) one server keeps at most; new call ids beyond it
 /// are refused so a flood of connections cannot grow the registry without bound.
 pub(crate) const MAX_CALLS: usize = 10_000;
+/// Largest state one parked call keeps (its conversation as the cluster store would save it):
+/// a real call's is a few KiB to tens of KiB; one over this is forgotten as its socket closes
+/// (a reconnect then starts afresh) instead of holding up to a 16 MiB frame for the window.
+pub(crate) const MAX_PARKED_CALL_BYTES: usize = 1024 * 1024;
+/// Most bytes all parked calls keep together; beyond, the longest parked are forgotten first.
+pub(crate) const MAX_PARKED_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a parked call costs in memory, as the registry counts it.
+pub(crate) trait ParkedSize {
+    /// Bytes kept while parked.
+    fn parked_bytes(&self) -> usize;
+}
+
+impl ParkedSize for CallState {
+    fn parked_bytes(&self) -> usize {
+        self.to_saved().len()
+    }
+}
 
 /// What [`Calls::claim`] decided.
 #[derive(Debug)]
@@ -57,8 +75,12 @@ pub(crate) enum Claim<S> {
 enum Slot<S> {
     /// A socket has it; control API requests go to that socket.
     Live { control: mpsc::Sender<Control> },
-    /// No socket has it since `since`; its state waits for a reconnect.
-    Parked { state: S, since: Instant },
+    /// No socket has it since `since`; its state (of `bytes`) waits for a reconnect.
+    Parked {
+        state: S,
+        since: Instant,
+        bytes: usize,
+    },
 }
 
 /// The calls by `call_id`, and the rule deciding who gets one. No I/O, no clock.
@@ -66,15 +88,78 @@ enum Slot<S> {
 pub(crate) struct Calls<S> {
     map: HashMap<String, Slot<S>>,
     capacity: usize,
+    /// Bytes of all parked states.
+    parked_bytes: usize,
+    max_parked_call_bytes: usize,
+    max_parked_bytes: usize,
 }
 
-impl<S> Calls<S> {
-    /// An empty registry holding at most `capacity` calls.
+impl<S: ParkedSize> Calls<S> {
+    /// An empty registry holding at most `capacity` calls, parked ones within
+    /// [`MAX_PARKED_CALL_BYTES`] each and [`MAX_PARKED_BYTES`] together.
     pub(crate) fn new(capacity: usize) -> Self {
+        Self::with_parked_bytes(capacity, MAX_PARKED_CALL_BYTES, MAX_PARKED_BYTES)
+    }
+
+    /// An empty registry with its own byte bounds for parked calls.
+    pub(crate) fn with_parked_bytes(capacity: usize, per_call: usize, total: usize) -> Self {
         Self {
             map: HashMap::new(),
             capacity,
+            parked_bytes: 0,
+            max_parked_call_bytes: per_call,
+            max_parked_bytes: total,
         }
+    }
+
+    /// Bytes all parked calls keep.
+    #[cfg(test)]
+    pub(crate) fn parked_bytes(&self) -> usize {
+        self.parked_bytes
+    }
+
+    /// Takes `call_id`'s slot out, keeping the parked byte count right.
+    fn take(&mut self, call_id: &str) -> Option<Slot<S>> {
+        let slot = self.map.remove(call_id)?;
+        if let Slot::Parked { bytes, .. } = &slot {
+            self.parked_bytes -= bytes;
+        }
+        Some(slot)
+    }
+
+    /// Parks `state`, within the byte bounds: `false` (and nothing kept) when it alone is
+    /// over the per-call bound; the longest parked others are forgotten to make room.
+    fn park(&mut self, call_id: &str, state: S, since: Instant) -> bool {
+        let bytes = state.parked_bytes();
+        if bytes > self.max_parked_call_bytes {
+            return false;
+        }
+        while self.parked_bytes + bytes > self.max_parked_bytes {
+            let oldest = self
+                .map
+                .iter()
+                .filter_map(|(id, slot)| match slot {
+                    Slot::Parked { since, .. } => Some((*since, id.clone())),
+                    Slot::Live { .. } => None,
+                })
+                .min();
+            match oldest {
+                Some((_, id)) => {
+                    self.take(&id);
+                }
+                None => return false,
+            }
+        }
+        self.parked_bytes += bytes;
+        self.map.insert(
+            call_id.to_owned(),
+            Slot::Parked {
+                state,
+                since,
+                bytes,
+            },
+        );
+        true
     }
 
     /// A socket for `call_id` asks for the call at `now`; parked calls resume within `window`
@@ -88,12 +173,12 @@ impl<S> Calls<S> {
         control: mpsc::Sender<Control>,
         new_state: impl FnOnce() -> S,
     ) -> Claim<S> {
-        let (state, resumed) = match self.map.remove(call_id) {
+        let (state, resumed) = match self.take(call_id) {
             Some(live @ Slot::Live { .. }) => {
                 self.map.insert(call_id.to_owned(), live);
                 return Claim::Busy;
             }
-            Some(Slot::Parked { state, since }) if Self::within(since, now, window) => {
+            Some(Slot::Parked { state, since, .. }) if Self::within(since, now, window) => {
                 (state, true)
             }
             // Unknown, or parked for longer than the window: a new call.
@@ -112,15 +197,18 @@ impl<S> Calls<S> {
     }
 
     /// The live socket of `call_id` closed at `now`: park its state for `window` (a zero
-    /// window forgets the call at once). Only the socket that claimed the call calls this
-    /// ([`Lease`] makes sure), so the slot is always the live one.
-    pub(crate) fn release(&mut self, call_id: &str, state: S, now: Instant, window: Duration) {
-        if window.is_zero() {
-            self.map.remove(call_id);
-        } else {
-            self.map
-                .insert(call_id.to_owned(), Slot::Parked { state, since: now });
-        }
+    /// window forgets the call at once, and so does a state over the per-call byte bound).
+    /// Only the socket that claimed the call calls this ([`Lease`] makes sure), so the slot
+    /// is always the live one. `false` when the call was forgotten.
+    pub(crate) fn release(
+        &mut self,
+        call_id: &str,
+        state: S,
+        now: Instant,
+        window: Duration,
+    ) -> bool {
+        self.take(call_id);
+        !window.is_zero() && self.park(call_id, state, now)
     }
 
     /// Parks `state` for `call_id` at `now` unless a socket has the call here: the call's
@@ -135,7 +223,9 @@ impl<S> Calls<S> {
     ) -> bool {
         match self.map.get(call_id) {
             Some(Slot::Live { .. }) => return false,
-            Some(Slot::Parked { .. }) => {}
+            Some(Slot::Parked { .. }) => {
+                self.take(call_id);
+            }
             None => {
                 if self.map.len() >= self.capacity {
                     self.prune(now, window);
@@ -145,9 +235,7 @@ impl<S> Calls<S> {
                 }
             }
         }
-        self.map
-            .insert(call_id.to_owned(), Slot::Parked { state, since: now });
-        true
+        self.park(call_id, state, now)
     }
 
     /// Forgets `call_id` if it is parked and its window has passed at `now`.
@@ -155,16 +243,24 @@ impl<S> Calls<S> {
         if let Some(Slot::Parked { since, .. }) = self.map.get(call_id)
             && !Self::within(*since, now, window)
         {
-            self.map.remove(call_id);
+            self.take(call_id);
         }
     }
 
     /// Forgets every parked call whose window has passed at `now`.
     fn prune(&mut self, now: Instant, window: Duration) {
+        let mut freed = 0;
         self.map.retain(|_, slot| match slot {
             Slot::Live { .. } => true,
-            Slot::Parked { since, .. } => Self::within(*since, now, window),
+            Slot::Parked { since, bytes, .. } => {
+                let keep = Self::within(*since, now, window);
+                if !keep {
+                    freed += *bytes;
+                }
+                keep
+            }
         });
+        self.parked_bytes -= freed;
     }
 
     fn within(since: Instant, now: Instant, window: Duration) -> bool {
@@ -281,9 +377,15 @@ impl Registry {
     /// passes (when a runtime is there to keep time; otherwise at the next claim that needs
     /// the room, or the next claim of the same id).
     fn release(self: &Arc<Self>, call_id: &str, state: CallState, window: Duration) {
-        self.lock().release(call_id, state, Instant::now(), window);
+        let parked = self.lock().release(call_id, state, Instant::now(), window);
         self.released.notify_waiters();
-        if window.is_zero() {
+        if !parked {
+            if !window.is_zero() {
+                tracing::warn!(
+                    max_bytes = MAX_PARKED_CALL_BYTES,
+                    "a closed Retell call's state is too large to keep for a resume: forgotten"
+                );
+            }
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -372,6 +474,12 @@ mod tests {
     use super::*;
 
     const WINDOW: Duration = Duration::from_secs(60);
+
+    impl ParkedSize for &'static str {
+        fn parked_bytes(&self) -> usize {
+            self.len()
+        }
+    }
 
     fn control() -> mpsc::Sender<Control> {
         mpsc::channel(1).0
@@ -563,5 +671,38 @@ mod tests {
         };
         let (lease, ()) = tokio::join!(waiting, closing);
         assert!(lease.unwrap().resumed());
+    }
+
+    #[test]
+    fn parked_calls_keep_a_bounded_number_of_bytes() {
+        // 10 bytes a call, 25 for all.
+        let mut calls: Calls<&'static str> = Calls::with_parked_bytes(100, 10, 25);
+        let t0 = Instant::now();
+        for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+            let _ = claim(&mut calls, id, t0);
+            let at = t0 + Duration::from_secs(i as u64);
+            assert!(calls.release(id, "ten bytes!", at, WINDOW));
+        }
+        // The third made room by forgetting the longest parked.
+        assert_eq!(calls.parked_bytes(), 20);
+        assert_eq!(
+            calls.list(),
+            [("b".to_owned(), false), ("c".to_owned(), false)]
+        );
+        // Over the per-call bound: forgotten, not parked.
+        let _ = claim(&mut calls, "big", t0);
+        assert!(!calls.release("big", "eleven bytes", t0, WINDOW));
+        assert!(matches!(
+            claim(&mut calls, "big", t0),
+            Claim::Granted { resumed: false, .. }
+        ));
+        // Resuming, expiring and pruning give the bytes back.
+        assert!(matches!(
+            claim(&mut calls, "b", t0),
+            Claim::Granted { resumed: true, .. }
+        ));
+        assert_eq!(calls.parked_bytes(), 10);
+        calls.expire("c", t0 + WINDOW * 2, WINDOW);
+        assert_eq!(calls.parked_bytes(), 0);
     }
 }

@@ -344,7 +344,17 @@ impl RetellSession {
                 },
                 TrackerOutput::Generate(g) => self.start(now, &g, out),
                 TrackerOutput::Stop { response_id } => self.stop(now, response_id, out),
-                TrackerOutput::CallDetails(call) => self.state.call = Some(call),
+                TrackerOutput::CallDetails(mut call) => {
+                    // Kept for the call's life and its resume window: bounded.
+                    let dropped = call.cap(&voxgate_retell::CallBounds::default());
+                    if !dropped.is_empty() {
+                        tracing::warn!(
+                            dropped = %dropped.join(", "),
+                            "Retell call_details over their bounds: not kept"
+                        );
+                    }
+                    self.state.call = Some(call);
+                }
                 TrackerOutput::Update(_) => {}
                 TrackerOutput::Unknown(u) => {
                     tracing::debug!(tag = %u.tag, "unknown Retell event ignored");
