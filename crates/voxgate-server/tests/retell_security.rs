@@ -284,6 +284,7 @@ async fn without_a_secret_todays_urls_work_and_urls_with_one_are_refused() {
 
 #[tokio::test]
 async fn a_second_socket_for_a_live_call_is_refused_and_the_first_keeps_answering() {
+    let logs = captured_logs();
     bounded(async {
         let server = Running::start(guarded(|_| {})).await;
         let addr = server.addr;
@@ -302,6 +303,57 @@ async fn a_second_socket_for_a_live_call_is_refused_and_the_first_keeps_answerin
         assert_eq!(server.metrics.active_sessions(Door::Retell), 1);
         // Without the secret the answer is 401, not 409: it says nothing about the call.
         assert_eq!(refused(addr, "/llm-websocket/call_live").await, 401);
+        server.stop().await;
+    })
+    .await;
+    // The refusals were logged, without the call id (docs/doors/retell.md).
+    let logs = logs.lock().unwrap().clone();
+    let refusals: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("has a live socket"))
+        .collect();
+    assert!(!refusals.is_empty(), "{logs}");
+    assert!(
+        refusals.iter().all(|l| !l.contains("call_live")),
+        "{refusals:#?}"
+    );
+}
+
+/// A closed call keeps its state for a resume only within `max_parked_call_bytes`: one over
+/// it is forgotten as its socket closes, and a reconnect starts afresh (an outside probe had
+/// ten closed calls hold 88 MiB of `call_details` for the whole window).
+#[tokio::test]
+async fn a_closed_call_over_the_parked_bound_is_forgotten() {
+    bounded(async {
+        let server = Running::start(guarded(|c| {
+            c.retell.max_parked_call_bytes = 4 * 1024;
+        }))
+        .await;
+        let addr = server.addr;
+        for (call_id, metadata_bytes, resumes) in
+            [("call_small", 100, true), ("call_big", 8_000, false)]
+        {
+            let mut first = Socket::new(open(addr, &with_secret(call_id)).await.unwrap());
+            first.begun().await;
+            let details = json!({
+                "interaction_type": "call_details",
+                "call": {"call_id": call_id, "metadata": {"note": "m".repeat(metadata_bytes)}},
+            });
+            support::send_json(&mut first.ws, &details).await;
+            assert_eq!(first.ask(1, "one").await, "You said: one");
+            first.ws.close(None).await.unwrap();
+            server.sessions_drain(Door::Retell).await;
+            let mut second = Socket::new(open(addr, &with_secret(call_id)).await.unwrap());
+            assert_eq!(second.ask(2, "two").await, "You said: two");
+            assert_eq!(
+                !second.got_a_fresh_start(),
+                resumes,
+                "{call_id}: {:#?}",
+                second.frames
+            );
+            second.ws.close(None).await.unwrap();
+            server.sessions_drain(Door::Retell).await;
+        }
         server.stop().await;
     })
     .await;

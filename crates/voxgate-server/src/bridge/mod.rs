@@ -221,7 +221,10 @@ impl Shared {
             )),
             xiaozhi: Arc::new(crate::xiaozhi::DoorState::load(&config.xiaozhi)),
             xiaozhi_devices: Arc::default(),
-            retell_calls: Arc::default(),
+            retell_calls: Arc::new(crate::retell::registry::Registry::with_parked_bytes(
+                config.retell.max_parked_call_bytes,
+                config.retell.max_parked_bytes,
+            )),
         }
     }
 }

@@ -61,6 +61,14 @@ pub struct RetellConfig {
     pub resume_window_secs: u64,
     /// Largest inbound frame. Transcripts grow with the call; keep it at several MiB.
     pub max_frame_bytes: usize,
+    /// Largest state one closed call keeps for its resume window (its conversation as the
+    /// cluster store saves it: the pending request's transcript, call details, ids); a call
+    /// over it is forgotten as its socket closes and a reconnect starts afresh. Default
+    /// 1 MiB.
+    pub max_parked_call_bytes: usize,
+    /// Most bytes all closed calls keep together; beyond, the longest parked are forgotten.
+    /// Default 64 MiB.
+    pub max_parked_bytes: usize,
     /// Number used when the model calls `transfer_call` without one; empty: the model must
     /// give one.
     pub transfer_number: String,
@@ -170,6 +178,8 @@ impl Default for RetellConfig {
             transcript_with_tool_calls: true,
             resume_window_secs: 60,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_parked_call_bytes: super::registry::MAX_PARKED_CALL_BYTES,
+            max_parked_bytes: super::registry::MAX_PARKED_BYTES,
             transfer_number: String::new(),
             end_call_tool: true,
             transfer_tool: true,
@@ -235,6 +245,14 @@ impl RetellConfig {
             &mut self.resume_window_secs,
         )?;
         vars.parsed("VOXGATE_RETELL_MAX_FRAME_BYTES", &mut self.max_frame_bytes)?;
+        vars.parsed(
+            "VOXGATE_RETELL_MAX_PARKED_CALL_BYTES",
+            &mut self.max_parked_call_bytes,
+        )?;
+        vars.parsed(
+            "VOXGATE_RETELL_MAX_PARKED_BYTES",
+            &mut self.max_parked_bytes,
+        )?;
         vars.string("VOXGATE_RETELL_TRANSFER_NUMBER", &mut self.transfer_number);
         vars.flag("VOXGATE_RETELL_END_CALL_TOOL", &mut self.end_call_tool)?;
         vars.flag("VOXGATE_RETELL_TRANSFER_TOOL", &mut self.transfer_tool)?;

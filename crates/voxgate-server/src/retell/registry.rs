@@ -314,6 +314,17 @@ impl Default for Registry {
 }
 
 impl Registry {
+    /// An empty registry whose parked calls keep at most `per_call` bytes each and `total`
+    /// together (`[retell] max_parked_call_bytes`, `max_parked_bytes`).
+    pub(crate) fn with_parked_bytes(per_call: usize, total: usize) -> Self {
+        Self {
+            calls: Mutex::new(Calls::with_parked_bytes(MAX_CALLS, per_call, total)),
+            released: Notify::new(),
+        }
+    }
+}
+
+impl Registry {
     fn lock(&self) -> MutexGuard<'_, Calls<CallState>> {
         // A panic elsewhere cannot leave the map inconsistent: every update is one operation.
         self.calls.lock().unwrap_or_else(PoisonError::into_inner)
@@ -382,8 +393,9 @@ impl Registry {
         if !parked {
             if !window.is_zero() {
                 tracing::warn!(
-                    max_bytes = MAX_PARKED_CALL_BYTES,
-                    "a closed Retell call's state is too large to keep for a resume: forgotten"
+                    "a closed Retell call's state is over [retell] max_parked_call_bytes (or \
+                     max_parked_bytes is taken by live-window calls): forgotten, a reconnect \
+                     starts afresh"
                 );
             }
             return;
