@@ -1447,3 +1447,162 @@ async fn a_failing_model_still_completes_the_turn() {
     );
     server.stop().await;
 }
+
+// ---- Audio in one large frame (issue 35) ----------------------------------------------------
+
+/// "Hello." and a question, about 2.1 s of speech from the first sample to the last: 16 kHz
+/// mono, a canonical 44-byte header.
+const QUESTION_WAV: &[u8] = include_bytes!("../../voxgate-audio/tests/fixtures/question.wav");
+
+fn question_pcm() -> Vec<i16> {
+    samples_of(&QUESTION_WAV[44..])
+}
+
+fn samples_of(bytes: &[u8]) -> Vec<i16> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn bytes_of(samples: &[i16]) -> Vec<u8> {
+    samples.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// Milliseconds of 16 kHz samples.
+fn ms(samples: usize) -> u64 {
+    u64::try_from(samples / 16).unwrap()
+}
+
+/// A fake OpenAI transcription endpoint that answers each upload with how much audio it
+/// holds, `"<n> ms"`: the transcript then proves what reached the recognizer.
+async fn measuring_asr() -> String {
+    let router = axum::Router::new().route(
+        "/v1/audio/transcriptions",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            let riff = body
+                .windows(4)
+                .position(|w| w == b"RIFF")
+                .expect("a WAV upload");
+            // The multipart boundary after the file is past the data chunk: ignored.
+            let wav = voxgate_audio::wav::read_wav(&body[riff..]).unwrap();
+            assert_eq!((wav.sample_rate, wav.channels), (16_000, 1));
+            (
+                [("content-type", "application/json")],
+                json!({ "text": format!("{} ms", ms(wav.frames())) }).to_string(),
+            )
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    format!("http://{addr}/v1")
+}
+
+/// The bridge's input transcription of `turn` as the milliseconds of speech the recognizer
+/// was given (one `"<n> ms"` per utterance, joined).
+fn heard_ms(turn: &[Value]) -> u64 {
+    let text = turn
+        .iter()
+        .find_map(|m| m["payload"]["serverContent"]["inputTranscription"]["text"].as_str())
+        .unwrap_or_else(|| panic!("no input transcription in {turn:#?}"));
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(
+        words.len().is_multiple_of(2) && words.chunks(2).all(|w| w[1] == "ms"),
+        "{text:?}"
+    );
+    words.chunks(2).map(|w| w[0].parse::<u64>().unwrap()).sum()
+}
+
+fn realtime_audio(bytes: &[u8]) -> Value {
+    json!({"type": "SEND_REALTIME_INPUT", "payload": {
+        "audio": {"mimeType": "audio/pcm;rate=16000", "data": b64_bytes(bytes)}}})
+}
+
+/// A text-reply session on a server whose recognizer reports what it heard.
+async fn measured_session() -> (Running, Ws) {
+    let server = Running::start(with_asr(measuring_asr().await)).await;
+    let own = server.listener("gemini").unwrap();
+    let ws = session(format!("ws://{own}/"), live_config(&json!("TEXT"))).await;
+    (server, ws)
+}
+
+#[tokio::test]
+async fn a_whole_wav_in_one_frame_is_heard_whole() {
+    let question = ms(question_pcm().len());
+    // The question as the bridge's test client sends it, and at 24 kHz in stereo (the WAV's
+    // own rate and channels win over the mime type's `rate=16000`).
+    let stereo_24k = {
+        let mut up = Vec::new();
+        let mut c = voxgate_audio::resample::RateConverter::new(24_000).unwrap();
+        c.process_i16_to_i16(&question_pcm(), 16_000, &mut up)
+            .unwrap();
+        c.flush_i16(&mut up);
+        let interleaved: Vec<i16> = up.iter().flat_map(|&s| [s, s / 2]).collect();
+        voxgate_audio::wav::wav_bytes_i16(24_000, 2, &interleaved).unwrap()
+    };
+    for wav in [QUESTION_WAV.to_vec(), stereo_24k] {
+        let (server, mut ws) = measured_session().await;
+        send(&mut ws, realtime_audio(&wav)).await;
+        let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+        let heard = heard_ms(&turn);
+        // All of it, header not heard as audio: within the resampler's edges.
+        assert!(
+            heard + 20 >= question && heard <= question + 20,
+            "heard {heard} ms of a {question} ms question"
+        );
+        assert_eq!(model_text(&turn), format!("You said: {heard} ms"));
+        server.stop_within(WAIT).await;
+    }
+}
+
+#[tokio::test]
+async fn a_wav_starting_with_silence_in_one_frame_is_heard_whole() {
+    let (server, mut ws) = measured_session().await;
+    let mut pcm = vec![0_i16; 16_000];
+    pcm.extend(question_pcm());
+    let wav = voxgate_audio::wav::wav_bytes_i16(16_000, 1, &pcm).unwrap();
+    send(&mut ws, realtime_audio(&wav)).await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    let heard = heard_ms(&turn);
+    let question = ms(question_pcm().len());
+    // The question and at most the VAD's backbuffer (500 ms) of the silence before it.
+    assert!(
+        heard >= question && heard <= question + 500,
+        "heard {heard} ms of a {question} ms question"
+    );
+    server.stop_within(WAIT).await;
+}
+
+/// The question followed by a second of silence as raw 16 kHz PCM, `chunk` bytes a frame,
+/// frames sent at real time (as a microphone does: a burst of them would overrun the door's
+/// queue, which drops audio rather than fall behind).
+async fn question_then_silence(chunk: usize) -> u64 {
+    let (server, mut ws) = measured_session().await;
+    let mut pcm = question_pcm();
+    pcm.extend(vec![0_i16; 16_000]);
+    let mut pace = tokio::time::interval(Duration::from_millis(20));
+    for frame in bytes_of(&pcm).chunks(chunk) {
+        pace.tick().await;
+        send(&mut ws, realtime_audio(frame)).await;
+    }
+    // The VAD ends the utterance inside the audio: answered with nothing more sent.
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    let heard = heard_ms(&turn);
+    let question = ms(question_pcm().len());
+    assert!(
+        heard >= question && heard < question + 1000,
+        "heard {heard} ms of a {question} ms question"
+    );
+    server.stop_within(WAIT).await;
+    heard
+}
+
+#[tokio::test]
+async fn raw_pcm_with_trailing_silence_in_one_frame_is_answered_like_20_ms_chunks() {
+    let whole = question_then_silence(usize::MAX).await;
+    let chunked = question_then_silence(640).await;
+    assert_eq!(whole, chunked, "the same utterance either way");
+}
