@@ -899,6 +899,150 @@ async fn a_browser_offer_is_answered_with_audio_and_candidates() {
     server.stop_within(WAIT).await;
 }
 
+/// A WebRTC peer on str0m playing the original bridge's WebRTC test client: a microphone
+/// track and a data channel `test` in the offer, its candidate trickled flat.
+struct DataChannelPeer {
+    rtc: str0m::Rtc,
+    socket: tokio::net::UdpSocket,
+    local: std::net::SocketAddr,
+    pending: Option<str0m::change::SdpPendingOffer>,
+}
+
+impl DataChannelPeer {
+    /// The peer and its offer.
+    async fn offer() -> (Self, String) {
+        use str0m::media::{Direction, MediaKind};
+        str0m::crypto::from_feature_flags().install_process_default();
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let local = socket.local_addr().unwrap();
+        let mut rtc = str0m::RtcConfig::new()
+            .clear_codecs()
+            .enable_opus(true, false)
+            .build(std::time::Instant::now());
+        rtc.add_local_candidate(str0m::Candidate::host(local, "udp").unwrap());
+        let mut api = rtc.sdp_api();
+        api.add_media(MediaKind::Audio, Direction::SendRecv, None, None, None);
+        api.add_channel("test".into());
+        let (offer, pending) = api.apply().unwrap();
+        let peer = Self {
+            rtc,
+            socket,
+            local,
+            pending: Some(pending),
+        };
+        (peer, offer.to_sdp_string())
+    }
+
+    fn answer(&mut self, sdp: &str) {
+        let answer = str0m::change::SdpAnswer::from_sdp_string(sdp).unwrap();
+        let pending = self.pending.take().unwrap();
+        self.rtc.sdp_api().accept_answer(pending, answer).unwrap();
+    }
+
+    /// Runs the connection: once the channel opens, `sent` goes out on it in order (text,
+    /// or binary when flagged); returns what comes back on it, up to and including the first
+    /// text `pong`.
+    async fn exchange(&mut self, sent: &[(bool, &str)]) -> Vec<(bool, String)> {
+        use str0m::net::{Protocol, Receive};
+        use str0m::{Event, Input, Output};
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut received = Vec::new();
+        let mut buf = vec![0_u8; 2048];
+        loop {
+            let timeout = match self.rtc.poll_output().unwrap() {
+                Output::Transmit(t) => {
+                    self.socket
+                        .send_to(&t.contents, t.destination)
+                        .await
+                        .unwrap();
+                    continue;
+                }
+                Output::Event(Event::ChannelOpen(id, label)) => {
+                    assert_eq!(label, "test");
+                    let mut channel = self.rtc.channel(id).unwrap();
+                    for (binary, text) in sent {
+                        assert!(channel.write(*binary, text.as_bytes()).unwrap());
+                    }
+                    continue;
+                }
+                Output::Event(Event::ChannelData(d)) => {
+                    let text = String::from_utf8(d.data).unwrap();
+                    let done = !d.binary && text == "pong";
+                    received.push((d.binary, text));
+                    if done {
+                        return received;
+                    }
+                    continue;
+                }
+                Output::Event(_) => continue,
+                Output::Timeout(t) => t,
+            };
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no pong; got {received:?}"
+            );
+            let wake = tokio::time::Instant::from_std(timeout).min(deadline);
+            let input = tokio::select! {
+                r = self.socket.recv_from(&mut buf) => {
+                    let (n, source) = r.unwrap();
+                    let Ok(contents) = buf[..n].try_into() else { continue };
+                    Input::Receive(std::time::Instant::now(), Receive {
+                        proto: Protocol::Udp,
+                        source,
+                        destination: self.local,
+                        contents,
+                    })
+                }
+                () = tokio::time::sleep_until(wake) => Input::Timeout(std::time::Instant::now()),
+            };
+            self.rtc.handle_input(input).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_data_channel_ping_is_answered_pong_as_the_original_gateway_did() {
+    let server = Running::start(Config::default()).await;
+    let own = server.listener("gemini").unwrap();
+    let mut ws = session(format!("ws://{own}/"), live_config(&json!(["audio"]))).await;
+    let (mut peer, offer) = DataChannelPeer::offer().await;
+    send(
+        &mut ws,
+        json!({"type": "WEBRTC_OFFER", "payload": {"sdp": offer}}),
+    )
+    .await;
+    let answer = recv(&mut ws).await;
+    assert_eq!(kind(&answer), "WEBRTC_ANSWER", "{answer}");
+    let sdp = answer["payload"]["sdp"].as_str().unwrap();
+    assert!(
+        sdp.contains("m=application"),
+        "the channel is negotiated: {sdp}"
+    );
+    peer.answer(sdp);
+    // Only a text `ping` is answered: other text and a binary `ping` get nothing (the
+    // channel is ordered, so an answer to them would come before the pong).
+    let received = peer
+        .exchange(&[(false, "hello"), (true, "ping"), (false, "ping")])
+        .await;
+    assert_eq!(received, [(false, "pong".to_owned())]);
+    // The bridge goes on over the WebSocket.
+    send(
+        &mut ws,
+        json!({"type": "UPDATE_CONFIG", "payload": live_config(&json!("TEXT"))}),
+    )
+    .await;
+    let setup = recv_until(&mut ws, "SETUP_COMPLETE").await;
+    assert_eq!(kind(setup.last().unwrap()), "SETUP_COMPLETE");
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: hi");
+    server.stop_within(WAIT).await;
+}
+
 async fn recv_after(ws: &mut Ws, m: Value) -> Value {
     send(ws, m).await;
     recv(ws).await
