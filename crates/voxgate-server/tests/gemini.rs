@@ -1660,6 +1660,26 @@ fn heard_ms(turn: &[Value]) -> u64 {
     words.chunks(2).map(|w| w[0].parse::<u64>().unwrap()).sum()
 }
 
+/// A mono WAV file of 32-bit float samples (`data`, little-endian) at `rate`.
+fn float_wav(rate: u32, data: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(data.len()).unwrap();
+    let mut w = Vec::new();
+    w.extend_from_slice(b"RIFF");
+    w.extend_from_slice(&(36 + len).to_le_bytes());
+    w.extend_from_slice(b"WAVEfmt ");
+    w.extend_from_slice(&16_u32.to_le_bytes());
+    w.extend_from_slice(&3_u16.to_le_bytes()); // IEEE float
+    w.extend_from_slice(&1_u16.to_le_bytes());
+    w.extend_from_slice(&rate.to_le_bytes());
+    w.extend_from_slice(&(rate * 4).to_le_bytes());
+    w.extend_from_slice(&4_u16.to_le_bytes());
+    w.extend_from_slice(&32_u16.to_le_bytes());
+    w.extend_from_slice(b"data");
+    w.extend_from_slice(&len.to_le_bytes());
+    w.extend_from_slice(data);
+    w
+}
+
 fn realtime_audio(bytes: &[u8]) -> Value {
     json!({"type": "SEND_REALTIME_INPUT", "payload": {
         "audio": {"mimeType": "audio/pcm;rate=16000", "data": b64_bytes(bytes)}}})
@@ -1677,7 +1697,7 @@ async fn measured_session() -> (Running, Ws) {
 async fn a_whole_wav_in_one_frame_is_heard_whole() {
     let question = ms(question_pcm().len());
     // The question as the bridge's test client sends it, and at 24 kHz in stereo (the WAV's
-    // own rate and channels win over the mime type's `rate=16000`).
+    // own rate, channels and sample format win over the mime type's `rate=16000`).
     let stereo_24k = {
         let mut up = Vec::new();
         let mut c = voxgate_audio::resample::RateConverter::new(24_000).unwrap();
@@ -1687,7 +1707,20 @@ async fn a_whole_wav_in_one_frame_is_heard_whole() {
         let interleaved: Vec<i16> = up.iter().flat_map(|&s| [s, s / 2]).collect();
         voxgate_audio::wav::wav_bytes_i16(24_000, 2, &interleaved).unwrap()
     };
-    for wav in [QUESTION_WAV.to_vec(), stereo_24k] {
+    // And as 32-bit float at 48 kHz, the way audio editors save it.
+    let float_48k = {
+        let mut up = Vec::new();
+        let mut c = voxgate_audio::resample::RateConverter::new(48_000).unwrap();
+        c.process_i16_to_i16(&question_pcm(), 16_000, &mut up)
+            .unwrap();
+        c.flush_i16(&mut up);
+        let data: Vec<u8> = up
+            .iter()
+            .flat_map(|&s| (f32::from(s) / 32_768.0).to_le_bytes())
+            .collect();
+        float_wav(48_000, &data)
+    };
+    for wav in [QUESTION_WAV.to_vec(), stereo_24k, float_48k] {
         let (server, mut ws) = measured_session().await;
         send(&mut ws, realtime_audio(&wav)).await;
         let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
