@@ -6,7 +6,8 @@ Serves, on 127.0.0.1:
   GET  /gemini         the Gemini bridge's WebSocket with WEBRTC_OFFER / WEBRTC_ANSWER /
                        WEBRTC_ICE_CANDIDATE (nested candidates, sent as messages as well as in the
                        answer; `?trickle=1`: only as messages; `?webrtc=off`: GEMINI_ERROR as a
-                       server without WebRTC answers).
+                       server without WebRTC answers); a text `ping` on a data channel gets
+                       `pong`.
 Each session runs a tiny energy VAD on the incoming track; at the end of an utterance it plays
 the utterance back on its own track as "the reply" and sends a scripted event sequence around
 it (VIP: state transitions, transcript.user, action.invoke of set_theme when declared, reply.text,
@@ -309,6 +310,15 @@ async def gemini(request: web.Request) -> web.WebSocketResponse:
         elif kind == "WEBRTC_OFFER" and isinstance(payload.get("sdp"), str):
             conv = Conversation(speech_start, utterance)
             request.app["sessions"].append(conv)
+
+            @conv.pc.on("datachannel")
+            def on_channel(channel) -> None:
+                # The bridge's data channels answer a text `ping` with `pong`, nothing else.
+                @channel.on("message")
+                def on_message(raw: Any) -> None:
+                    if raw == "ping":
+                        channel.send("pong")
+
             answer = await conv.answer(payload["sdp"])
             # Keep the candidates in the answer but drop end-of-candidates, so the same
             # candidates sent as messages can still be added; `?trickle=1` sends them only as

@@ -12,10 +12,11 @@ Two modes, one per signalling path:
 
   webrtc_peer.py gemini --url ws://127.0.0.1:PORT/gemini --wav IN.wav --save-reply OUT.wav
       The Gemini bridge door (docs/doors/gemini.md) as the Android app uses it: CONNECT_GEMINI,
-      SETUP_COMPLETE, WEBRTC_OFFER with a microphone track (no data channel), WEBRTC_ANSWER, ICE
-      candidates both ways as WEBRTC_ICE_CANDIDATE in the app's nested form (ours are in the offer
-      too, and are also sent as messages to exercise that path). Ends at TURN_COMPLETE (or a
-      CONTENT_MESSAGE with serverContent.turnComplete).
+      SETUP_COMPLETE, WEBRTC_OFFER with a microphone track, WEBRTC_ANSWER, ICE candidates both
+      ways as WEBRTC_ICE_CANDIDATE in the app's nested form (ours are in the offer too, and are
+      also sent as messages to exercise that path). Like the original bridge's WebRTC test
+      client, the offer also has a data channel `test` that sends `ping` once open. Ends at
+      TURN_COMPLETE (or a CONTENT_MESSAGE with serverContent.turnComplete).
 
 The WAV is sent in real time as 20 ms frames (s16 mono 48 kHz, resampled as needed) once the
 session is up, then silence, so the server's VAD hears the end of speech. The remote track is
@@ -38,7 +39,9 @@ The summary (one JSON object):
   `state` values in order), actions_invoked [{action_id, parameters}], answer_received.
   Gemini also: answer_received, ice_candidates_sent, ice_candidates_received,
   ice_candidates_not_added (refused by aiortc after the answer's end-of-candidates),
-  inline_audio_bytes (audio that came in CONTENT_MESSAGE inlineData instead of the track).
+  inline_audio_bytes (audio that came in CONTENT_MESSAGE inlineData instead of the track),
+  data_channel_replies (the messages received on the `test` channel after its `ping`, binary
+  ones as "<binary N bytes>").
 """
 
 import argparse
@@ -493,6 +496,20 @@ async def run_gemini(s: Session) -> None:
     if not s.speech:
         raise PeerError("gemini mode needs --wav")
     s.pc.addTransceiver(s.mic, direction="sendrecv")
+    s.extra["data_channel_replies"] = []
+    channel = s.pc.createDataChannel("test")
+
+    @channel.on("open")
+    def on_open() -> None:
+        log("data channel open: -> ping")
+        channel.send("ping")
+
+    @channel.on("message")
+    def on_message(raw: Any) -> None:
+        reply = raw if isinstance(raw, str) else f"<binary {len(raw)} bytes>"
+        log(f"data channel <- {reply[:100]}")
+        s.extra["data_channel_replies"].append(reply)
+
     setup = asyncio.Event()
     offered = asyncio.Event()
     answered = asyncio.Event()

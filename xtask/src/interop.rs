@@ -781,6 +781,13 @@ fn check_summary(mode: &str, summary: &serde_json::Value) -> anyhow::Result<()> 
     if !missing.is_empty() {
         bail!("events {missing:?} never arrived; events: {events:?}");
     }
+    // The bridge's data channel answers the peer's `ping` as the original gateway did.
+    if mode == "gemini" && summary["data_channel_replies"] != serde_json::json!(["pong"]) {
+        bail!(
+            "the data channel's `ping` got {} instead of [\"pong\"]",
+            summary["data_channel_replies"]
+        );
+    }
     Ok(())
 }
 
@@ -797,7 +804,8 @@ mod tests {
     use serde_json::json;
 
     fn summary(events: &[&str], heard: f64) -> serde_json::Value {
-        json!({"ok": true, "failure": null, "reply_nonsilent_seconds": heard, "events": events})
+        json!({"ok": true, "failure": null, "reply_nonsilent_seconds": heard, "events": events,
+            "data_channel_replies": ["pong"]})
     }
 
     #[test]
@@ -836,5 +844,11 @@ mod tests {
         let mut failed = summary(&["WEBRTC_ANSWER"], 1.0);
         failed["ok"] = json!(false);
         assert!(check_summary("gemini", &failed).is_err());
+        // The data channel's `ping` must get exactly one `pong`.
+        for replies in [json!([]), json!(["pong", "pong"]), json!(null)] {
+            let mut unanswered = summary(&["WEBRTC_ANSWER"], 1.0);
+            unanswered["data_channel_replies"] = replies;
+            assert!(check_summary("gemini", &unanswered).is_err());
+        }
     }
 }

@@ -34,6 +34,11 @@ pub(crate) enum CaptureEvent {
     Paused(Vec<i16>),
 }
 
+/// Most input samples the VAD is fed at once. Far below the VAD's history (its backbuffer
+/// and start window plus a frame of slack, at least a few thousand samples at any rate), so
+/// the audio of a speech start decided inside a piece is still held when it is copied.
+const PIECE: usize = 256;
+
 #[derive(Debug)]
 pub(crate) struct Capture {
     vad: Vad,
@@ -98,15 +103,27 @@ impl Capture {
 
     pub(crate) fn process_i16(&mut self, samples: &[i16]) {
         let mut scratch = std::mem::take(&mut self.scratch);
-        for chunk in samples.chunks(256) {
+        for chunk in samples.chunks(PIECE) {
             scratch.clear();
             scratch.extend(chunk.iter().map(|&s| i16_to_f32(s)));
-            self.process(&scratch);
+            self.process_piece(&scratch);
         }
         self.scratch = scratch;
     }
 
+    /// Feeds a block of any length. It goes to the VAD in pieces of at most [`PIECE`]
+    /// samples, each piece's transitions handled before the next: the VAD keeps only about a
+    /// second of history, so a start of speech decided early in a long block (a whole file
+    /// in one frame) would otherwise find its onset overwritten by the rest of the block,
+    /// and an utterance ending inside the block would be cut against positions the buffer
+    /// never held.
     pub(crate) fn process(&mut self, samples: &[f32]) {
+        for piece in samples.chunks(PIECE) {
+            self.process_piece(piece);
+        }
+    }
+
+    fn process_piece(&mut self, samples: &[f32]) {
         if self.capturing {
             self.append(samples);
         }

@@ -472,3 +472,61 @@ fn speech_resuming_inside_the_vad_start_window_keeps_one_turn() {
     let times = generate_times(&mut d, &speech(), 20);
     assert_eq!(times.first(), Some(&(1972 * MS)), "{times:?}");
 }
+
+/// The audio of every `Transcribe` among `out`, in order.
+fn utterances(out: &[Output]) -> Vec<Vec<i16>> {
+    requests(out)
+        .into_iter()
+        .filter_map(|r| match r {
+            ProviderRequest::Transcribe { audio, .. } => Some(audio),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_whole_recording_in_one_call_is_heard_as_if_streamed() {
+    // A second of silence, the question, a second of silence: the shape of a WAV file an app
+    // sends in one frame. The speech fixture adds an utterance boundary inside the call.
+    let silence = vec![0_i16; 16_000];
+    let mut recordings = Vec::new();
+    for speech in [question(), speech()] {
+        let mut audio = silence.clone();
+        audio.extend(&speech);
+        audio.extend(&silence);
+        recordings.push((speech.len(), audio));
+    }
+    for (speech_len, audio) in recordings {
+        let mut streamed = Driver::new(EngineConfig::default());
+        let heard = utterances(&streamed.speak(&audio));
+        assert!(!heard.is_empty());
+        assert!(
+            heard.iter().map(Vec::len).sum::<usize>() >= speech_len - 16_000 / 2,
+            "streamed, the speech is heard whole"
+        );
+        for f32_samples in [true, false] {
+            let mut d = Driver::new(EngineConfig::default());
+            let out = if f32_samples {
+                let floats = audio
+                    .iter()
+                    .map(|&s| voxgate_audio::format::i16_to_f32(s))
+                    .collect();
+                d.input(Input::Audio(floats))
+            } else {
+                d.input(Input::AudioI16(audio.clone()))
+            };
+            // Every utterance ends inside the call, complete, with no more audio or time.
+            let got = utterances(&out);
+            let lengths = |u: &[Vec<i16>]| u.iter().map(Vec::len).collect::<Vec<_>>();
+            assert_eq!(lengths(&got), lengths(&heard), "f32 {f32_samples}");
+            assert!(got == heard, "the same audio, f32 {f32_samples}");
+            // ... and the turn is answered once transcribed, on the endpointing timer alone.
+            let mut out = Vec::new();
+            for id in transcribes(&d.log.iter().map(|(_, o)| o.clone()).collect::<Vec<_>>()) {
+                out.extend(d.provider(transcript(id, "words")));
+            }
+            out.extend(d.advance(3000 * MS));
+            assert_eq!(generates(&out), 1, "f32 {f32_samples}");
+        }
+    }
+}

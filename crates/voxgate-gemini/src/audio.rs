@@ -8,7 +8,8 @@
 //! Tolerated on input, because real clients do it: line breaks and other whitespace inside the
 //! base64 (Android's `Base64.DEFAULT` wraps lines), the URL-safe alphabet, missing padding,
 //! and a whole WAV file (RIFF header included) sent as one frame: the header is detected, parsed
-//! and stripped, and its rate and channel count are reported.
+//! and stripped, its rate and channel count are reported, and samples in another PCM format
+//! (8-bit unsigned, 24- or 32-bit integer, 32- or 64-bit float) are converted to 16-bit.
 
 use crate::error::AudioError;
 
@@ -209,6 +210,107 @@ impl Sink for PcmSink<'_> {
     }
 }
 
+/// A WAV sample format converted to 16-bit ([`WavSample::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WavSample {
+    U8,
+    I24,
+    I32,
+    F32,
+    F64,
+}
+
+impl WavSample {
+    /// The conversion for a header's format; `None` for 16-bit integer PCM (decoded as it is)
+    /// and `Err` for what is not converted.
+    fn of(h: &WavHeader) -> Result<Option<Self>, AudioError> {
+        Ok(Some(match (h.format_tag, h.bits_per_sample) {
+            (1, 16) => return Ok(None),
+            (1, 8) => Self::U8,
+            (1, 24) => Self::I24,
+            (1, 32) => Self::I32,
+            (3, 32) => Self::F32,
+            (3, 64) => Self::F64,
+            (format_tag, bits_per_sample) => {
+                return Err(AudioError::UnsupportedWav {
+                    format_tag,
+                    bits_per_sample,
+                });
+            }
+        }))
+    }
+
+    /// Bytes of one sample.
+    fn width(self) -> usize {
+        match self {
+            Self::U8 => 1,
+            Self::I24 => 3,
+            Self::I32 | Self::F32 => 4,
+            Self::F64 => 8,
+        }
+    }
+
+    /// One little-endian sample (`b` is [`width`](Self::width) bytes) as 16-bit: integers keep
+    /// their top 16 bits, floats are clamped to -1..=1 (NaN is silence).
+    fn to_i16(self, b: &[u8; 8]) -> i16 {
+        let float = |v: f64| {
+            let v = if v.is_nan() { 0.0 } else { v.clamp(-1.0, 1.0) };
+            #[allow(clippy::cast_possible_truncation, reason = "clamped to the i16 range")]
+            let s = (v * 32767.0).round() as i16;
+            s
+        };
+        match self {
+            Self::U8 => i16::from_le_bytes([0, b[0] ^ 0x80]),
+            Self::I24 => i16::from_le_bytes([b[1], b[2]]),
+            Self::I32 => i16::from_le_bytes([b[2], b[3]]),
+            Self::F32 => float(f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+            Self::F64 => float(f64::from_le_bytes(*b)),
+        }
+    }
+}
+
+/// Converts WAV samples of another format to 16-bit, skipping the header and stopping after
+/// the `data` chunk, like [`PcmSink`].
+struct ConvertSink<'a> {
+    out: &'a mut [i16],
+    len: usize,
+    format: WavSample,
+    sample: [u8; 8],
+    filled: usize,
+    skip: usize,
+    remaining: usize,
+    overflow: usize,
+}
+
+impl Sink for ConvertSink<'_> {
+    fn push(&mut self, b: u8) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return true;
+        }
+        if self.remaining == 0 {
+            return false;
+        }
+        self.remaining -= 1;
+        if let Some(slot) = self.sample.get_mut(self.filled) {
+            *slot = b;
+        }
+        self.filled += 1;
+        if self.filled == self.format.width() {
+            self.filled = 0;
+            let s = self.format.to_i16(&self.sample);
+            match self.out.get_mut(self.len) {
+                Some(slot) => {
+                    *slot = s;
+                    self.len += 1;
+                }
+                None => self.overflow += 1,
+            }
+        }
+        true
+    }
+}
+
 /// Collects the first bytes of a blob (to read a WAV header) and stops when full.
 struct PrefixSink<'a> {
     buf: &'a mut [u8],
@@ -387,9 +489,9 @@ const WAV_PREFIX: usize = 8192;
 
 /// Parses a RIFF/WAV header from the first bytes of a file.
 ///
-/// Returns `Ok(None)` when `bytes` does not start with `RIFF....WAVE`. Non-PCM formats are
-/// reported, not refused: the caller decides ([`decode_audio_into`] refuses anything but 16-bit
-/// integer PCM).
+/// Returns `Ok(None)` when `bytes` does not start with `RIFF....WAVE`. Every format is
+/// reported, not refused: the caller decides ([`decode_audio_into`] converts the common PCM
+/// formats and refuses the rest).
 pub fn parse_wav_header(bytes: &[u8]) -> Result<Option<WavHeader>, AudioError> {
     if bytes.get(..4) != Some(b"RIFF") || bytes.get(8..12) != Some(b"WAVE") {
         return Ok(None);
@@ -505,14 +607,18 @@ pub struct DecodedAudio {
     pub channels: u16,
     /// The stripped WAV header, if the blob was a whole WAV file.
     pub wav: Option<WavHeader>,
-    /// The data had an odd number of bytes; the last one was dropped.
+    /// The data ended inside a sample (an odd byte of 16-bit data); that partial sample was
+    /// dropped.
     pub odd_byte_dropped: bool,
 }
 
 /// Decodes an audio blob (base64 data plus its mime type) into `out`, stripping a WAV header.
 ///
-/// Only 16-bit integer PCM is produced; a WAV file in another format is refused with
-/// [`AudioError::UnsupportedWav`], which reports what it was.
+/// 16-bit integer PCM is produced. A WAV file's samples are converted from its own format:
+/// 8-bit unsigned, 16-, 24- or 32-bit integer, 32- or 64-bit float PCM (WAVE_FORMAT_EXTENSIBLE
+/// too); anything else is refused with [`AudioError::UnsupportedWav`], which reports what it
+/// was. 8-bit data decodes to one sample a byte, more than [`max_pcm_samples`] allows for: size
+/// `out` from the [`AudioError::BufferTooSmall`] it reports, or use [`decode_audio`].
 pub fn decode_audio_into(
     b64: &str,
     mime: &str,
@@ -538,13 +644,11 @@ pub fn decode_audio_into(
     }
     let (skip, remaining) = match &wav {
         Some(h) => {
-            if h.format_tag != 1 || h.bits_per_sample != 16 {
-                return Err(AudioError::UnsupportedWav {
-                    format_tag: h.format_tag,
-                    bits_per_sample: h.bits_per_sample,
-                });
+            let range = (h.data_offset, h.data_len.unwrap_or(usize::MAX));
+            if let Some(format) = WavSample::of(h)? {
+                return convert_wav(input, h, format, out);
             }
-            (h.data_offset, h.data_len.unwrap_or(usize::MAX))
+            range
         }
         None => (0, usize::MAX),
     };
@@ -567,11 +671,50 @@ pub fn decode_audio_into(
     })
 }
 
+/// The samples of a WAV file in `format`, converted to 16-bit.
+fn convert_wav(
+    input: &[u8],
+    h: &WavHeader,
+    format: WavSample,
+    out: &mut [i16],
+) -> Result<DecodedAudio, AudioError> {
+    let mut sink = ConvertSink {
+        out,
+        len: 0,
+        format,
+        sample: [0; 8],
+        filled: 0,
+        skip: h.data_offset,
+        remaining: h.data_len.unwrap_or(usize::MAX),
+        overflow: 0,
+    };
+    run(input, &mut sink)?;
+    if sink.overflow > 0 {
+        return Err(AudioError::BufferTooSmall {
+            needed: sink.len + sink.overflow,
+            capacity: sink.out.len(),
+        });
+    }
+    Ok(DecodedAudio {
+        samples: sink.len,
+        sample_rate: Some(h.sample_rate),
+        channels: h.channels,
+        wav: Some(*h),
+        odd_byte_dropped: sink.filled > 0,
+    })
+}
+
 /// Like [`decode_audio_into`], appending to a vector (grown as needed).
 pub fn decode_audio(b64: &str, mime: &str, out: &mut Vec<i16>) -> Result<DecodedAudio, AudioError> {
     let start = out.len();
     out.resize(start + max_pcm_samples(b64.len()), 0);
-    let res = decode_audio_into(b64, mime, out.get_mut(start..).unwrap_or_default());
+    let mut res = decode_audio_into(b64, mime, out.get_mut(start..).unwrap_or_default());
+    if let Err(AudioError::BufferTooSmall { needed, .. }) = res {
+        // 8-bit WAV data: a sample a byte. `needed` counts the samples the data holds, at most
+        // the bytes the base64 decodes to.
+        out.resize(start + needed, 0);
+        res = decode_audio_into(b64, mime, out.get_mut(start..).unwrap_or_default());
+    }
     let written = res.as_ref().map_or(0, |d| d.samples);
     out.truncate(start + written);
     res

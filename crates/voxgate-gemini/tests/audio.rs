@@ -116,18 +116,98 @@ fn wav_with_odd_data_offset_and_trailing_chunk() {
 }
 
 #[test]
-fn non_pcm16_wav_is_reported() {
-    let wav = wav_bytes(44_100, 1, 32, 3, &[], &[0; 16]);
-    let mut out = [0i16; 16];
-    let err = decode_audio_into(&STANDARD.encode(&wav), "audio/wav", &mut out).unwrap_err();
+fn wav_in_other_pcm_formats_is_converted_to_16_bit() {
+    // The same four samples (silence, half scale up and down, full scale down) in each format.
+    let want = [0_i16, 16_384, -16_384, -32_768];
+    let float = |v: f32| -> Vec<u8> {
+        [0.0, v, -v, -1.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    let cases: [(u16, u16, Vec<u8>, [i16; 4]); 5] = [
+        (1, 8, vec![0x80, 0xC0, 0x40, 0x00], want),
+        (
+            1,
+            24,
+            [0_i32, 0x40_0000, -0x40_0000, -0x80_0000]
+                .iter()
+                .flat_map(|x| x.to_le_bytes()[..3].to_vec())
+                .collect(),
+            want,
+        ),
+        (
+            1,
+            32,
+            [0_i32, 0x4000_0000, -0x4000_0000, i32::MIN]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            want,
+        ),
+        (3, 32, float(0.5), [0, 16_384, -16_384, -32_767]),
+        (
+            3,
+            64,
+            [0.0_f64, 0.5, -0.5, -1.0]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            [0, 16_384, -16_384, -32_767],
+        ),
+    ];
+    for (tag, bits, data, expected) in cases {
+        let wav = wav_bytes(8_000, 1, bits, tag, &[], &data);
+        let mut pcm = vec![7_i16];
+        let info = decode_audio(&STANDARD.encode(&wav), "audio/pcm;rate=16000", &mut pcm)
+            .unwrap_or_else(|e| panic!("tag {tag}, {bits} bits: {e}"));
+        assert_eq!(pcm[1..], expected, "tag {tag}, {bits} bits");
+        assert_eq!(pcm[0], 7, "appended");
+        assert_eq!(
+            (info.samples, info.sample_rate, info.channels),
+            (4, Some(8_000), 1)
+        );
+        assert!(!info.odd_byte_dropped);
+    }
+    // Out-of-range and NaN floats are clamped and silenced; a partial last sample is dropped.
+    let mut data: Vec<u8> = [2.0_f32, -3.0, f32::NAN]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    data.extend([1, 2]);
+    let wav = wav_bytes(8_000, 1, 32, 3, &[], &data);
+    let mut pcm = Vec::new();
+    let info = decode_audio(&STANDARD.encode(&wav), "audio/wav", &mut pcm).unwrap();
+    assert_eq!(pcm, [32_767, -32_767, 0]);
+    assert!(info.odd_byte_dropped);
+    // Into a caller's buffer, 8-bit data reports the room it needs.
+    let wav = wav_bytes(8_000, 1, 8, 1, &[], &[0x80; 100]);
+    let b64 = STANDARD.encode(&wav);
+    let mut out = vec![0_i16; max_pcm_samples(b64.len())];
     assert_eq!(
-        err,
-        AudioError::UnsupportedWav {
-            format_tag: 3,
-            bits_per_sample: 32
-        }
+        decode_audio_into(&b64, "audio/wav", &mut out[..50]),
+        Err(AudioError::BufferTooSmall {
+            needed: 100,
+            capacity: 50
+        })
     );
-    assert_eq!(err.blame(), Blame::Protocol);
+}
+
+#[test]
+fn wav_in_other_formats_is_reported() {
+    for (tag, bits) in [(3, 16), (1, 12), (6, 8), (0x55, 16)] {
+        let wav = wav_bytes(44_100, 1, bits, tag, &[], &[0; 16]);
+        let mut out = [0i16; 16];
+        let err = decode_audio_into(&STANDARD.encode(&wav), "audio/wav", &mut out).unwrap_err();
+        assert_eq!(
+            err,
+            AudioError::UnsupportedWav {
+                format_tag: tag,
+                bits_per_sample: bits
+            }
+        );
+        assert_eq!(err.blame(), Blame::Protocol);
+    }
 }
 
 #[test]

@@ -899,6 +899,150 @@ async fn a_browser_offer_is_answered_with_audio_and_candidates() {
     server.stop_within(WAIT).await;
 }
 
+/// A WebRTC peer on str0m playing the original bridge's WebRTC test client: a microphone
+/// track and a data channel `test` in the offer, its candidate trickled flat.
+struct DataChannelPeer {
+    rtc: str0m::Rtc,
+    socket: tokio::net::UdpSocket,
+    local: std::net::SocketAddr,
+    pending: Option<str0m::change::SdpPendingOffer>,
+}
+
+impl DataChannelPeer {
+    /// The peer and its offer.
+    async fn offer() -> (Self, String) {
+        use str0m::media::{Direction, MediaKind};
+        str0m::crypto::from_feature_flags().install_process_default();
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let local = socket.local_addr().unwrap();
+        let mut rtc = str0m::RtcConfig::new()
+            .clear_codecs()
+            .enable_opus(true, false)
+            .build(std::time::Instant::now());
+        rtc.add_local_candidate(str0m::Candidate::host(local, "udp").unwrap());
+        let mut api = rtc.sdp_api();
+        api.add_media(MediaKind::Audio, Direction::SendRecv, None, None, None);
+        api.add_channel("test".into());
+        let (offer, pending) = api.apply().unwrap();
+        let peer = Self {
+            rtc,
+            socket,
+            local,
+            pending: Some(pending),
+        };
+        (peer, offer.to_sdp_string())
+    }
+
+    fn answer(&mut self, sdp: &str) {
+        let answer = str0m::change::SdpAnswer::from_sdp_string(sdp).unwrap();
+        let pending = self.pending.take().unwrap();
+        self.rtc.sdp_api().accept_answer(pending, answer).unwrap();
+    }
+
+    /// Runs the connection: once the channel opens, `sent` goes out on it in order (text,
+    /// or binary when flagged); returns what comes back on it, up to and including the first
+    /// text `pong`.
+    async fn exchange(&mut self, sent: &[(bool, &str)]) -> Vec<(bool, String)> {
+        use str0m::net::{Protocol, Receive};
+        use str0m::{Event, Input, Output};
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut received = Vec::new();
+        let mut buf = vec![0_u8; 2048];
+        loop {
+            let timeout = match self.rtc.poll_output().unwrap() {
+                Output::Transmit(t) => {
+                    self.socket
+                        .send_to(&t.contents, t.destination)
+                        .await
+                        .unwrap();
+                    continue;
+                }
+                Output::Event(Event::ChannelOpen(id, label)) => {
+                    assert_eq!(label, "test");
+                    let mut channel = self.rtc.channel(id).unwrap();
+                    for (binary, text) in sent {
+                        assert!(channel.write(*binary, text.as_bytes()).unwrap());
+                    }
+                    continue;
+                }
+                Output::Event(Event::ChannelData(d)) => {
+                    let text = String::from_utf8(d.data).unwrap();
+                    let done = !d.binary && text == "pong";
+                    received.push((d.binary, text));
+                    if done {
+                        return received;
+                    }
+                    continue;
+                }
+                Output::Event(_) => continue,
+                Output::Timeout(t) => t,
+            };
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no pong; got {received:?}"
+            );
+            let wake = tokio::time::Instant::from_std(timeout).min(deadline);
+            let input = tokio::select! {
+                r = self.socket.recv_from(&mut buf) => {
+                    let (n, source) = r.unwrap();
+                    let Ok(contents) = buf[..n].try_into() else { continue };
+                    Input::Receive(std::time::Instant::now(), Receive {
+                        proto: Protocol::Udp,
+                        source,
+                        destination: self.local,
+                        contents,
+                    })
+                }
+                () = tokio::time::sleep_until(wake) => Input::Timeout(std::time::Instant::now()),
+            };
+            self.rtc.handle_input(input).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_data_channel_ping_is_answered_pong_as_the_original_gateway_did() {
+    let server = Running::start(Config::default()).await;
+    let own = server.listener("gemini").unwrap();
+    let mut ws = session(format!("ws://{own}/"), live_config(&json!(["audio"]))).await;
+    let (mut peer, offer) = DataChannelPeer::offer().await;
+    send(
+        &mut ws,
+        json!({"type": "WEBRTC_OFFER", "payload": {"sdp": offer}}),
+    )
+    .await;
+    let answer = recv(&mut ws).await;
+    assert_eq!(kind(&answer), "WEBRTC_ANSWER", "{answer}");
+    let sdp = answer["payload"]["sdp"].as_str().unwrap();
+    assert!(
+        sdp.contains("m=application"),
+        "the channel is negotiated: {sdp}"
+    );
+    peer.answer(sdp);
+    // Only a text `ping` is answered: other text and a binary `ping` get nothing (the
+    // channel is ordered, so an answer to them would come before the pong).
+    let received = peer
+        .exchange(&[(false, "hello"), (true, "ping"), (false, "ping")])
+        .await;
+    assert_eq!(received, [(false, "pong".to_owned())]);
+    // The bridge goes on over the WebSocket.
+    send(
+        &mut ws,
+        json!({"type": "UPDATE_CONFIG", "payload": live_config(&json!("TEXT"))}),
+    )
+    .await;
+    let setup = recv_until(&mut ws, "SETUP_COMPLETE").await;
+    assert_eq!(kind(setup.last().unwrap()), "SETUP_COMPLETE");
+    send(
+        &mut ws,
+        json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "hi"}]}}),
+    )
+    .await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    assert_eq!(model_text(&turn), "You said: hi");
+    server.stop_within(WAIT).await;
+}
+
 async fn recv_after(ws: &mut Ws, m: Value) -> Value {
     send(ws, m).await;
     recv(ws).await
@@ -1446,4 +1590,196 @@ async fn a_failing_model_still_completes_the_turn() {
         "the failure is reported before TURN_COMPLETE: {turn:?}"
     );
     server.stop().await;
+}
+
+// ---- Audio in one large frame (issue 35) ----------------------------------------------------
+
+/// "Hello." and a question, about 2.1 s of speech from the first sample to the last: 16 kHz
+/// mono, a canonical 44-byte header.
+const QUESTION_WAV: &[u8] = include_bytes!("../../voxgate-audio/tests/fixtures/question.wav");
+
+fn question_pcm() -> Vec<i16> {
+    samples_of(&QUESTION_WAV[44..])
+}
+
+fn samples_of(bytes: &[u8]) -> Vec<i16> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn bytes_of(samples: &[i16]) -> Vec<u8> {
+    samples.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// Milliseconds of 16 kHz samples.
+fn ms(samples: usize) -> u64 {
+    u64::try_from(samples / 16).unwrap()
+}
+
+/// A fake OpenAI transcription endpoint that answers each upload with how much audio it
+/// holds, `"<n> ms"`: the transcript then proves what reached the recognizer.
+async fn measuring_asr() -> String {
+    let router = axum::Router::new().route(
+        "/v1/audio/transcriptions",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            let riff = body
+                .windows(4)
+                .position(|w| w == b"RIFF")
+                .expect("a WAV upload");
+            // The multipart boundary after the file is past the data chunk: ignored.
+            let wav = voxgate_audio::wav::read_wav(&body[riff..]).unwrap();
+            assert_eq!((wav.sample_rate, wav.channels), (16_000, 1));
+            (
+                [("content-type", "application/json")],
+                json!({ "text": format!("{} ms", ms(wav.frames())) }).to_string(),
+            )
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    format!("http://{addr}/v1")
+}
+
+/// The bridge's input transcription of `turn` as the milliseconds of speech the recognizer
+/// was given (one `"<n> ms"` per utterance, joined).
+fn heard_ms(turn: &[Value]) -> u64 {
+    let text = turn
+        .iter()
+        .find_map(|m| m["payload"]["serverContent"]["inputTranscription"]["text"].as_str())
+        .unwrap_or_else(|| panic!("no input transcription in {turn:#?}"));
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(
+        words.len().is_multiple_of(2) && words.chunks(2).all(|w| w[1] == "ms"),
+        "{text:?}"
+    );
+    words.chunks(2).map(|w| w[0].parse::<u64>().unwrap()).sum()
+}
+
+/// A mono WAV file of 32-bit float samples (`data`, little-endian) at `rate`.
+fn float_wav(rate: u32, data: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(data.len()).unwrap();
+    let mut w = Vec::new();
+    w.extend_from_slice(b"RIFF");
+    w.extend_from_slice(&(36 + len).to_le_bytes());
+    w.extend_from_slice(b"WAVEfmt ");
+    w.extend_from_slice(&16_u32.to_le_bytes());
+    w.extend_from_slice(&3_u16.to_le_bytes()); // IEEE float
+    w.extend_from_slice(&1_u16.to_le_bytes());
+    w.extend_from_slice(&rate.to_le_bytes());
+    w.extend_from_slice(&(rate * 4).to_le_bytes());
+    w.extend_from_slice(&4_u16.to_le_bytes());
+    w.extend_from_slice(&32_u16.to_le_bytes());
+    w.extend_from_slice(b"data");
+    w.extend_from_slice(&len.to_le_bytes());
+    w.extend_from_slice(data);
+    w
+}
+
+fn realtime_audio(bytes: &[u8]) -> Value {
+    json!({"type": "SEND_REALTIME_INPUT", "payload": {
+        "audio": {"mimeType": "audio/pcm;rate=16000", "data": b64_bytes(bytes)}}})
+}
+
+/// A text-reply session on a server whose recognizer reports what it heard.
+async fn measured_session() -> (Running, Ws) {
+    let server = Running::start(with_asr(measuring_asr().await)).await;
+    let own = server.listener("gemini").unwrap();
+    let ws = session(format!("ws://{own}/"), live_config(&json!("TEXT"))).await;
+    (server, ws)
+}
+
+#[tokio::test]
+async fn a_whole_wav_in_one_frame_is_heard_whole() {
+    let question = ms(question_pcm().len());
+    // The question as the bridge's test client sends it, and at 24 kHz in stereo (the WAV's
+    // own rate, channels and sample format win over the mime type's `rate=16000`).
+    let stereo_24k = {
+        let mut up = Vec::new();
+        let mut c = voxgate_audio::resample::RateConverter::new(24_000).unwrap();
+        c.process_i16_to_i16(&question_pcm(), 16_000, &mut up)
+            .unwrap();
+        c.flush_i16(&mut up);
+        let interleaved: Vec<i16> = up.iter().flat_map(|&s| [s, s / 2]).collect();
+        voxgate_audio::wav::wav_bytes_i16(24_000, 2, &interleaved).unwrap()
+    };
+    // And as 32-bit float at 48 kHz, the way audio editors save it.
+    let float_48k = {
+        let mut up = Vec::new();
+        let mut c = voxgate_audio::resample::RateConverter::new(48_000).unwrap();
+        c.process_i16_to_i16(&question_pcm(), 16_000, &mut up)
+            .unwrap();
+        c.flush_i16(&mut up);
+        let data: Vec<u8> = up
+            .iter()
+            .flat_map(|&s| (f32::from(s) / 32_768.0).to_le_bytes())
+            .collect();
+        float_wav(48_000, &data)
+    };
+    for wav in [QUESTION_WAV.to_vec(), stereo_24k, float_48k] {
+        let (server, mut ws) = measured_session().await;
+        send(&mut ws, realtime_audio(&wav)).await;
+        let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+        let heard = heard_ms(&turn);
+        // All of it, header not heard as audio: within the resampler's edges.
+        assert!(
+            heard + 20 >= question && heard <= question + 20,
+            "heard {heard} ms of a {question} ms question"
+        );
+        assert_eq!(model_text(&turn), format!("You said: {heard} ms"));
+        server.stop_within(WAIT).await;
+    }
+}
+
+#[tokio::test]
+async fn a_wav_starting_with_silence_in_one_frame_is_heard_whole() {
+    let (server, mut ws) = measured_session().await;
+    let mut pcm = vec![0_i16; 16_000];
+    pcm.extend(question_pcm());
+    let wav = voxgate_audio::wav::wav_bytes_i16(16_000, 1, &pcm).unwrap();
+    send(&mut ws, realtime_audio(&wav)).await;
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    let heard = heard_ms(&turn);
+    let question = ms(question_pcm().len());
+    // The question and at most the VAD's backbuffer (500 ms) of the silence before it.
+    assert!(
+        heard >= question && heard <= question + 500,
+        "heard {heard} ms of a {question} ms question"
+    );
+    server.stop_within(WAIT).await;
+}
+
+/// The question followed by a second of silence as raw 16 kHz PCM, `chunk` bytes a frame,
+/// frames sent at real time (as a microphone does: a burst of them would overrun the door's
+/// queue, which drops audio rather than fall behind).
+async fn question_then_silence(chunk: usize) -> u64 {
+    let (server, mut ws) = measured_session().await;
+    let mut pcm = question_pcm();
+    pcm.extend(vec![0_i16; 16_000]);
+    let mut pace = tokio::time::interval(Duration::from_millis(20));
+    for frame in bytes_of(&pcm).chunks(chunk) {
+        pace.tick().await;
+        send(&mut ws, realtime_audio(frame)).await;
+    }
+    // The VAD ends the utterance inside the audio: answered with nothing more sent.
+    let turn = recv_until(&mut ws, "TURN_COMPLETE").await;
+    let heard = heard_ms(&turn);
+    let question = ms(question_pcm().len());
+    assert!(
+        heard >= question && heard < question + 1000,
+        "heard {heard} ms of a {question} ms question"
+    );
+    server.stop_within(WAIT).await;
+    heard
+}
+
+#[tokio::test]
+async fn raw_pcm_with_trailing_silence_in_one_frame_is_answered_like_20_ms_chunks() {
+    let whole = question_then_silence(usize::MAX).await;
+    let chunked = question_then_silence(640).await;
+    assert_eq!(whole, chunked, "the same utterance either way");
 }

@@ -169,3 +169,13 @@ pub fn speech() -> Vec<i16> {
     assert_eq!((wav.sample_rate, wav.channels), (16_000, 1));
     wav.to_mono_i16()
 }
+
+/// The question fixture of voxgate-audio: 16 kHz mono, "Hello." then a question, about 2.1 s
+/// of speech from the first sample to near the last.
+pub fn question() -> Vec<i16> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../voxgate-audio/tests/fixtures/question.wav");
+    let wav = voxgate_audio::wav::read_wav(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!((wav.sample_rate, wav.channels), (16_000, 1));
+    wav.to_mono_i16()
+}

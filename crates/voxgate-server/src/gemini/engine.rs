@@ -46,6 +46,14 @@ pub(super) struct Flags {
     pub(super) max_history_messages: usize,
 }
 
+/// Lowest and highest input sample rates heard: at 16 kHz the engine hears at most twice the
+/// samples a frame holds, and the VAD takes rates up to its own maximum.
+const MIN_INPUT_RATE: u32 = 8_000;
+const MAX_INPUT_RATE: u32 = voxgate_audio::vad::MAX_INPUT_RATE;
+
+/// Input frames (samples per channel) mixed and resampled at a time: 256 ms at 16 kHz.
+const PIECE_FRAMES: usize = 4096;
+
 /// Ids of cancelled calls remembered so a late `SEND_TOOL_RESPONSE` for one is ignored quietly.
 const CANCELLED_MEMORY: usize = 64;
 
@@ -127,7 +135,9 @@ pub(super) struct EngineSession {
     in_resampler: RateConverter,
     out_resampler: RateConverter,
     samples: Vec<i16>,
+    /// One piece of input mixed to mono, and resampled to 16 kHz ([`Self::pcm`]).
     floats: Vec<f32>,
+    converted: Vec<f32>,
     /// A model turn is open: it still owes the client `turnComplete` or `interrupted`.
     turn_open: bool,
     /// Spoken output of the open turn has started.
@@ -317,6 +327,7 @@ impl EngineSession {
             out_resampler: RateConverter::new(OUTPUT_SAMPLE_RATE).map_err(|e| e.to_string())?,
             samples: Vec::new(),
             floats: Vec::new(),
+            converted: Vec::new(),
             turn_open: false,
             speaking: false,
             transcribed: false,
@@ -534,6 +545,10 @@ impl EngineSession {
     /// Feeds interleaved PCM (`channels` at `rate`) to the engine, mixed to mono and
     /// resampled to 16 kHz; `last` flushes the resampler (a whole file). False when the rate
     /// is unusable (answered with `GEMINI_ERROR`).
+    ///
+    /// A frame of any length goes through in pieces of [`PIECE_FRAMES`], so the mixed and
+    /// resampled copies stay small whatever the frame holds; the engine hears the pieces as
+    /// the one stream they are.
     fn pcm(
         &mut self,
         now: Instant,
@@ -543,35 +558,57 @@ impl EngineSession {
         last: bool,
         out: &mut Out,
     ) -> bool {
-        self.floats.clear();
-        self.floats
-            .extend(samples.chunks(channels.max(1)).map(|frame| {
+        if !(MIN_INPUT_RATE..=MAX_INPUT_RATE).contains(&rate) {
+            // Below the minimum each sample would become thousands at 16 kHz: a small frame
+            // claiming `rate=1` would cost gigabytes.
+            self.metrics.error(Door::Gemini);
+            emit(
+                out,
+                &ServerMessage::error(format!(
+                    "Unusable audio sample rate {rate} Hz: send {MIN_INPUT_RATE} to {MAX_INPUT_RATE} Hz."
+                )),
+            );
+            return false;
+        }
+        let channels = channels.max(1);
+        let mut converted = std::mem::take(&mut self.converted);
+        for piece in samples.chunks(PIECE_FRAMES.saturating_mul(channels)) {
+            self.floats.clear();
+            self.floats.extend(piece.chunks(channels).map(|frame| {
                 let sum: f32 = frame.iter().map(|&s| i16_to_f32(s)).sum();
                 #[allow(clippy::cast_precision_loss, reason = "a handful of channels")]
                 let n = frame.len() as f32;
                 sum / n
             }));
-        if rate == INPUT_SAMPLE_RATE {
-            self.engine.handle_audio(now, &self.floats);
-        } else {
-            let mut converted = Vec::new();
-            if let Err(e) = self
-                .in_resampler
-                .process(&self.floats, rate, &mut converted)
-            {
-                self.metrics.error(Door::Gemini);
-                emit(
-                    out,
-                    &ServerMessage::error(format!("Unusable audio sample rate {rate} Hz: {e}.")),
-                );
-                return false;
+            if rate == INPUT_SAMPLE_RATE {
+                self.engine.handle_audio(now, &self.floats);
+            } else {
+                converted.clear();
+                if let Err(e) = self
+                    .in_resampler
+                    .process(&self.floats, rate, &mut converted)
+                {
+                    self.converted = converted;
+                    self.metrics.error(Door::Gemini);
+                    emit(
+                        out,
+                        &ServerMessage::error(format!(
+                            "Unusable audio sample rate {rate} Hz: {e}."
+                        )),
+                    );
+                    return false;
+                }
+                self.engine.handle_audio(now, &converted);
             }
-            if last {
-                self.in_resampler.flush(&mut converted);
-            }
-            self.engine.handle_audio(now, &converted);
+            self.drain(out);
         }
-        self.drain(out);
+        if last && rate != INPUT_SAMPLE_RATE {
+            converted.clear();
+            self.in_resampler.flush(&mut converted);
+            self.engine.handle_audio(now, &converted);
+            self.drain(out);
+        }
+        self.converted = converted;
         true
     }
 
@@ -1298,6 +1335,45 @@ mod tests {
             }, "required": ["description"]})
         );
         assert!(voxgate_mcp::schema::CompiledSchema::compile(&json_schema(&v)).is_ok());
+    }
+
+    /// A `SEND_REALTIME_INPUT` audio frame of `samples` with `mime`.
+    fn pcm_frame(mime: &str, samples: &[i16]) -> Value {
+        let mut data = String::new();
+        voxgate_gemini::audio::encode_pcm_base64(samples, &mut data);
+        json!({"type": "SEND_REALTIME_INPUT", "payload": {"audio": {"mimeType": mime, "data": data}}})
+    }
+
+    #[test]
+    fn sample_rates_that_would_multiply_the_audio_are_refused() {
+        let mut h = Harness::text_only();
+        // At 1 Hz each sample would become 16,000 at 16 kHz: an 8 MiB frame, 50 billion.
+        for rate in [1, 7_999, 192_001] {
+            h.client(pcm_frame(&format!("audio/pcm;rate={rate}"), &[0; 100]));
+            let m = h.messages();
+            assert_eq!(kinds(&m), ["GEMINI_ERROR"], "{rate}: {m:?}");
+            assert_eq!(
+                m[0]["payload"]["message"],
+                format!("Unusable audio sample rate {rate} Hz: send 8000 to 192000 Hz.")
+            );
+        }
+        // A WAV header's rate is checked the same way.
+        let wav = voxgate_audio::wav::wav_bytes_i16(2, 1, &[0; 100]).unwrap();
+        let samples: Vec<i16> = wav
+            .chunks_exact(2)
+            .map(|c| i16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        h.client(pcm_frame("audio/pcm;rate=16000", &samples));
+        let m = h.messages();
+        assert_eq!(
+            m[0]["payload"]["message"], "Unusable audio sample rate 2 Hz: send 8000 to 192000 Hz.",
+            "{m:?}"
+        );
+        // The edges are heard.
+        for rate in [8_000, 192_000] {
+            h.client(pcm_frame(&format!("audio/pcm;rate={rate}"), &[0; 100]));
+            assert!(h.messages().is_empty(), "{rate}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use super::passthrough::{Connector, PassSession, UpEvent};
 use super::{GeminiConfig, GeminiMode, emit};
 use crate::door::{ClientFrame, Inbound, MediaCommand, Out, Translator};
 use crate::metrics::{Door, Metrics};
-use crate::webrtc::{MediaEvent, OfferError, PeerOptions};
+use crate::webrtc::{DataChannel, MediaEvent, OfferError, PeerOptions};
 
 /// Longest ICE candidate line taken from the app (real ones are under 200 bytes).
 const MAX_CANDIDATE_BYTES: usize = 1024;
@@ -215,7 +215,7 @@ impl GeminiDoor {
             offer: sdp,
             options: PeerOptions {
                 input_rate: INPUT_SAMPLE_RATE,
-                data_channel: false,
+                data_channel: DataChannel::PingPong,
             },
         });
     }
@@ -1213,7 +1213,7 @@ mod tests {
                 offer: CHROME_OFFER.into(),
                 options: PeerOptions {
                     input_rate: 16_000,
-                    data_channel: false,
+                    data_channel: DataChannel::PingPong,
                 },
             }]
         );

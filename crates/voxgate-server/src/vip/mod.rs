@@ -198,7 +198,7 @@ async fn offer(
     };
     let options = PeerOptions {
         input_rate: translator::INPUT_RATE,
-        data_channel: true,
+        data_channel: crate::webrtc::DataChannel::Door,
     };
     let accepted = match endpoint.accept(&sdp, options) {
         Ok(a) => a,

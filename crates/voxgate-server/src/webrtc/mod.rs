@@ -67,8 +67,24 @@ pub(crate) enum OfferError {
 pub(crate) struct PeerOptions {
     /// The rate the door wants the client's audio at (the engine's input rate).
     pub(crate) input_rate: u32,
-    /// Whether the door talks over a data channel (VIP) or only uses the audio track (Gemini).
-    pub(crate) data_channel: bool,
+    /// What the client's data channels are for.
+    pub(crate) data_channel: DataChannel,
+}
+
+/// What a connection does with the data channels the client opens. Either way the answer
+/// negotiates them (str0m accepts an offer's `m=application` line), so a client that opens
+/// one sees it open and must find something behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataChannel {
+    /// The door talks over the first channel the client opens (VIP): its text reaches the
+    /// door as [`MediaEvent::Data`], [`PeerCommand::Data`] writes to it, and its closing ends
+    /// the connection. Other channels are ignored.
+    Door,
+    /// The door only uses the audio track (Gemini). Every channel the client opens is served
+    /// as the original Gemini bridge gateway served its WebRTC test client's: a text message
+    /// `ping` is answered with a text `pong` on the same channel; anything else is ignored,
+    /// and a channel closing ends nothing.
+    PingPong,
 }
 
 /// An answered offer.

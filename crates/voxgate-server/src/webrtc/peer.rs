@@ -18,7 +18,7 @@ use voxgate_audio::opus::{
 };
 use voxgate_audio::resample::RateConverter;
 
-use super::{Datagram, Endpoint, PeerOptions, Slot};
+use super::{DataChannel, Datagram, Endpoint, PeerOptions, Slot};
 
 /// The rate reply audio is encoded at: wideband speech, SILK only. At 24 kHz the encoder
 /// adds CELT (hybrid mode) for the band above 8 kHz, which cost about a sixth more server CPU
@@ -53,6 +53,9 @@ const COMMAND_QUEUE: usize = 256;
 const MAX_PENDING_DATA: usize = 64;
 /// How long the connection waits for the door to take a data channel message.
 const DATA_WAIT: Duration = Duration::from_secs(1);
+/// The text message [`DataChannel::PingPong`] answers, and its answer.
+const PING: &[u8] = b"ping";
+const PONG: &[u8] = b"pong";
 
 /// What a connection tells its door.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,7 +426,7 @@ impl Peer {
             }
             Event::MediaData(d) => self.audio_in(&d.data),
             Event::ChannelOpen(id, label)
-                if self.cx.options.data_channel && self.channel.is_none() =>
+                if self.cx.options.data_channel == DataChannel::Door && self.channel.is_none() =>
             {
                 tracing::debug!(peer = %self.cx.ufrag, %label, "webrtc: data channel open");
                 self.channel = Some(id);
@@ -442,6 +445,13 @@ impl Peer {
             }
             Event::ChannelClose(id) if Some(id) == self.channel => {
                 return Err("the data channel closed".into());
+            }
+            Event::ChannelData(d)
+                if self.cx.options.data_channel == DataChannel::PingPong
+                    && !d.binary
+                    && d.data == PING =>
+            {
+                self.pong(d.id);
             }
             _ => {}
         }
@@ -498,6 +508,24 @@ impl Peer {
             // anyway and ICE learns its address from them (a peer-reflexive candidate).
             Err(e) => {
                 tracing::debug!(peer = %self.cx.ufrag, error = %e, "webrtc: remote candidate ignored");
+            }
+        }
+    }
+
+    /// Answers a `ping` on channel `id` ([`DataChannel::PingPong`]). A client that sends pings
+    /// faster than it reads the answers fills the channel's send buffer; further pongs are then
+    /// dropped, so the buffer stays bounded.
+    fn pong(&mut self, id: ChannelId) {
+        let Some(mut channel) = self.rtc.channel(id) else {
+            return;
+        };
+        match channel.write(false, PONG) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(peer = %self.cx.ufrag, "webrtc: data channel full, pong dropped");
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.cx.ufrag, error = %e, "webrtc: pong not sent");
             }
         }
     }
