@@ -358,7 +358,7 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     if tokens.is_empty() {
         return Ok(());
     }
-    let given = crate::access::bearer(headers);
+    let given = access::bearer(headers);
     match given {
         Some(t) if crate::secret::matches_any(tokens, t) => Ok(()),
         Some(_) => Err(ApiError::new(

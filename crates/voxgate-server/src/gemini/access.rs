@@ -22,7 +22,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 
 use super::{GeminiConfig, GeminiMode};
 
@@ -108,15 +108,12 @@ pub(super) fn presented(
     query: Option<&str>,
     path_token: Option<&str>,
 ) -> Vec<String> {
+    use crate::access::{bearer, percent_decode, query_param};
     let mut out = Vec::with_capacity(3);
-    if let Some(t) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer)
-    {
+    if let Some(t) = bearer(headers) {
         out.push(t.to_owned());
     }
-    if let Some(t) = query.and_then(query_token) {
+    if let Some(t) = query.and_then(|q| query_param(q, "token")) {
         out.push(t);
     }
     if let Some(t) = path_token
@@ -128,45 +125,10 @@ pub(super) fn presented(
     out
 }
 
-/// The token of an `Authorization: Bearer <token>` value (scheme in any letter case).
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
-}
-
-/// The first `token` parameter of a query string, decoded.
-fn query_token(query: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(name, true)? == "token").then(|| percent_decode(value, true))?
-    })
-}
-
 /// The last non-empty segment of a path (`/a/b/` → `b`): where the own listener, which
 /// serves any path, takes a token from (`ws://host:3001/<token>`).
 pub(super) fn last_segment(path: &str) -> Option<&str> {
     path.split('/').rev().find(|s| !s.is_empty())
-}
-
-/// `%XX` decoding (and `+` as a space in a query); `None` for a bad escape or non-UTF-8.
-fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'%' => {
-                let hi = char::from(bytes.next()?).to_digit(16)?;
-                let lo = char::from(bytes.next()?).to_digit(16)?;
-                out.push(u8::try_from(hi * 16 + lo).ok()?);
-            }
-            b'+' if plus_is_space => out.push(b' '),
-            b => out.push(b),
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Why the door, as configured, is reachable from other machines without a token, for the
@@ -203,6 +165,8 @@ pub(crate) fn exposure(config: &GeminiConfig, main_listen: SocketAddr) -> Option
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use axum::http::header;
 
     use super::*;
 
