@@ -579,6 +579,8 @@ pub struct Metrics {
     webrtc_late_frames: Counter,
     /// WebRTC datagrams dropped because their connection was behind.
     webrtc_dropped_datagrams: Counter,
+    /// Remote ICE candidates ignored (past the per-connection cap, or after connecting).
+    webrtc_candidates_ignored: Counter,
     /// With `[cluster]`: 1 while the last heartbeat reached Redis.
     cluster_redis_up: Gauge,
     /// With `[cluster]`: Redis operations that failed or timed out.
@@ -832,6 +834,12 @@ impl Metrics {
             "WebRTC datagrams dropped because their session was behind",
             webrtc_dropped_datagrams.clone(),
         );
+        let webrtc_candidates_ignored = Counter::default();
+        r.register(
+            "voxgate_webrtc_candidates_ignored",
+            "Remote ICE candidates ignored: past the 32 a connection takes, or after it connected",
+            webrtc_candidates_ignored.clone(),
+        );
         let cluster_redis_up = Gauge::default();
         r.register(
             "voxgate_cluster_redis_up",
@@ -865,6 +873,7 @@ impl Metrics {
             provider_fallbacks,
             webrtc_late_frames,
             webrtc_dropped_datagrams,
+            webrtc_candidates_ignored,
             cluster_redis_up,
             cluster_redis_errors,
             cluster_routed,
@@ -888,6 +897,11 @@ impl Metrics {
     /// Counts a WebRTC datagram dropped because its connection's queue was full.
     pub fn webrtc_dropped_datagram(&self) {
         self.webrtc_dropped_datagrams.inc();
+    }
+
+    /// Counts a remote ICE candidate a connection did not take.
+    pub fn webrtc_candidate_ignored(&self) {
+        self.webrtc_candidates_ignored.inc();
     }
 
     /// Whether the cluster's last heartbeat reached Redis.

@@ -241,8 +241,12 @@ impl Endpoint {
                 "the offer's audio has no Opus (opus/48000)".into(),
             ));
         }
-        let offer = SdpOffer::from_sdp_string(offer)
-            .map_err(|e| OfferError::BadOffer(format!("not SDP: {e}")))?;
+        // The parser's message can quote its internal state (a pointer offset): logged, not
+        // sent to the client.
+        let offer = SdpOffer::from_sdp_string(offer).map_err(|e| {
+            tracing::debug!(error = %e, "webrtc: offer is not SDP");
+            OfferError::BadOffer("the offer is not valid SDP".into())
+        })?;
         // Reserve the slot before the work, so concurrent offers cannot overshoot the limit.
         let slot = Slot::take(self).ok_or(OfferError::Full)?;
         let ufrag = random_token(8);
@@ -256,7 +260,12 @@ impl Endpoint {
         // runs no bandwidth estimation and voice is a fixed ~32 kbit/s, so its feedback (ten
         // RTCP packets a second each way per session, and bookkeeping for every packet) would
         // be work for nothing; without it browsers keep their configured Opus bitrate.
+        // ICE-lite: the server only answers the client's connectivity checks and never sends
+        // its own, so an offer naming other addresses (or a trickle of them) cannot make it
+        // send STUN to them (a reflection or scan tool once `udp_listen` is public). A server
+        // with a reachable address is what ICE-lite is for (RFC 8445 §2.5).
         let mut config = RtcConfig::new()
+            .set_ice_lite(true)
             .set_local_ice_credentials(creds)
             .clear_codecs()
             .enable_opus(true, false)
@@ -270,10 +279,10 @@ impl Endpoint {
         for c in &self.candidates {
             rtc.add_local_candidate(c.clone());
         }
-        let answer = rtc
-            .sdp_api()
-            .accept_offer(offer)
-            .map_err(|e| OfferError::BadOffer(e.to_string()))?;
+        let answer = rtc.sdp_api().accept_offer(offer).map_err(|e| {
+            tracing::debug!(error = %e, "webrtc: offer cannot be answered");
+            OfferError::BadOffer("the offer cannot be answered (no usable audio or data)".into())
+        })?;
         let (tx, rx) = mpsc::channel(PEER_QUEUE);
         self.routes
             .lock()

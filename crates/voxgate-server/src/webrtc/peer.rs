@@ -108,6 +108,8 @@ pub(crate) struct PeerStats {
     pub(crate) dropped_in: AtomicU64,
     /// Times str0m's own timer woke the connection.
     pub(crate) timer_wakeups: AtomicU64,
+    /// Remote candidates ignored: past [`MAX_REMOTE_CANDIDATES`], or after connecting.
+    pub(crate) candidates_ignored: AtomicU64,
 }
 
 /// Reply audio waiting to be sent at real time: filled by the door, emptied by the pacer.
@@ -233,6 +235,7 @@ pub(crate) fn start(rtc: Rtc, cx: PeerContext) -> PeerHandle {
         rtp_ticks: 0,
         last_frame_at: None,
         connected: false,
+        remote_candidates: 0,
         started: Instant::now(),
         cx,
     };
@@ -267,8 +270,15 @@ struct Peer {
     /// When the last frame went out (the pause before a new burst).
     last_frame_at: Option<Instant>,
     connected: bool,
+    /// Remote candidates taken so far (at most [`MAX_REMOTE_CANDIDATES`]).
+    remote_candidates: usize,
     started: Instant,
 }
+
+/// Remote candidates one connection takes from trickle ICE. A browser sends a handful (one per
+/// interface and protocol, plus a relay or two); the WebRTC stack keeps every candidate and
+/// pairs it with ours, so a client sending thousands made the server spend seconds of CPU.
+pub(crate) const MAX_REMOTE_CANDIDATES: usize = 32;
 
 impl Peer {
     async fn run(mut self, mut commands: mpsc::Receiver<PeerCommand>) {
@@ -283,6 +293,7 @@ impl Peer {
             max_late_ms = s.max_late_us.load(Ordering::Relaxed) / 1000,
             dropped_in = s.dropped_in.load(Ordering::Relaxed),
             timer_wakeups = s.timer_wakeups.load(Ordering::Relaxed),
+            candidates_ignored = s.candidates_ignored.load(Ordering::Relaxed),
             lifetime_ms = self.started.elapsed().as_millis(),
             "webrtc: connection closed"
         );
@@ -502,8 +513,20 @@ impl Peer {
             // An empty candidate is the end-of-candidates marker.
             return;
         }
+        // Connected: the path is chosen, more candidates change nothing. Beyond the cap: a
+        // client sending them without end.
+        if self.connected || self.remote_candidates >= MAX_REMOTE_CANDIDATES {
+            self.stats
+                .candidates_ignored
+                .fetch_add(1, Ordering::Relaxed);
+            self.cx.endpoint.metrics().webrtc_candidate_ignored();
+            return;
+        }
         match Candidate::from_sdp_string(line) {
-            Ok(c) => self.rtc.add_remote_candidate(c),
+            Ok(c) => {
+                self.remote_candidates += 1;
+                self.rtc.add_remote_candidate(c);
+            }
             // mDNS (`.local`) candidates cannot be resolved here; the peer's checks reach us
             // anyway and ICE learns its address from them (a peer-reflexive candidate).
             Err(e) => {
