@@ -24,7 +24,9 @@
 //! WebSocket at `/realtime` and `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]`.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text (coloured only on a
 //! terminal) or JSON lines (`--log-format`, over `[telemetry] log_format` and
-//! `VOXGATE_LOG_FORMAT`). With `[telemetry] otlp_endpoint` (or `VOXGATE_OTLP_ENDPOINT`, or the
+//! `VOXGATE_LOG_FORMAT`); once the server serves, `voxgate-server listening on <url>` is printed
+//! whatever `RUST_LOG` says with text logs, and is an `INFO` log line with JSON ones (every line
+//! is then JSON). With `[telemetry] otlp_endpoint` (or `VOXGATE_OTLP_ENDPOINT`, or the
 //! standard `OTEL_EXPORTER_OTLP_ENDPOINT`) spans are also exported over OTLP/HTTP, and the last
 //! ones are sent before the process exits (`voxgate_server::telemetry`, `docs/operations.md`).
 //! Ctrl-C or SIGTERM shuts down gracefully.
@@ -104,8 +106,9 @@ fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>, Vec<String>)> {
 }
 
 /// Prints an error once: its message and the causes it does not already quote, without the
-/// backtrace `anyhow` would add under `RUST_BACKTRACE` (a user error is not a crash).
-fn report(e: &anyhow::Error) {
+/// backtrace `anyhow` would add under `RUST_BACKTRACE` (a user error is not a crash). Once the
+/// logger writes JSON (`json`), as an error log line, so that every line of the stream is JSON.
+fn report(e: &anyhow::Error, json: bool) {
     let mut message = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
@@ -116,7 +119,11 @@ fn report(e: &anyhow::Error) {
             message.push_str(&text);
         }
     }
-    eprintln!("error: {message}");
+    if json {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("error: {message}");
+    }
 }
 
 fn main() -> ExitCode {
@@ -124,7 +131,7 @@ fn main() -> ExitCode {
     let (config, env_warnings, speech) = match config(&args) {
         Ok(c) => c,
         Err(e) => {
-            report(&e);
+            report(&e, false);
             return ExitCode::FAILURE;
         }
     };
@@ -142,10 +149,12 @@ fn main() -> ExitCode {
     let telemetry = match voxgate_server::telemetry::install(&config.telemetry) {
         Ok(t) => t,
         Err(e) => {
-            report(&e.into());
+            report(&e.into(), false);
             return ExitCode::FAILURE;
         }
     };
+    // From here on the logger is installed: in JSON mode every line goes through it.
+    let json = config.telemetry.log_format == LogFormat::Json;
     for warning in env_warnings.iter().chain(&warnings) {
         tracing::warn!("{warning}");
     }
@@ -161,30 +170,45 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            report(
+                &anyhow::Error::new(e).context("cannot start the async runtime"),
+                json,
+            );
             return ExitCode::FAILURE;
         }
     };
     let served = runtime.block_on(serve(config));
     drop(runtime);
     if let Err(e) = telemetry.shutdown() {
-        eprintln!("warning: {e}");
+        if json {
+            tracing::warn!("{e}");
+        } else {
+            eprintln!("warning: {e}");
+        }
     }
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            report(&e);
+            report(&e, json);
             ExitCode::FAILURE
         }
     }
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    let config_json = config.telemetry.log_format == LogFormat::Json;
     let server = Server::bind(config).await.context("starting the server")?;
     for line in server.startup_lines() {
         tracing::info!("{line}");
     }
-    eprintln!("voxgate-server listening on http://{}", server.local_addr());
+    let url = format!("http://{}", server.local_addr());
+    // For people (and scripts) reading text logs this line is printed whatever RUST_LOG says;
+    // in JSON mode it is a log line like any other, so the stream stays JSON.
+    if config_json {
+        tracing::info!(%url, "voxgate-server listening on {url}");
+    } else {
+        eprintln!("voxgate-server listening on {url}");
+    }
     server.run(voxgate_server::shutdown_signal()).await?;
     Ok(())
 }

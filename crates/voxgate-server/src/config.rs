@@ -101,6 +101,7 @@
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
+//! | `VOXGATE_MODELS_DIR` | the local speech models directory (`docs/offline.md`); not a file setting |
 //! | `VOXGATE_LOG_FORMAT` (`text` / `json`) | `telemetry.log_format` |
 //! | `VOXGATE_OTLP_ENDPOINT` (empty: unset); the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when neither it nor the file sets one | `telemetry.otlp_endpoint` ([`telemetry`]) |
 //! | `VOXGATE_SERVICE_NAME`, `VOXGATE_OTLP_SAMPLE_RATIO` | `telemetry.service_name`, `telemetry.otlp_sample_ratio` |
@@ -358,6 +359,11 @@ impl AcpBrainConfig {
     }
 }
 
+/// `VOXGATE_*` variables the server reads outside [`Config::apply_env`]: the models directory,
+/// read where the models are looked for (`voxgate_local_speech::ModelDir::from_env`) so that
+/// `provider = "local"` sections and the start-up find the same one.
+const READ_ELSEWHERE: [&str; 1] = ["VOXGATE_MODELS_DIR"];
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default [`Config::max_frame_bytes`]: 1 MiB (about 10 s of 48 kHz 16-bit stereo).
@@ -573,11 +579,37 @@ impl Config {
         Self::from_toml(&text)
     }
 
+    /// Every `VOXGATE_*` variable this server reads: the ones [`Self::apply_env`] reads over a
+    /// configuration that has every optional section (some are read only with their section,
+    /// such as `VOXGATE_ACP_ARGS` with `[acp]`), and the few read elsewhere
+    /// ([`READ_ELSEWHERE`]). The one list [`Self::env_warnings`] checks names against, so a
+    /// variable the server reads is never called unknown.
+    #[must_use]
+    pub fn env_names() -> std::collections::BTreeSet<String> {
+        let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        let mut every = Self {
+            llm: Some(LlmConfig::default()),
+            asr: Some(AsrConfig::default()),
+            tts: Some(TtsConfig::default()),
+            acp: Some(AcpBrainConfig::new("agent")),
+            ..Self::default()
+        };
+        // Every lookup answers "unset", so nothing can fail before every section has asked.
+        let _ = every.apply_env(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            None
+        });
+        let mut names = asked.into_inner();
+        names.retain(|n| n.starts_with("VOXGATE_"));
+        names.extend(READ_ELSEWHERE.map(str::to_owned));
+        names
+    }
+
     /// Warnings for `VOXGATE_*` variables among `names` (the environment's variable names)
     /// that [`Self::apply_env`] over `self` would not read: a misspelt name
-    /// (`VOXGATE_LLM_BASEURL`) is otherwise silently ignored. A variable that is only read
-    /// together with another one (`VOXGATE_LLM_API_KEY` needs `VOXGATE_LLM_BASE_URL` or an
-    /// `[llm]` section) is named with the one it needs.
+    /// (`VOXGATE_LLM_BASEURL`, not among [`Self::env_names`]) is otherwise silently ignored. A
+    /// variable that is only read together with another one (`VOXGATE_LLM_API_KEY` needs
+    /// `VOXGATE_LLM_BASE_URL` or an `[llm]` section) is named with the one it needs.
     #[must_use]
     pub fn env_warnings(
         &self,
@@ -591,9 +623,14 @@ impl Config {
             var(k)
         });
         let asked = asked.into_inner();
+        let known = Self::env_names();
         let mut unused: Vec<String> = names
             .into_iter()
-            .filter(|n| n.starts_with("VOXGATE_") && !asked.contains(n))
+            .filter(|n| {
+                n.starts_with("VOXGATE_")
+                    && !asked.contains(n)
+                    && !READ_ELSEWHERE.contains(&n.as_str())
+            })
             .collect();
         unused.sort();
         unused.dedup();
@@ -605,20 +642,27 @@ impl Config {
                     ["MODEL", "API_KEY", "VOICE"]
                         .iter()
                         .any(|f| name == format!("VOXGATE_{kind}_{f}"))
-                        .then(|| format!("VOXGATE_{kind}_BASE_URL"))
+                        .then(|| {
+                            (
+                                format!("VOXGATE_{kind}_BASE_URL"),
+                                kind.to_ascii_lowercase(),
+                            )
+                        })
+                });
+                let needs = needs.or_else(|| {
+                    name.starts_with("VOXGATE_ACP_")
+                        .then(|| ("VOXGATE_ACP_COMMAND".to_owned(), "acp".to_owned()))
                 });
                 match needs {
-                    Some(base) => format!(
-                        "{name} is set but not used: it needs {base} (or a [{}] section in the \
-                         config file)",
-                        base.trim_start_matches("VOXGATE_")
-                            .trim_end_matches("_BASE_URL")
-                            .to_ascii_lowercase()
-                    ),
-                    None => format!(
+                    _ if !known.contains(&name) => format!(
                         "{name} is set but is not a variable this server reads (misspelt? the \
                          variables are listed in the voxgate_server::config docs)"
                     ),
+                    Some((base, section)) => format!(
+                        "{name} is set but not used: it needs {base} (or a [{section}] section in \
+                         the config file)"
+                    ),
+                    None => format!("{name} is set but not used by this configuration"),
                 }
             })
             .collect()
@@ -825,6 +869,77 @@ mod tests {
         };
         let w2 = Config::default().env_warnings(var2, env2.iter().map(|(n, _)| (*n).to_owned()));
         assert!(w2.is_empty(), "{w2:?}");
+        // A variable of a section that is not there is named with what creates it; one read
+        // outside the configuration is not named at all.
+        let names = ["VOXGATE_ACP_ARGS", "VOXGATE_MODELS_DIR"].map(str::to_owned);
+        let w3 = Config::default().env_warnings(|_| Some("x".to_owned()), names);
+        assert_eq!(
+            w3,
+            [
+                "VOXGATE_ACP_ARGS is set but not used: it needs VOXGATE_ACP_COMMAND (or a [acp] \
+              section in the config file)"
+            ]
+        );
+    }
+
+    /// The `VOXGATE_*` names written as whole string literals in the sources under `dirs`
+    /// (relative to the workspace root): names, not prefixes such as `"VOXGATE_ENGINE_"`.
+    fn variables_in_sources(dirs: &[&str]) -> std::collections::BTreeSet<String> {
+        fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = Vec::new();
+        for d in dirs {
+            walk(&root.join(d), &mut files);
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (at, _) in text.match_indices("\"VOXGATE_") {
+                let rest = &text[at + 1..];
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..len];
+                if rest[len..].starts_with('"') && !name.ends_with('_') {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn every_variable_the_server_reads_is_known_to_the_unknown_variable_check() {
+        // The server, its binary, and the crates it calls that read the environment.
+        let mut names = variables_in_sources(&[
+            "crates/voxgate-server/src",
+            "bins/voxgate-server/src",
+            "crates/voxgate-local-speech/src",
+            "crates/voxgate-providers/src",
+        ]);
+        // A misspelling the tests use to see the warning.
+        names.remove("VOXGATE_LLM_BASEURL");
+        assert!(names.contains("VOXGATE_MODELS_DIR"), "{names:?}");
+        assert!(names.len() > 100, "{names:?}");
+        for set in [false, true] {
+            // Unset (a conditional variable is then "not used", never "unknown"), and set.
+            let var = |_: &str| set.then(String::new);
+            let unknown: Vec<String> = Config::default()
+                .env_warnings(var, names.iter().cloned())
+                .into_iter()
+                .filter(|w| w.contains("is not a variable this server reads"))
+                .collect();
+            assert!(unknown.is_empty(), "{unknown:#?}");
+        }
     }
 
     #[test]
