@@ -17,10 +17,12 @@ fn server() -> Command {
             cmd.env_remove(k);
         }
     }
-    // Nor the local speech models a developer may have installed: the embedded defaults.
+    // Nor the local speech models a developer may have installed: the embedded defaults, and
+    // no download of them (tests/models.rs tests that against a registry of its own).
     cmd.env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .env("VOXGATE_MODELS_DIR", "/nonexistent/voxgate-models");
+        .env("VOXGATE_MODELS_DIR", "/nonexistent/voxgate-models")
+        .env("VOXGATE_MODELS_AUTO_INSTALL", "false");
     cmd
 }
 
