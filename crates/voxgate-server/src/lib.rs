@@ -44,7 +44,7 @@ mod gemini;
 mod head_timeout;
 mod incident;
 mod local_speech;
-pub use local_speech::default_models_dir;
+pub use local_speech::{SpeechSwitch, Switched, default_models_dir};
 mod mcp_endpoint;
 pub mod metrics;
 mod providers;

