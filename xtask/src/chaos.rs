@@ -265,6 +265,8 @@ fn start_server(
     let mut cmd = Command::new(bin);
     cmd.args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
+        // The embedded defaults as they are: no model download or voice switch mid-run.
+        .env("VOXGATE_MODELS_AUTO_INSTALL", "false")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

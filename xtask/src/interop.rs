@@ -506,6 +506,8 @@ pub(crate) fn start_server_with(
         }
         cmd.arg("--listen")
             .arg(addr.to_string())
+            // Never a download from PyPI mid-run (the models are `cargo xtask offline`'s).
+            .env("VOXGATE_MODELS_AUTO_INSTALL", "false")
             .envs(settings.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")

@@ -1016,6 +1016,8 @@ pub(crate) fn start_server(
     cpus: Option<&str>,
 ) -> anyhow::Result<(Child, SocketAddr)> {
     let (mut cmd, affinity) = pinned(bin, cpus)?;
+    // The providers the run names, never a model download or voice switch mid-run.
+    cmd.env("VOXGATE_MODELS_AUTO_INSTALL", "false");
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     if webrtc {
         cmd.env("VOXGATE_TTS_PROVIDER", "tone");
