@@ -188,6 +188,9 @@ fn server_env(a: &Args, p: &Plan) -> Vec<(&'static str, String)> {
             "VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP",
             a.max_handshakes_per_sec_per_ip.to_string(),
         ),
+        // Sessions, probes and checks all come from 127.0.0.1: its socket count stays out of
+        // the way, like the session limits above.
+        ("VOXGATE_MAX_CONNECTIONS_PER_IP", "0".to_owned()),
         ("VOXGATE_HEADER_TIMEOUT_SECS", a.header_timeout.to_string()),
         ("VOXGATE_INIT_TIMEOUT_SECS", a.init_timeout.to_string()),
         ("VOXGATE_IDLE_TIMEOUT_SECS", a.idle_timeout.to_string()),

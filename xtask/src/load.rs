@@ -1030,6 +1030,7 @@ pub(crate) fn start_server(
         .env("VOXGATE_MAX_SESSIONS", "0")
         .env("VOXGATE_MAX_SESSIONS_PER_DOOR", "0")
         .env("VOXGATE_MAX_SESSIONS_PER_IP", "0")
+        .env("VOXGATE_MAX_CONNECTIONS_PER_IP", "0")
         .env("VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP", "0")
         .env("VOXGATE_MAX_SCHEDULING_DELAY_MS", "0")
         // The Gemini door's own listener (port 3001 by default) is not measured, and a

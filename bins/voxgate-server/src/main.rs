@@ -35,7 +35,8 @@
 //! is then JSON). With `[telemetry] otlp_endpoint` (or `VOXGATE_OTLP_ENDPOINT`, or the
 //! standard `OTEL_EXPORTER_OTLP_ENDPOINT`) spans are also exported over OTLP/HTTP, and the last
 //! ones are sent before the process exits (`voxgate_server::telemetry`, `docs/operations.md`).
-//! Ctrl-C or SIGTERM shuts down gracefully.
+//! At start the open-file limit is raised to its hard limit (logged). Ctrl-C or SIGTERM shuts
+//! down gracefully: sessions and HTTP requests get `[limits] shutdown_grace_secs` to finish.
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::PathBuf;
@@ -242,6 +243,17 @@ fn main() -> ExitCode {
     }
     if let Some(url) = telemetry.traces_url() {
         tracing::info!("exporting traces to {url}");
+    }
+    // Every connection and session is a descriptor: the usual soft limit (1,024) ran out at
+    // about a thousand idle connections from one client.
+    match voxgate_server::raise_open_file_limit() {
+        Ok(limit) if limit.after > limit.before => tracing::info!(
+            before = limit.before,
+            after = limit.after,
+            "raised the open-file limit to its hard limit"
+        ),
+        Ok(limit) => tracing::info!(limit = limit.after, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -98,6 +98,7 @@ impl Instance {
             .env("VOXGATE_INSTANCE_ID", id)
             // Devices and tests flood one loopback address.
             .env("VOXGATE_MAX_SESSIONS_PER_IP", "0")
+            .env("VOXGATE_MAX_CONNECTIONS_PER_IP", "0")
             .env("VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP", "0")
             .env("VOXGATE_MAX_SCHEDULING_DELAY_MS", "0")
             // No fixed ports of the doors' own listeners: instances share the machine.

@@ -8,6 +8,10 @@
 //! when dropped; a refused one gets a [`Refusal`] that answers 503 or 429 with `Retry-After`
 //! and is counted in `voxgate_sessions_refused_total{door,reason}`.
 //!
+//! The same per-address entries count open TCP connections ([`Admission::try_connect`], every
+//! listener's accept loop asks it): beyond `max_connections_per_ip` a new connection is
+//! answered and closed at once, so one address cannot take the process's descriptors.
+//!
 //! All counts live behind one mutex held for a few map operations, so the check-and-take is
 //! atomic and costs O(1) per attempt. The per-address map is bounded: an address with no open
 //! session and a full bucket is forgotten (by the monitor every few seconds, or at once when
@@ -64,6 +68,8 @@ struct Limits {
     /// The overload guard's threshold in microseconds; `None` when off.
     max_delay_micros: Option<u64>,
     ip_cap: usize,
+    /// Open connections per address; 0: not counted.
+    connections_per_ip: usize,
 }
 
 impl Limits {
@@ -72,10 +78,12 @@ impl Limits {
     }
 }
 
-/// One peer address: its open sessions and its handshake bucket.
+/// One peer address: its open sessions and connections, and its handshake bucket.
 #[derive(Debug, Clone, Copy)]
 struct IpEntry {
     sessions: usize,
+    /// Open TCP connections (counted only when `max_connections_per_ip` is set).
+    connections: usize,
     /// Handshake credit at `last`, at most [`BUCKET`].
     credit: Duration,
     last: Instant,
@@ -85,6 +93,7 @@ impl IpEntry {
     fn new(now: Instant) -> Self {
         Self {
             sessions: 0,
+            connections: 0,
             credit: BUCKET,
             last: now,
         }
@@ -109,9 +118,10 @@ impl IpEntry {
             .min(BUCKET)
     }
 
-    /// No open session and a full bucket: forgetting the address changes nothing.
+    /// No open session or connection and a full bucket: forgetting the address changes
+    /// nothing.
     fn idle(&self, now: Instant) -> bool {
-        self.sessions == 0 && self.credit_at(now) >= BUCKET
+        self.sessions == 0 && self.connections == 0 && self.credit_at(now) >= BUCKET
     }
 }
 
@@ -119,13 +129,50 @@ impl IpEntry {
 struct State {
     total: usize,
     per_door: [usize; DOORS],
-    ips: HashMap<IpAddr, IpEntry>,
+    ips: Ips,
+}
+
+/// The tracked peer addresses.
+#[derive(Debug, Default)]
+struct Ips {
+    map: HashMap<IpAddr, IpEntry>,
     last_full_sweep: Option<Instant>,
 }
 
-impl State {
+impl Ips {
     fn prune(&mut self, now: Instant) {
-        self.ips.retain(|_, e| !e.idle(now));
+        self.map.retain(|_, e| !e.idle(now));
+    }
+
+    /// The entry of `peer`, made if new; `None` when the map holds `cap` addresses that are
+    /// not idle (a sweep for idle ones runs at most every [`FULL_SWEEP_EVERY`]).
+    fn entry(&mut self, peer: IpAddr, now: Instant, cap: usize) -> Option<&mut IpEntry> {
+        if !self.map.contains_key(&peer) && self.map.len() >= cap {
+            let swept_lately = self
+                .last_full_sweep
+                .is_some_and(|t| now.saturating_duration_since(t) < FULL_SWEEP_EVERY);
+            if !swept_lately {
+                self.prune(now);
+                self.last_full_sweep = Some(now);
+            }
+            if self.map.len() >= cap {
+                return None;
+            }
+        }
+        Some(self.map.entry(peer).or_insert_with(|| IpEntry::new(now)))
+    }
+
+    /// Gives back one session or connection of `ip`; forgets the address when it holds
+    /// nothing and `keep_buckets` is false (with a rate limit its bucket must outlive its
+    /// sessions, or closing and reconnecting would refill it: the prune removes it once full).
+    fn release(&mut self, ip: IpAddr, what: fn(&mut IpEntry) -> &mut usize, keep_buckets: bool) {
+        if let Some(e) = self.map.get_mut(&ip) {
+            let n = what(e);
+            *n = n.saturating_sub(1);
+            if e.sessions == 0 && e.connections == 0 && !keep_buckets {
+                self.map.remove(&ip);
+            }
+        }
     }
 }
 
@@ -170,6 +217,7 @@ impl Admission {
                 .max_scheduling_delay()
                 .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
             ip_cap,
+            connections_per_ip: limits.max_connections_per_ip,
         };
         Self {
             shared: Arc::new(Shared {
@@ -179,8 +227,7 @@ impl Admission {
                 state: Mutex::new(State {
                     total: 0,
                     per_door: [0; DOORS],
-                    ips: HashMap::new(),
-                    last_full_sweep: None,
+                    ips: Ips::default(),
                 }),
             }),
         }
@@ -204,6 +251,54 @@ impl Admission {
             door,
             reason: RefusalReason::CapacityCluster,
         }
+    }
+
+    /// Admits a new TCP connection from `peer` under `max_connections_per_ip`, or says why
+    /// not. Call it right after `accept` and keep the [`ConnectionPermit`] as long as the
+    /// socket is open (an upgraded WebSocket session included).
+    ///
+    /// # Errors
+    /// [`ConnectionRefusal`] to answer the connection with before closing it.
+    pub(crate) fn try_connect(&self, peer: IpAddr) -> Result<ConnectionPermit, ConnectionRefusal> {
+        self.connect_at(peer, Instant::now())
+    }
+
+    /// [`Self::try_connect`] at `now`.
+    fn connect_at(
+        &self,
+        peer: IpAddr,
+        now: Instant,
+    ) -> Result<ConnectionPermit, ConnectionRefusal> {
+        let cap = self.shared.limits.connections_per_ip;
+        if cap == 0 {
+            return Ok(ConnectionPermit {
+                shared: Arc::clone(&self.shared),
+                ip: None,
+            });
+        }
+        let mut state = self.shared.lock();
+        let Some(e) = state.ips.entry(peer, now, self.shared.limits.ip_cap) else {
+            return Err(ConnectionRefusal::Overload);
+        };
+        if e.connections >= cap {
+            return Err(ConnectionRefusal::PerIp);
+        }
+        e.connections += 1;
+        Ok(ConnectionPermit {
+            shared: Arc::clone(&self.shared),
+            ip: Some(peer),
+        })
+    }
+
+    /// Connections from `peer` holding a permit now.
+    #[cfg(test)]
+    fn connections(&self, peer: IpAddr) -> usize {
+        self.shared
+            .lock()
+            .ips
+            .map
+            .get(&peer)
+            .map_or(0, |e| e.connections)
     }
 
     /// [`Self::try_admit`] at `now`, so tests can run it on a virtual clock.
@@ -240,19 +335,10 @@ impl Admission {
         let state = &mut *state;
         let mut entry = None;
         if limits.tracks_ips() {
-            if !state.ips.contains_key(&peer) && state.ips.len() >= limits.ip_cap {
-                let swept_lately = state
-                    .last_full_sweep
-                    .is_some_and(|t| now.saturating_duration_since(t) < FULL_SWEEP_EVERY);
-                if !swept_lately {
-                    state.prune(now);
-                    state.last_full_sweep = Some(now);
-                }
-                if state.ips.len() >= limits.ip_cap {
-                    return Err(RefusalReason::Overload);
-                }
-            }
-            let e = state.ips.entry(peer).or_insert_with(|| IpEntry::new(now));
+            let e = state
+                .ips
+                .entry(peer, now, limits.ip_cap)
+                .ok_or(RefusalReason::Overload)?;
             if let Some(cost) = limits.handshake_cost
                 && !e.take(cost, now)
             {
@@ -293,13 +379,13 @@ impl Admission {
 
     /// Forgets addresses with no open session and a full bucket.
     fn prune(&self, now: Instant) {
-        self.shared.lock().prune(now);
+        self.shared.lock().ips.prune(now);
     }
 
     /// Addresses tracked now.
     #[cfg(test)]
     fn tracked_ips(&self) -> usize {
-        self.shared.lock().ips.len()
+        self.shared.lock().ips.map.len()
     }
 
     /// Sessions holding a permit now, over the whole server.
@@ -375,15 +461,59 @@ impl Drop for Permit {
         state.total = state.total.saturating_sub(1);
         let d = &mut state.per_door[self.door.index()];
         *d = d.saturating_sub(1);
-        if let Some(ip) = self.ip
-            && let Some(e) = state.ips.get_mut(&ip)
-        {
-            e.sessions = e.sessions.saturating_sub(1);
-            // Without a rate limit an address with no session holds nothing worth keeping;
-            // with one, its bucket must outlive the session (or closing and reconnecting
-            // would refill it), so the prune removes it once full.
-            if e.sessions == 0 && limits.handshake_cost.is_none() {
-                state.ips.remove(&ip);
+        if let Some(ip) = self.ip {
+            state
+                .ips
+                .release(ip, |e| &mut e.sessions, limits.handshake_cost.is_some());
+        }
+    }
+}
+
+/// An open connection's place in its address's count, given back when dropped. It travels
+/// with the socket (an upgraded WebSocket session keeps it).
+#[derive(Debug)]
+#[must_use = "the connection's place is given back when the permit is dropped"]
+pub(crate) struct ConnectionPermit {
+    shared: Arc<Shared>,
+    /// The address whose connection count this permit holds; `None` when not counted.
+    ip: Option<IpAddr>,
+}
+
+impl Drop for ConnectionPermit {
+    fn drop(&mut self) {
+        if let Some(ip) = self.ip {
+            let keep = self.shared.limits.handshake_cost.is_some();
+            self.shared
+                .lock()
+                .ips
+                .release(ip, |e| &mut e.connections, keep);
+        }
+    }
+}
+
+/// Why a new connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionRefusal {
+    /// Its address already holds `max_connections_per_ip` connections.
+    PerIp,
+    /// The per-address table is full ([`MAX_TRACKED_IPS`] busy addresses).
+    Overload,
+}
+
+impl ConnectionRefusal {
+    /// A whole HTTP/1.1 answer, small enough for one non-blocking write on a fresh socket:
+    /// `429` for the address over its share, `503` when the server tracks too many.
+    pub(crate) fn response(self) -> &'static [u8] {
+        match self {
+            Self::PerIp => {
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 5\r\n\
+                  Content-Type: text/plain; charset=utf-8\r\nContent-Length: 38\r\n\
+                  Connection: close\r\n\r\ntoo many connections from this address"
+            }
+            Self::Overload => {
+                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\n\
+                  Content-Type: text/plain; charset=utf-8\r\nContent-Length: 17\r\n\
+                  Connection: close\r\n\r\nserver overloaded"
             }
         }
     }
@@ -482,6 +612,7 @@ mod tests {
             max_sessions_per_ip: 0,
             max_handshakes_per_sec_per_ip: 0,
             max_scheduling_delay_ms: 0,
+            max_connections_per_ip: 0,
             ..LimitsConfig::default()
         }
     }
@@ -694,6 +825,67 @@ mod tests {
             2
         );
         drop(held);
+    }
+
+    #[test]
+    fn connections_per_address_are_capped_and_given_back_on_drop() {
+        let (a, _) = admission(&LimitsConfig {
+            max_connections_per_ip: 2,
+            max_sessions_per_ip: 1,
+            ..limits()
+        });
+        let t = Instant::now();
+        let c1 = a.connect_at(ip(1), t).unwrap();
+        let c2 = a.connect_at(ip(1), t).unwrap();
+        assert_eq!(
+            a.connect_at(ip(1), t).unwrap_err(),
+            ConnectionRefusal::PerIp
+        );
+        let _other = a.connect_at(ip(2), t).unwrap();
+        // Sessions are counted apart from connections, on the same entry.
+        let session = a.admit_at(Door::Xiaozhi, ip(1), t).unwrap();
+        drop(c1);
+        assert_eq!(a.connections(ip(1)), 1);
+        let c3 = a.connect_at(ip(1), t).unwrap();
+        drop((c2, c3));
+        assert_eq!(a.connections(ip(1)), 0);
+        assert_eq!(a.tracked_ips(), 2, "its session keeps the address");
+        drop(session);
+        assert_eq!(a.tracked_ips(), 1);
+        // Off: nothing is tracked.
+        let (off, _) = admission(&limits());
+        let held: Vec<_> = (0..300)
+            .map(|_| off.connect_at(ip(1), t).unwrap())
+            .collect();
+        assert_eq!(off.tracked_ips(), 0);
+        drop(held);
+    }
+
+    #[test]
+    fn connections_refused_when_the_address_table_is_full() {
+        let metrics = Arc::new(Metrics::new());
+        let a = Admission::with_ip_cap(
+            &LimitsConfig {
+                max_connections_per_ip: 4,
+                ..limits()
+            },
+            metrics,
+            2,
+        );
+        let t = Instant::now();
+        let _held: Vec<_> = (1..=2).map(|i| a.connect_at(ip(i), t).unwrap()).collect();
+        assert_eq!(
+            a.connect_at(ip(3), t).unwrap_err(),
+            ConnectionRefusal::Overload
+        );
+        for r in [ConnectionRefusal::PerIp, ConnectionRefusal::Overload] {
+            let text = std::str::from_utf8(r.response()).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(
+                head.contains(&format!("Content-Length: {}", body.len())),
+                "{text}"
+            );
+        }
     }
 
     #[test]

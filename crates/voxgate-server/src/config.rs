@@ -99,7 +99,8 @@
 //! | `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`, `VOXGATE_MAX_SESSIONS_PER_IP` | `limits.max_sessions*` (0: unlimited) |
 //! | `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP` | `limits.max_handshakes_per_sec_per_ip` (0: unlimited) |
 //! | `VOXGATE_MAX_SCHEDULING_DELAY_MS` | `limits.max_scheduling_delay_ms` (0: overload guard off) |
-//! | `VOXGATE_HEADER_TIMEOUT_SECS`, `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
+//! | `VOXGATE_HEADER_TIMEOUT_SECS`, `VOXGATE_HTTP_IDLE_TIMEOUT_SECS`, `VOXGATE_BODY_TIMEOUT_SECS`, `VOXGATE_INIT_TIMEOUT_SECS`, `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`, `VOXGATE_SHUTDOWN_GRACE_SECS` | `limits.*_secs` (0: off) |
+//! | `VOXGATE_MAX_CONNECTIONS_PER_IP` | `limits.max_connections_per_ip` (0: unlimited) |
 //! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
 //! | `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` | `limits.max_idle_provider_connections` (0: no cap) |
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |

@@ -37,11 +37,11 @@ mod admission;
 mod bridge;
 mod cluster;
 pub mod config;
+mod connection;
 mod door;
 pub mod exposure;
 mod fallback;
 mod gemini;
-mod head_timeout;
 mod incident;
 mod local_speech;
 pub use local_speech::{SpeechSwitch, Switched, default_models_dir};
@@ -66,7 +66,7 @@ pub use config::{
 pub use exposure::exposure_warnings;
 pub use metrics::Metrics;
 pub use providers::Providers;
-pub use server::{Server, ServerError, shutdown_signal};
+pub use server::{OpenFileLimit, Server, ServerError, raise_open_file_limit, shutdown_signal};
 pub use telemetry::Telemetry;
 
 /// Pure validation otherwise private, for the fuzz targets in `fuzz/`; not a stable API.

@@ -9,11 +9,10 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
-
-use crate::head_timeout::HeadTimeoutListener;
 use tokio::sync::watch;
+
+use crate::connection::ConnectionLimits;
 
 use crate::config::Config;
 use crate::metrics::{Door, Metrics};
@@ -38,7 +37,8 @@ pub enum ServerError {
     /// A configured provider cannot work.
     #[error("provider configuration: {0}")]
     Provider(#[from] voxgate_providers::ProviderError),
-    /// The listener failed while serving.
+    /// The listener failed while serving (kept for compatibility: accept failures are now
+    /// logged and retried).
     #[error("serving failed: {0}")]
     Serve(#[from] std::io::Error),
     /// `[cluster]` cannot work (a Redis URL that does not parse).
@@ -362,18 +362,20 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, then closes every session and returns once the
-    /// connections are gone.
+    /// connections are gone: HTTP connections get `[limits] shutdown_grace_secs` (and a
+    /// second) to finish their requests, then are dropped, so a client holding an unfinished
+    /// request cannot keep the server from exiting.
     ///
     /// # Errors
-    /// [`ServerError::Serve`] when the listener fails.
+    /// None today ([`ServerError::Serve`] is kept for compatibility: accept failures are
+    /// logged and retried).
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let router = router(Arc::clone(&self.app));
         let app = Arc::clone(&self.app);
-        // `tap_io` only so connection info (the peer address) works with our listener type.
-        let head_timeout = app.config.limits.header_timeout();
+        let limits = ConnectionLimits::from_config(&app.config.limits);
         let stop = self.stop;
         // The overload guard measures the runtime while the server runs.
         let guard = tokio::spawn(self.app.admission.clone().monitor(stop.subscribe()));
@@ -391,38 +393,45 @@ impl Server {
         let mut extra = tokio::task::JoinSet::new();
         for l in self.extra {
             tracing::info!(addr = %l.addr, listener = l.name, "door listener");
-            let routes = l.routes.with_state(Arc::clone(&self.app));
-            let mut stopped = stop.subscribe();
-            extra.spawn(async move {
-                axum::serve(
-                    HeadTimeoutListener::new(l.listener, head_timeout).tap_io(|_| {}),
-                    routes.into_make_service_with_connect_info::<SocketAddr>(),
-                )
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-            });
+            // The realtime gRPC listener's request bodies are whole sessions, bounded by the
+            // door's own timeouts.
+            let routes = if l.name == "realtime-grpc" {
+                l.routes
+            } else {
+                with_http_bounds(l.routes, &app.config.limits)
+            };
+            extra.spawn(crate::connection::serve(
+                l.listener,
+                routes.with_state(Arc::clone(&self.app)),
+                app.admission.clone(),
+                limits,
+                stop.subscribe(),
+            ));
         }
         tracing::info!(addr = %self.addr, "voxgate server listening");
-        // Connection info lets handlers see the peer address (the Bridge API's localhost-only
-        // `/admin/*`).
-        let main = axum::serve(
-            HeadTimeoutListener::new(self.listener, head_timeout).tap_io(|_| {}),
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
+        let main = crate::connection::serve(
+            self.listener,
+            router,
+            app.admission.clone(),
+            limits,
+            stop.subscribe(),
+        );
+        let signal = tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down");
-            // Sessions watch this and close; HTTP requests in flight finish.
+            // Sessions and connections watch this: sessions drain and close, HTTP requests in
+            // flight get the grace to finish, every listener stops accepting.
             let _ = stop.send(true);
+            stop
         });
-        let result = main.await;
+        main.await;
+        // The main listener only returns after `stop` was sent.
+        let stop = signal.await.ok();
         // Sessions drain (a reply may finish) for the grace period, then close with 1001;
         // give their close handshakes a moment on top.
-        let limits = app.driver(Door::Realtime).limits;
-        let wait = limits.shutdown_grace
-            + limits
+        let driver = app.driver(Door::Realtime).limits;
+        let wait = driver.shutdown_grace
+            + driver
                 .write_timeout
                 .unwrap_or(std::time::Duration::from_secs(10));
         if tokio::time::timeout(wait, app.sessions.wait_closed())
@@ -434,22 +443,61 @@ impl Server {
                 "sessions still open after the grace period"
             );
         }
-        // By now `stop` was sent, or dropped when the main listener failed: either ends the
-        // door listeners' graceful shutdown.
+        // They have seen `stop` too, and drop their connections within the same bound.
         while let Some(r) = extra.join_next().await {
-            if let Ok(Err(e)) = r {
+            if let Err(e) = r {
                 tracing::warn!(error = %e, "door listener failed");
             }
         }
-        // It has seen `stop` (or its sender go) by now; abort in case it is between samples.
+        // It has seen `stop` by now; abort in case it is between samples.
         guard.abort();
+        drop(stop);
         if let Some((done, task)) = cluster {
             let _ = done.send(true);
             // Giving back leases is one round trip; a dead Redis must not hold the exit up.
             let _ = tokio::time::timeout(std::time::Duration::from_secs(3), task).await;
         }
-        result?;
         Ok(())
+    }
+}
+
+/// What [`raise_open_file_limit`] did: the process's open-file limit before and after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    /// The soft limit found at start.
+    pub before: u64,
+    /// The soft limit now (the hard limit when raising worked).
+    pub after: u64,
+}
+
+/// Raises this process's open-file limit (`RLIMIT_NOFILE`) from its soft limit (often 1,024)
+/// to its hard limit, so the connections and sessions `[limits]` admit get descriptors
+/// rather than `accept` failing at a thousand. The binary calls it at start and logs the
+/// result; embedders decide for themselves.
+///
+/// # Errors
+/// The OS refused (for example a hard limit the kernel will not grant as a soft one), or not
+/// a Unix system.
+pub fn raise_open_file_limit() -> std::io::Result<OpenFileLimit> {
+    #[cfg(unix)]
+    {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+        if soft < hard {
+            setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+        }
+        let (after, _) = getrlimit(Resource::RLIMIT_NOFILE)?;
+        Ok(OpenFileLimit {
+            before: soft,
+            after,
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "the open-file limit is raised on Unix only",
+        ))
     }
 }
 
@@ -485,17 +533,35 @@ fn door_listeners(config: &Config) -> Vec<DoorListener> {
 
 fn router(app: Arc<App>) -> Router {
     // Each door module contributes its own routes on the main listener.
-    Router::new()
+    let http = Router::new()
         .merge(crate::xiaozhi::routes())
         .merge(crate::retell::routes())
         .merge(crate::gemini::routes())
         .merge(crate::bridge::routes())
         .merge(crate::mcp_endpoint::routes())
-        .merge(crate::realtime::routes(&app.config))
         .merge(crate::vip::routes())
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    // The realtime door's routes after the bounds: its gRPC request body is a whole session
+    // (the door's own timeouts bound it), its WebSocket upgrades have no body.
+    with_http_bounds(http, &app.config.limits)
+        .merge(crate::realtime::routes(&app.config))
         .with_state(app)
+}
+
+/// `routes` with the bounds every plain HTTP request runs under: its body complete within
+/// `[limits] body_timeout_secs`.
+fn with_http_bounds(
+    routes: Router<Arc<App>>,
+    limits: &crate::config::LimitsConfig,
+) -> Router<Arc<App>> {
+    match limits.body_timeout() {
+        Some(timeout) => routes.layer(axum::middleware::from_fn_with_state(
+            timeout,
+            crate::connection::body_deadline,
+        )),
+        None => routes,
+    }
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -528,4 +594,21 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(unix)]
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        use nix::sys::resource::{Resource, getrlimit};
+        let limit = super::raise_open_file_limit().unwrap();
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        assert_eq!(limit.after, soft);
+        assert_eq!(soft, hard);
+        assert!(limit.after >= limit.before);
+        // Again: nothing left to raise.
+        let again = super::raise_open_file_limit().unwrap();
+        assert_eq!((again.before, again.after), (hard, hard));
+    }
 }

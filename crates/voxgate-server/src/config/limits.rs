@@ -68,10 +68,26 @@ pub struct LimitsConfig {
     /// The overload guard: while the runtime's smoothed scheduling delay is above this many
     /// milliseconds, new sessions are refused (`overload`); 0: never refuse for it.
     pub max_scheduling_delay_ms: u64,
-    /// Seconds a connection has to send its whole first HTTP request head (the upgrade
-    /// request) before it is dropped: slow-drip ("slowloris") connections hold no descriptor
-    /// longer than this. 0: no limit.
+    /// Seconds a connection has to send each HTTP request head, from the moment the server
+    /// waits for it (the connection's first bytes, or the end of the previous response on a
+    /// keep-alive HTTP/1.1 connection) before it is dropped: slow-drip ("slowloris") and
+    /// silent connections hold no descriptor longer than this. 0: no limit.
     pub header_timeout_secs: u64,
+    /// Seconds an HTTP connection may have no request in flight before it is closed: an
+    /// HTTP/2 (h2c) connection with no open stream, an HTTP/1.1 keep-alive connection between
+    /// requests (which [`header_timeout_secs`](Self::header_timeout_secs) bounds as well).
+    /// Upgraded WebSocket sessions are not HTTP requests any more and keep their own timeouts.
+    /// 0: no limit.
+    pub http_idle_timeout_secs: u64,
+    /// Seconds a request has to deliver its whole body, from its head; a body not complete by
+    /// then fails and the request is answered `408`. Not applied to the realtime gRPC
+    /// service, whose request body is a whole session. 0: no limit.
+    pub body_timeout_secs: u64,
+    /// TCP connections open at once from one IP address, on every listener together, upgraded
+    /// WebSocket sessions included (each holds a descriptor); one more is answered `429` and
+    /// closed at once. Keep it above
+    /// [`max_sessions_per_ip`](Self::max_sessions_per_ip). 0: unlimited.
+    pub max_connections_per_ip: usize,
     /// Seconds a session has to initialize (a `hello`, a config message) before it is closed;
     /// 0: no limit.
     pub init_timeout_secs: u64,
@@ -97,6 +113,14 @@ pub struct LimitsConfig {
 
 /// Default [`LimitsConfig::max_sessions_per_ip`].
 pub const DEFAULT_MAX_SESSIONS_PER_IP: usize = 50;
+/// Default [`LimitsConfig::max_connections_per_ip`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 128;
+/// Default [`LimitsConfig::header_timeout_secs`].
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+/// Default [`LimitsConfig::http_idle_timeout_secs`].
+pub const DEFAULT_HTTP_IDLE_TIMEOUT_SECS: u64 = 60;
+/// Default [`LimitsConfig::body_timeout_secs`].
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
 /// Default [`LimitsConfig::max_handshakes_per_sec_per_ip`].
 pub const DEFAULT_MAX_HANDSHAKES_PER_SEC_PER_IP: u32 = 20;
 /// Default [`LimitsConfig::max_scheduling_delay_ms`].
@@ -123,7 +147,10 @@ impl Default for LimitsConfig {
             max_sessions_per_ip: DEFAULT_MAX_SESSIONS_PER_IP,
             max_handshakes_per_sec_per_ip: DEFAULT_MAX_HANDSHAKES_PER_SEC_PER_IP,
             max_scheduling_delay_ms: DEFAULT_MAX_SCHEDULING_DELAY_MS,
-            header_timeout_secs: 10,
+            header_timeout_secs: DEFAULT_HEADER_TIMEOUT_SECS,
+            http_idle_timeout_secs: DEFAULT_HTTP_IDLE_TIMEOUT_SECS,
+            body_timeout_secs: DEFAULT_BODY_TIMEOUT_SECS,
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
             init_timeout_secs: 10,
             idle_timeout_secs: 300,
             ping_interval_secs: 20,
@@ -153,6 +180,9 @@ impl LimitsConfig {
             max_handshakes_per_sec_per_ip: 0,
             max_scheduling_delay_ms: 0,
             header_timeout_secs: 0,
+            http_idle_timeout_secs: 0,
+            body_timeout_secs: 0,
+            max_connections_per_ip: 0,
             init_timeout_secs: 0,
             idle_timeout_secs: 0,
             ping_interval_secs: 0,
@@ -168,6 +198,18 @@ impl LimitsConfig {
     #[must_use]
     pub fn header_timeout(&self) -> Option<Duration> {
         optional_secs(self.header_timeout_secs)
+    }
+
+    /// [`Self::http_idle_timeout_secs`] as a duration; `None` when off.
+    #[must_use]
+    pub fn http_idle_timeout(&self) -> Option<Duration> {
+        optional_secs(self.http_idle_timeout_secs)
+    }
+
+    /// [`Self::body_timeout_secs`] as a duration; `None` when off.
+    #[must_use]
+    pub fn body_timeout(&self) -> Option<Duration> {
+        optional_secs(self.body_timeout_secs)
     }
 
     /// [`Self::init_timeout_secs`] as a duration; `None` when off.
@@ -234,7 +276,8 @@ impl LimitsConfig {
     /// Applies the `VOXGATE_MAX_SESSIONS`, `VOXGATE_MAX_SESSIONS_PER_DOOR`,
     /// `VOXGATE_MAX_SESSIONS_PER_IP`, `VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP`,
     /// `VOXGATE_MAX_SCHEDULING_DELAY_MS`, `VOXGATE_HEADER_TIMEOUT_SECS`,
-    /// `VOXGATE_INIT_TIMEOUT_SECS`,
+    /// `VOXGATE_HTTP_IDLE_TIMEOUT_SECS`, `VOXGATE_BODY_TIMEOUT_SECS`,
+    /// `VOXGATE_MAX_CONNECTIONS_PER_IP`, `VOXGATE_INIT_TIMEOUT_SECS`,
     /// `VOXGATE_IDLE_TIMEOUT_SECS`, `VOXGATE_PING_INTERVAL_SECS`, `VOXGATE_WRITE_TIMEOUT_SECS`,
     /// `VOXGATE_SHUTDOWN_GRACE_SECS`, `VOXGATE_MAX_HISTORY_MESSAGES`,
     /// `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` and `VOXGATE_MAX_SYNTH_PROCESSES` overrides.
@@ -258,6 +301,15 @@ impl LimitsConfig {
             &mut self.max_scheduling_delay_ms,
         )?;
         vars.parsed("VOXGATE_HEADER_TIMEOUT_SECS", &mut self.header_timeout_secs)?;
+        vars.parsed(
+            "VOXGATE_HTTP_IDLE_TIMEOUT_SECS",
+            &mut self.http_idle_timeout_secs,
+        )?;
+        vars.parsed("VOXGATE_BODY_TIMEOUT_SECS", &mut self.body_timeout_secs)?;
+        vars.parsed(
+            "VOXGATE_MAX_CONNECTIONS_PER_IP",
+            &mut self.max_connections_per_ip,
+        )?;
         vars.parsed("VOXGATE_INIT_TIMEOUT_SECS", &mut self.init_timeout_secs)?;
         vars.parsed("VOXGATE_IDLE_TIMEOUT_SECS", &mut self.idle_timeout_secs)?;
         vars.parsed("VOXGATE_PING_INTERVAL_SECS", &mut self.ping_interval_secs)?;
@@ -292,6 +344,10 @@ mod tests {
         assert_eq!(l.max_handshakes_per_sec_per_ip, 20);
         assert_eq!(l.max_scheduling_delay(), Some(Duration::from_millis(50)));
         assert_eq!(l.header_timeout(), Some(Duration::from_secs(10)));
+        assert_eq!(l.http_idle_timeout(), Some(Duration::from_secs(60)));
+        assert_eq!(l.body_timeout(), Some(Duration::from_secs(30)));
+        assert_eq!(l.max_connections_per_ip, 128);
+        assert!(l.max_connections_per_ip > l.max_sessions_per_ip);
         assert_eq!(l.init_timeout(), Some(Duration::from_secs(10)));
         assert_eq!(l.idle_timeout(), Some(Duration::from_secs(300)));
         assert_eq!(l.ping_interval(), Some(Duration::from_secs(20)));
@@ -303,6 +359,9 @@ mod tests {
     #[test]
     fn zero_turns_each_off() {
         let l = LimitsConfig::unlimited();
+        assert_eq!(l.header_timeout(), None);
+        assert_eq!(l.http_idle_timeout(), None);
+        assert_eq!(l.body_timeout(), None);
         assert_eq!(l.init_timeout(), None);
         assert_eq!(l.idle_timeout(), None);
         assert_eq!(l.ping_interval(), None);
@@ -351,6 +410,9 @@ mod tests {
                 "VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP" => "4",
                 "VOXGATE_MAX_SCHEDULING_DELAY_MS" => "5",
                 "VOXGATE_HEADER_TIMEOUT_SECS" => "11",
+                "VOXGATE_HTTP_IDLE_TIMEOUT_SECS" => "14",
+                "VOXGATE_BODY_TIMEOUT_SECS" => "15",
+                "VOXGATE_MAX_CONNECTIONS_PER_IP" => "16",
                 "VOXGATE_INIT_TIMEOUT_SECS" => "6",
                 "VOXGATE_IDLE_TIMEOUT_SECS" => "7",
                 "VOXGATE_PING_INTERVAL_SECS" => "8",
@@ -373,6 +435,9 @@ mod tests {
                 max_handshakes_per_sec_per_ip: 4,
                 max_scheduling_delay_ms: 5,
                 header_timeout_secs: 11,
+                http_idle_timeout_secs: 14,
+                body_timeout_secs: 15,
+                max_connections_per_ip: 16,
                 init_timeout_secs: 6,
                 idle_timeout_secs: 7,
                 ping_interval_secs: 8,
