@@ -346,6 +346,7 @@ fn a_third_party_parser_reads_the_exposition() {
     }
     let mut families = FAMILIES.to_vec();
     families.push(("voxgate_webrtc_dropped_datagrams_total", "counter"));
+    families.push(("voxgate_webrtc_candidates_ignored_total", "counter"));
     for (name, kind) in &families {
         assert_eq!(types.get(*name).map(String::as_str), Some(*kind), "{name}");
     }
