@@ -274,6 +274,7 @@ async fn a_session_id_flood_gets_at_most_max_processes(python: bool, tag: &str) 
             }
             503 => {
                 assert_eq!(r.json()["error"], "busy", "{}", r.body);
+                assert!(r.body.contains("max_processes"), "{}", r.body);
                 assert_eq!(retry_after(&r), Some(5), "{}", r.head);
                 refused += 1;
             }

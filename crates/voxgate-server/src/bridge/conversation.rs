@@ -21,7 +21,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use voxgate_engine::emotion::EmojiPolicy;
 use voxgate_engine::{ClientEvent, Engine, EngineConfig, Input, Output, State, TriggerMode};
-
 use voxgate_providers::{ProcessHold, ProviderError};
 
 use crate::admission::{Admission, Refusal};
@@ -80,8 +79,8 @@ pub(crate) enum TurnError {
     /// Admission refused the conversation's agent process (a session of the Bridge door).
     #[error("{}", .0.message())]
     Admission(Refusal),
-    /// Every agent process place is taken.
-    #[error("every agent process is busy; try again later ({0})")]
+    /// Every agent process place is taken (what the brain said).
+    #[error("{0}")]
     AgentsBusy(String),
 }
 
@@ -244,7 +243,10 @@ fn reserve_process(providers: &Providers, ctx: &TurnContext<'_>) -> Result<(), T
         Some(refusal) => TurnError::Admission(refusal),
         None => {
             tracing::info!(error = %e, "bridge request refused: no agent process place");
-            TurnError::AgentsBusy(e.to_string())
+            TurnError::AgentsBusy(match e {
+                ProviderError::Busy(why) => why,
+                other => other.to_string(),
+            })
         }
     })
 }
