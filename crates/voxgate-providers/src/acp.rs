@@ -52,8 +52,29 @@
 //! call's sessions; and ending the call frees everything by killing the process. The cost is
 //! the agent's start-up time on a conversation's first turn. The process is started on the
 //! first turn, restarted on the next turn after a crash (the turn in flight ends with
-//! [`ProviderError::Command`]; the new process starts a new session, so the agent's memory of
-//! the call is lost), and killed when the conversation is dropped.
+//! [`ProviderError::Command`]), stopped after [`AcpConfig::process_idle_timeout`] without a
+//! turn, and killed when the conversation is dropped.
+//!
+//! # Process places
+//! Processes are what a client can make the server spend, so they are bounded: all
+//! conversations of one [`AcpAgent`] share [`AcpConfig::max_processes`] places, one per
+//! running process. A turn that would start a process when every place is taken fails at
+//! once with [`ProviderError::Busy`]; a caller that wants to refuse such a request before
+//! it starts (an HTTP API answering 503) reserves the place first with
+//! [`Llm::reserve_process`], which can also hold the caller's own accounting (an admission
+//! permit) for as long as the process runs. A place is given back when its process ends,
+//! whatever ends it: idle stop, exit or crash, a kill after a cancel timeout, the
+//! conversation being dropped; a reservation no turn used is given back after the idle
+//! timeout too.
+//!
+//! # Restarts keep the conversation
+//! A new process has a new ACP session that knows nothing of the call. When a conversation's
+//! process is replaced (idle stop, crash, kill), the first prompt of the new session carries
+//! the conversation so far (the request's history: voxgate keeps it for every door) as a
+//! transcript in a first text block, before the user's new words in their own block, so the
+//! agent answers with the context it had. Agents that keep sessions on disk could instead be
+//! asked `session/load`; that needs the agent's `loadSession` capability and its own storage,
+//! so the transcript, which works with every agent, is what is sent.
 //!
 //! # Why no `agent-client-protocol` crate
 //! The `agent-client-protocol` crate (5.0.0, with `agent-client-protocol-schema` 1.15.1) was
@@ -70,14 +91,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::stream;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -85,7 +106,7 @@ use voxgate_mcp::jsonrpc::{self, ErrorObject, Id, Message, Payload};
 
 use crate::error::{ProviderError, TimeoutPhase};
 use crate::types::{ChatMessage, FinishReason, Intent, LlmEvent, LlmRequest, Role};
-use crate::{Llm, LlmStream};
+use crate::{Llm, LlmStream, ProcessHold};
 
 /// The ACP protocol version spoken.
 pub const ACP_PROTOCOL_VERSION: u64 = 1;
@@ -94,6 +115,21 @@ pub const ACP_PROTOCOL_VERSION: u64 = 1;
 const MAX_LINE: usize = 16 << 20;
 /// Limit on writing one message to the agent's stdin (an agent that stops reading is dead).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default [`AcpConfig::process_idle_timeout`]: a minute, far shorter than a conversation's
+/// own life, long enough that a caller thinking between two questions keeps the agent.
+pub const DEFAULT_PROCESS_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default [`AcpConfig::max_processes`]: two per core, at least four. An agent process is
+/// a whole program (an interpreter, a model client) per conversation: tens of megabytes
+/// and its own CPU, so a handful per core is what a server can keep answering with.
+#[must_use]
+pub fn default_max_agent_processes() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, std::num::NonZeroUsize::get)
+        .saturating_mul(2)
+        .max(4)
+}
 
 /// How to start and treat an ACP agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,11 +154,19 @@ pub struct AcpConfig {
     pub idle_timeout: Duration,
     /// How long a cancelled prompt may take to return `cancelled` before the agent is killed.
     pub cancel_timeout: Duration,
+    /// Agent processes running at once over all conversations of one [`AcpAgent`] (see the
+    /// module docs, "Process places"); 0: no cap.
+    pub max_processes: usize,
+    /// A process that has had no turn for this long is stopped and gives its place back;
+    /// the conversation's next turn starts a new one with the conversation so far. `None`:
+    /// kept until the conversation ends.
+    pub process_idle_timeout: Option<Duration>,
 }
 
 impl AcpConfig {
     /// A configuration running `command` with `args`, defaults for the rest (deny every
-    /// permission, 30 s start-up, 120 s idle, 5 s cancel).
+    /// permission, 30 s start-up, 120 s idle, 5 s cancel, [`default_max_agent_processes`]
+    /// processes, each stopped after [`DEFAULT_PROCESS_IDLE_TIMEOUT`] without a turn).
     pub fn new(command: impl Into<String>, args: Vec<String>) -> Self {
         Self {
             command: command.into(),
@@ -134,6 +178,8 @@ impl AcpConfig {
             startup_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             cancel_timeout: Duration::from_secs(5),
+            max_processes: default_max_agent_processes(),
+            process_idle_timeout: Some(DEFAULT_PROCESS_IDLE_TIMEOUT),
         }
     }
 }
@@ -283,6 +329,7 @@ fn glob_match(pattern: &str, text: &str) -> bool {
 #[derive(Debug)]
 pub struct AcpAgent {
     config: Arc<AcpConfig>,
+    places: Places,
     shared: AcpConversation,
 }
 
@@ -304,9 +351,11 @@ impl AcpAgent {
             Some(p) => base.join(p),
             None => base,
         });
+        let places = Places::new(config.max_processes);
         let config = Arc::new(config);
         Ok(Self {
-            shared: AcpConversation::with_config(Arc::clone(&config)),
+            shared: AcpConversation::with_config(Arc::clone(&config), places.clone()),
+            places,
             config,
         })
     }
@@ -314,7 +363,106 @@ impl AcpAgent {
     /// A new conversation: its own agent process and ACP session.
     #[must_use]
     pub fn conversation(&self) -> AcpConversation {
-        AcpConversation::with_config(Arc::clone(&self.config))
+        AcpConversation::with_config(Arc::clone(&self.config), self.places.clone())
+    }
+
+    /// Places taken now: agent processes running, and places reserved for a turn about to
+    /// start one. Never more than [`AcpConfig::max_processes`] (when not 0).
+    #[must_use]
+    pub fn places_taken(&self) -> usize {
+        self.places.taken()
+    }
+}
+
+/// The places of one agent's processes: a permit per running (or reserved) process.
+#[derive(Debug, Clone)]
+struct Places {
+    permits: Arc<Semaphore>,
+    /// The configured cap; 0: none.
+    max: usize,
+    /// Permits the semaphore started with.
+    total: usize,
+}
+
+impl Places {
+    fn new(max: usize) -> Self {
+        let total = match max {
+            0 => Semaphore::MAX_PERMITS,
+            n => n.min(Semaphore::MAX_PERMITS),
+        };
+        Self {
+            permits: Arc::new(Semaphore::new(total)),
+            max,
+            total,
+        }
+    }
+
+    /// A place now, or [`ProviderError::Busy`]: a request is refused at once rather than
+    /// left waiting for a conversation somewhere to end.
+    fn take(&self) -> Result<OwnedSemaphorePermit, ProviderError> {
+        Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            ProviderError::Busy(format!(
+                "all {} ACP agent process places are taken (max_processes); try again when \
+                 a conversation ends or its agent idles out",
+                self.max
+            ))
+        })
+    }
+
+    fn taken(&self) -> usize {
+        self.total - self.permits.available_permits()
+    }
+}
+
+/// One process's place: its permit and what the caller keeps with it, both given back when
+/// this is dropped.
+struct Place {
+    _permit: OwnedSemaphorePermit,
+    _hold: Option<ProcessHold>,
+}
+
+impl std::fmt::Debug for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Place").finish_non_exhaustive()
+    }
+}
+
+/// What a conversation's handle and its actor share about the process: whether one runs, a
+/// place reserved for the next one, and when the conversation was last used.
+#[derive(Debug)]
+struct Seat {
+    state: Mutex<SeatState>,
+}
+
+#[derive(Debug)]
+struct SeatState {
+    /// Taken by [`Llm::reserve_process`] for the next start; the start moves it into the
+    /// process.
+    reserved: Option<Place>,
+    /// A process runs (it owns its place).
+    running: bool,
+    /// The last turn, or reservation: the idle stop counts from here.
+    touched: Instant,
+}
+
+impl Seat {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(SeatState {
+                reserved: None,
+                running: false,
+                touched: Instant::now(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SeatState> {
+        // Every update is a single assignment, so the state is whole after a panic elsewhere.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn touch(&self) {
+        self.lock().touched = Instant::now();
     }
 }
 
@@ -338,6 +486,8 @@ pub struct AcpConversation {
 #[derive(Debug)]
 struct Inner {
     config: Arc<AcpConfig>,
+    places: Places,
+    seat: Arc<Seat>,
     actor: Mutex<Option<(mpsc::Sender<Job>, AbortHandle)>>,
     /// The span current when the conversation was made (a server session's), which the
     /// agent's task runs in: its log lines name the session they belong to, though the
@@ -355,10 +505,12 @@ impl Drop for Inner {
 }
 
 impl AcpConversation {
-    fn with_config(config: Arc<AcpConfig>) -> Self {
+    fn with_config(config: Arc<AcpConfig>, places: Places) -> Self {
         Self {
             inner: Arc::new(Inner {
                 config,
+                places,
+                seat: Arc::new(Seat::new()),
                 actor: Mutex::new(None),
                 span: tracing::Span::current(),
             }),
@@ -375,29 +527,56 @@ impl AcpConversation {
 
 impl Inner {
     async fn submit(&self, job: Job) -> Result<(), ProviderError> {
-        let tx = {
-            let mut slot = self.actor.lock().unwrap_or_else(PoisonError::into_inner);
-            match slot.as_ref() {
-                Some((tx, _)) if !tx.is_closed() => tx.clone(),
-                _ => {
-                    let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-                        ProviderError::Config("the ACP brain needs a tokio runtime".into())
-                    })?;
-                    let (tx, rx) = mpsc::channel(8);
-                    let actor = Actor {
-                        config: Arc::clone(&self.config),
-                        jobs: rx,
-                        agent: None,
-                    };
-                    let task = runtime.spawn(actor.run().instrument(self.span.clone()));
-                    *slot = Some((tx.clone(), task.abort_handle()));
-                    tx
-                }
-            }
-        };
-        tx.send(job)
+        self.actor()?
+            .send(job)
             .await
             .map_err(|_| ProviderError::StreamCut("the ACP conversation stopped".into()))
+    }
+
+    /// The actor's job queue, started when there is none (or it ended).
+    fn actor(&self) -> Result<mpsc::Sender<Job>, ProviderError> {
+        let mut slot = self.actor.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((tx, _)) = slot.as_ref()
+            && !tx.is_closed()
+        {
+            return Ok(tx.clone());
+        }
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| ProviderError::Config("the ACP brain needs a tokio runtime".into()))?;
+        let (tx, rx) = mpsc::channel(8);
+        let actor = Actor {
+            config: Arc::clone(&self.config),
+            places: self.places.clone(),
+            seat: Arc::clone(&self.seat),
+            jobs: rx,
+            agent: None,
+            had_process: false,
+        };
+        let task = runtime.spawn(actor.run().instrument(self.span.clone()));
+        *slot = Some((tx.clone(), task.abort_handle()));
+        Ok(tx)
+    }
+
+    fn reserve(
+        &self,
+        hold: &mut dyn FnMut() -> Result<ProcessHold, ProviderError>,
+    ) -> Result<(), ProviderError> {
+        // The actor runs the idle timer that gives an unused reservation back.
+        let actor = self.actor()?;
+        let mut seat = self.seat.lock();
+        seat.touched = Instant::now();
+        if seat.running || seat.reserved.is_some() {
+            return Ok(());
+        }
+        let permit = self.places.take()?;
+        seat.reserved = Some(Place {
+            _permit: permit,
+            _hold: Some(hold()?),
+        });
+        drop(seat);
+        // So it arms that timer; a full queue means it has jobs to wake it anyway.
+        let _ = actor.try_send(Job::Wake);
+        Ok(())
     }
 }
 
@@ -412,6 +591,13 @@ impl Llm for AcpConversation {
         let state = Generation::Start(Arc::clone(&self.inner), prompt);
         Box::pin(stream::unfold(state, Generation::next))
     }
+
+    fn reserve_process(
+        &self,
+        hold: &mut dyn FnMut() -> Result<ProcessHold, ProviderError>,
+    ) -> Result<(), ProviderError> {
+        self.inner.reserve(hold)
+    }
 }
 
 /// What one generation asks of the agent.
@@ -420,6 +606,9 @@ struct Prompt {
     text: String,
     /// Run in a fresh session instead of the conversation's own.
     fresh_session: bool,
+    /// The conversation before `text` as a transcript (`None`: nothing before it), sent to a
+    /// process that replaces an earlier one of the conversation.
+    history: Option<String>,
 }
 
 fn prompt_for(config: &AcpConfig, request: &LlmRequest) -> Option<Prompt> {
@@ -427,31 +616,44 @@ fn prompt_for(config: &AcpConfig, request: &LlmRequest) -> Option<Prompt> {
         Intent::Greet => config.greeting_prompt.clone().map(|text| Prompt {
             text,
             fresh_session: false,
+            history: None,
         }),
         Intent::ConversationQuery { query } => Some(Prompt {
             text: query_text(&request.messages, query),
             fresh_session: true,
+            history: None,
         }),
         _ => {
-            let mut trailing: Vec<&str> = request
-                .messages
+            let messages = &request.messages;
+            let user_tail = messages
                 .iter()
                 .rev()
                 .take_while(|m| m.role == Role::User)
+                .count();
+            let (before, tail) = messages.split_at(messages.len() - user_tail);
+            let trailing: Vec<&str> = tail
+                .iter()
                 .map(|m| m.content.trim())
                 .filter(|t| !t.is_empty())
                 .collect();
-            trailing.reverse();
+            let history = transcript(before);
             (!trailing.is_empty()).then(|| Prompt {
                 text: trailing.join("\n"),
                 fresh_session: false,
+                history: (!history.is_empty()).then(|| {
+                    format!(
+                        "This agent was restarted and has lost the conversation so far. \
+                         Here it is, for context only (do not answer it):\n\n{history}"
+                    )
+                }),
             })
         }
     }
 }
 
-fn query_text(history: &[ChatMessage], query: &str) -> String {
-    let mut text = String::from("Here is the transcript of a conversation:\n\n");
+/// `who: text` lines of the user, assistant and tool messages of `history`.
+fn transcript(history: &[ChatMessage]) -> String {
+    let mut text = String::new();
     for m in history {
         let who = match m.role {
             Role::User => "user",
@@ -461,10 +663,15 @@ fn query_text(history: &[ChatMessage], query: &str) -> String {
         };
         text.push_str(&format!("{who}: {}\n", m.content.trim()));
     }
-    text.push_str(&format!(
-        "\nAnswer this about the conversation, without taking any action: {query}"
-    ));
     text
+}
+
+fn query_text(history: &[ChatMessage], query: &str) -> String {
+    format!(
+        "Here is the transcript of a conversation:\n\n{}\nAnswer this about the \
+         conversation, without taking any action: {query}",
+        transcript(history)
+    )
 }
 
 enum Generation {
@@ -505,13 +712,19 @@ enum Job {
         events: mpsc::Sender<LlmEvent>,
     },
     Pid(tokio::sync::oneshot::Sender<Option<u32>>),
+    /// Nothing to do but look at the seat again (a reservation arrived).
+    Wake,
 }
 
 /// Owns the agent process of one conversation; runs turns one at a time.
 struct Actor {
     config: Arc<AcpConfig>,
+    places: Places,
+    seat: Arc<Seat>,
     jobs: mpsc::Receiver<Job>,
     agent: Option<AgentProcess>,
+    /// A process ran before: the next one replaces it and gets the conversation so far.
+    had_process: bool,
 }
 
 /// How a turn left the agent.
@@ -521,66 +734,140 @@ enum AgentState {
     Gone,
 }
 
+/// The next line of `agent`'s output; never ready without an agent.
+async fn next_line(agent: &mut Option<AgentProcess>) -> Option<Vec<u8>> {
+    match agent {
+        Some(a) => a.lines.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Actor {
     async fn run(mut self) {
         loop {
-            let job = match &mut self.agent {
-                Some(agent) => {
-                    tokio::select! {
-                        job = self.jobs.recv() => job,
-                        line = agent.lines.recv() => {
-                            match line {
-                                Some(line) => {
-                                    for msg in decode_line(&line) {
-                                        if matches!(agent.handle_idle(msg).await, AgentState::Gone) {
-                                            self.agent = None;
-                                            break;
-                                        }
-                                    }
-                                }
-                                None => {
-                                    let status = agent.exit_status().await;
-                                    tracing::warn!(
-                                        %status,
-                                        acp_session = %agent.session_id,
-                                        "ACP agent exited between turns; a new one starts on \
-                                         the next turn"
-                                    );
+            let idle_at = self.idle_deadline();
+            let job = tokio::select! {
+                job = self.jobs.recv() => job,
+                line = next_line(&mut self.agent) => {
+                    let Some(agent) = self.agent.as_mut() else { continue };
+                    match line {
+                        Some(line) => {
+                            for msg in decode_line(&line) {
+                                if matches!(agent.handle_idle(msg).await, AgentState::Gone) {
                                     self.agent = None;
+                                    break;
                                 }
                             }
-                            continue;
+                        }
+                        None => {
+                            let status = agent.exit_status().await;
+                            tracing::warn!(
+                                %status,
+                                acp_session = %agent.session_id,
+                                "ACP agent exited between turns; a new one starts on \
+                                 the next turn"
+                            );
+                            self.agent = None;
                         }
                     }
+                    continue;
                 }
-                None => self.jobs.recv().await,
+                () = sleep_until_some(idle_at) => {
+                    self.stop_if_idle();
+                    continue;
+                }
             };
             let Some(job) = job else { return };
             match job {
                 Job::Pid(reply) => {
                     let _ = reply.send(self.agent.as_ref().and_then(|a| a.child.id()));
                 }
+                Job::Wake => {}
                 Job::Turn { prompt, events } => {
                     if events.is_closed() {
                         continue;
                     }
+                    self.seat.touch();
                     self.turn(prompt, events).await;
+                    self.seat.touch();
                 }
             }
         }
     }
 
+    /// When the process (or a reservation) goes unused long enough to be stopped.
+    fn idle_deadline(&self) -> Option<Instant> {
+        let idle = self.config.process_idle_timeout?;
+        let seat = self.seat.lock();
+        (self.agent.is_some() || seat.reserved.is_some()).then(|| seat.touched + idle)
+    }
+
+    /// Stops the process and gives back a reservation when nothing used them for the idle
+    /// timeout (a reservation counts as use, so a turn about to start keeps its process).
+    fn stop_if_idle(&mut self) {
+        let Some(idle) = self.config.process_idle_timeout else {
+            return;
+        };
+        let reserved = {
+            let mut seat = self.seat.lock();
+            if seat.touched.elapsed() < idle {
+                return;
+            }
+            seat.reserved.take()
+        };
+        // Dropped outside the lock: a process's drop takes it.
+        drop(reserved);
+        if let Some(agent) = self.agent.take() {
+            tracing::info!(
+                pid = agent.child.id(),
+                acp_session = %agent.session_id,
+                "ACP agent stopped after {idle:?} without a turn; the next turn starts a new \
+                 one with the conversation so far"
+            );
+            drop(agent);
+        }
+    }
+
+    /// The place for a new process: the one reserved for it, else a free one.
+    fn place(&self) -> Result<Place, ProviderError> {
+        let reserved = self.seat.lock().reserved.take();
+        match reserved {
+            Some(place) => Ok(place),
+            None => Ok(Place {
+                _permit: self.places.take()?,
+                _hold: None,
+            }),
+        }
+    }
+
     async fn turn(&mut self, prompt: Prompt, events: mpsc::Sender<LlmEvent>) {
-        let agent = match self.agent.take() {
-            Some(agent) => self.agent.insert(agent),
-            None => match AgentProcess::start(&self.config).await {
-                Ok(agent) => self.agent.insert(agent),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ACP agent could not be started");
-                    let _ = events.send(LlmEvent::Error(e)).await;
-                    return;
+        let (agent, replaced) = match self.agent.take() {
+            Some(agent) => (self.agent.insert(agent), false),
+            None => {
+                let started = match self.place() {
+                    Ok(place) => AgentProcess::start(&self.config, place, &self.seat).await,
+                    Err(e) => Err(e),
+                };
+                match started {
+                    Ok(agent) => {
+                        let replaced = std::mem::replace(&mut self.had_process, true);
+                        (self.agent.insert(agent), replaced)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ACP agent could not be started");
+                        let _ = events.send(LlmEvent::Error(e)).await;
+                        return;
+                    }
                 }
-            },
+            }
         };
         let session_id = if prompt.fresh_session {
             let deadline = Instant::now() + self.config.startup_timeout;
@@ -597,9 +884,20 @@ impl Actor {
         } else {
             agent.session_id.clone()
         };
+        let context = if replaced && !prompt.fresh_session {
+            prompt.history.as_deref()
+        } else {
+            None
+        };
+        if context.is_some() {
+            tracing::info!(
+                acp_session = %session_id,
+                "a new ACP agent process gets the conversation so far with its first prompt"
+            );
+        }
         if matches!(
             agent
-                .prompt(&self.config, &session_id, &prompt.text, &events)
+                .prompt(&self.config, &session_id, context, &prompt.text, &events)
                 .await,
             AgentState::Gone
         ) {
@@ -619,6 +917,10 @@ struct AgentProcess {
     /// What the agent said about each tool call, so permission requests that only carry the
     /// id can still be judged by kind and title.
     tools: HashMap<String, AcpToolInfo>,
+    /// The conversation's seat, told when the process ends.
+    seat: Arc<Seat>,
+    /// This process's place, given back when it is dropped (after the kill below).
+    _place: Place,
 }
 
 impl Drop for AgentProcess {
@@ -628,11 +930,17 @@ impl Drop for AgentProcess {
         }
         // kill_on_drop ends the process; start_kill makes it immediate.
         let _ = self.child.start_kill();
+        self.seat.lock().running = false;
     }
 }
 
 impl AgentProcess {
-    async fn start(config: &AcpConfig) -> Result<Self, ProviderError> {
+    /// Starts the agent in `place` and opens its session.
+    async fn start(
+        config: &AcpConfig,
+        place: Place,
+        seat: &Arc<Seat>,
+    ) -> Result<Self, ProviderError> {
         let mut cmd = Command::new(&config.command);
         cmd.args(&config.args)
             .envs(config.env.iter().map(|(k, v)| (k, v)))
@@ -668,7 +976,10 @@ impl AgentProcess {
             next_id: 0,
             session_id: String::new(),
             tools: HashMap::new(),
+            seat: Arc::clone(seat),
+            _place: place,
         };
+        seat.lock().running = true;
         tracing::info!(pid = agent.child.id(), command = %config.command, "ACP agent started");
         let deadline = Instant::now() + config.startup_timeout;
         let init = agent
@@ -923,17 +1234,25 @@ impl AgentProcess {
         None
     }
 
-    /// Runs one `session/prompt` to its end, streaming text into `events`.
+    /// Runs one `session/prompt` to its end, streaming text into `events`. `context` (the
+    /// conversation so far, for a process that replaces another) goes in a text block of its
+    /// own before `text`.
     async fn prompt(
         &mut self,
         config: &AcpConfig,
         session_id: &str,
+        context: Option<&str>,
         text: &str,
         events: &mpsc::Sender<LlmEvent>,
     ) -> AgentState {
+        let mut blocks: Vec<Value> = context
+            .map(|c| json!({"type": "text", "text": c}))
+            .into_iter()
+            .collect();
+        blocks.push(json!({"type": "text", "text": text}));
         let params = json!({
             "sessionId": session_id,
-            "prompt": [{"type": "text", "text": text}],
+            "prompt": blocks,
         });
         let prompt_id = match self.send_request("session/prompt", params).await {
             Ok(id) => id,
@@ -1331,6 +1650,18 @@ mod tests {
         let p = prompt_for(&config, &request).unwrap();
         assert_eq!(p.text, "one\ntwo");
         assert!(!p.fresh_session);
+        // What a replacement process is told first: the conversation before the new words.
+        let history = p.history.unwrap();
+        assert!(
+            history.ends_with("\n\nuser: old\nassistant: reply\n"),
+            "{history}"
+        );
+        assert!(!history.contains("sys"), "{history}");
+        let first = LlmRequest {
+            messages: vec![ChatMessage::system("sys"), ChatMessage::user("hi")],
+            ..LlmRequest::default()
+        };
+        assert_eq!(prompt_for(&config, &first).unwrap().history, None);
         let request = LlmRequest {
             messages: vec![ChatMessage::user("a"), ChatMessage::assistant("b")],
             ..LlmRequest::default()

@@ -66,7 +66,7 @@ pub mod sse;
 mod types;
 pub mod wav_stream;
 
-pub use acp::{AcpAgent, AcpConfig, AcpConversation, AcpPermissions};
+pub use acp::{AcpAgent, AcpConfig, AcpConversation, AcpPermissions, default_max_agent_processes};
 pub use command::{
     CommandTts, CommandTtsConfig, ProcessPool, default_max_processes, embedded_tts,
     embedded_tts_in, embedded_tts_name,
@@ -101,7 +101,29 @@ pub trait Llm: Send + Sync {
     fn for_conversation(&self) -> Option<std::sync::Arc<dyn Llm>> {
         None
     }
+
+    /// For a conversation handle ([`Llm::for_conversation`]) of a back end that runs a process
+    /// per conversation (an ACP agent): makes sure the next turn has a process, so a caller
+    /// can refuse a request at once instead of failing its turn later. A handle whose process
+    /// is not running takes its place among the back end's processes now and calls `hold`
+    /// for whatever the caller counts processes with (an admission permit); both are kept
+    /// until the process ends (it idles out, exits, or goes with the handle). Back ends
+    /// without processes have nothing to reserve: `Ok`, and `hold` is not called.
+    ///
+    /// # Errors
+    /// [`ProviderError::Busy`] when every process place is taken; `hold`'s error as it is.
+    fn reserve_process(
+        &self,
+        hold: &mut dyn FnMut() -> Result<ProcessHold, ProviderError>,
+    ) -> Result<(), ProviderError> {
+        let _ = hold;
+        Ok(())
+    }
 }
+
+/// What a caller keeps with a conversation's back-end process for as long as the process
+/// runs (an admission permit, say); see [`Llm::reserve_process`].
+pub type ProcessHold = Box<dyn std::any::Any + Send>;
 
 /// A speech recognizer for whole utterances.
 #[async_trait::async_trait]

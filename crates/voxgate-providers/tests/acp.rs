@@ -393,3 +393,270 @@ async fn shared_agent_generate_works_without_for_conversation() {
     let who = ok_turn(&*agent, "whoami").await;
     assert_eq!(field(&who, "turn"), "2");
 }
+
+// ---- process places and idle stops (issue 36: what one client can make the server spend) ----
+
+/// The agent processes of this test process tagged `tag` (their environment has
+/// `VOXGATE_ACP_TEST_TAG=<tag>`), counted from outside: /proc children that are not zombies.
+fn agents_tagged(tag: &str) -> Vec<u32> {
+    let me = std::process::id();
+    let wanted = format!("VOXGATE_ACP_TEST_TAG={tag}");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the `(comm)`: state, ppid.
+        let mut rest = stat
+            .rsplit_once(')')
+            .map_or("", |(_, r)| r)
+            .split_whitespace();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+        if ppid != Some(me) || state == Some("Z") {
+            continue;
+        }
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if environ.split(|b| *b == 0).any(|kv| kv == wanted.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Waits until `tag`'s agent processes number `n`.
+async fn wait_agents(tag: &str, n: usize) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let now = agents_tagged(tag);
+        if now.len() == n {
+            return;
+        }
+        assert!(
+            t0.elapsed() < WAIT,
+            "{tag}: {} agent processes ({now:?}), expected {n}",
+            now.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn tagged(mut config: AcpConfig, tag: &str) -> AcpConfig {
+    config
+        .env
+        .push(("VOXGATE_ACP_TEST_TAG".into(), tag.to_owned()));
+    config
+}
+
+async fn places_bound_the_processes(config: AcpConfig, tag: &str) {
+    let mut config = tagged(config, tag);
+    config.max_processes = 2;
+    let agent = AcpAgent::new(config).unwrap();
+    // A flood of conversations: each wants its own process.
+    let conversations: Vec<_> = (0..6).map(|_| agent.for_conversation().unwrap()).collect();
+    let mut ok = 0;
+    let mut busy = 0;
+    for c in &conversations {
+        let (text, events) = turn(&**c, "hello").await;
+        match events.last() {
+            Some(LlmEvent::Done { .. }) => {
+                assert_eq!(text, "You said: hello");
+                ok += 1;
+            }
+            Some(LlmEvent::Error(ProviderError::Busy(m))) => {
+                assert!(m.contains("max_processes"), "{m}");
+                busy += 1;
+            }
+            other => panic!("unexpected end {other:?}"),
+        }
+    }
+    assert_eq!((ok, busy), (2, 4));
+    assert_eq!(agent.places_taken(), 2);
+    wait_agents(tag, 2).await;
+    // Ending a conversation gives its place back: the next one gets a process.
+    drop(conversations);
+    wait_agents(tag, 0).await;
+    assert_eq!(agent.places_taken(), 0);
+    let again = agent.for_conversation().unwrap();
+    assert_eq!(ok_turn(&*again, "back").await, "You said: back");
+    wait_agents(tag, 1).await;
+}
+
+async fn idle_agents_stop_and_restart_with_the_conversation(config: AcpConfig, tag: &str) {
+    let mut config = tagged(config, tag);
+    config.process_idle_timeout = Some(Duration::from_millis(400));
+    let agent = AcpAgent::new(config).unwrap();
+    let llm = agent.for_conversation().unwrap();
+    assert_eq!(ok_turn(&*llm, "hello agent").await, "You said: hello agent");
+    let first = ok_turn(&*llm, "whoami").await;
+    assert_eq!(agent.places_taken(), 1);
+    wait_agents(tag, 1).await;
+    // Nothing for longer than the idle timeout: the process is stopped, its place free.
+    wait_agents(tag, 0).await;
+    assert_eq!(agent.places_taken(), 0);
+    // The next turn starts a new process, which gets the conversation so far first.
+    let history = LlmRequest {
+        messages: vec![
+            ChatMessage::system("ignored"),
+            ChatMessage::user("hello agent"),
+            ChatMessage::assistant("You said: hello agent"),
+            ChatMessage::user("whoami"),
+            ChatMessage::assistant(&first),
+            ChatMessage::user("recall"),
+        ],
+        ..LlmRequest::default()
+    };
+    let mut stream = llm.generate(history);
+    let mut recalled = String::new();
+    while let Some(ev) = next(&mut stream).await {
+        if let LlmEvent::TextDelta(t) = ev {
+            recalled.push_str(&t);
+        }
+    }
+    assert!(
+        recalled.contains("user: hello agent | assistant: You said: hello agent | user: whoami"),
+        "{recalled}"
+    );
+    assert!(
+        !recalled.contains("ignored"),
+        "no system prompt: {recalled}"
+    );
+    let second = ok_turn(&*llm, "whoami").await;
+    assert_ne!(field(&second, "pid"), field(&first, "pid"));
+    // Only the first prompt of the new process carries the context.
+    assert_eq!(field(&second, "turn"), "2");
+    assert_eq!(ok_turn(&*llm, "recall").await, recalled);
+    wait_agents(tag, 1).await;
+}
+
+async fn a_crash_gives_the_place_back(config: AcpConfig, tag: &str) {
+    let mut config = tagged(config, tag);
+    config.max_processes = 1;
+    let agent = AcpAgent::new(config).unwrap();
+    let crashing = agent.for_conversation().unwrap();
+    let other = agent.for_conversation().unwrap();
+    ok_turn(&*crashing, "hello").await;
+    let (_, events) = turn(&*other, "hello").await;
+    assert!(
+        matches!(events.last(), Some(LlmEvent::Error(ProviderError::Busy(_)))),
+        "{events:?}"
+    );
+    let (_, events) = turn(&*crashing, "crash").await;
+    assert!(matches!(events.last(), Some(LlmEvent::Error(_))));
+    wait_agents(tag, 0).await;
+    assert_eq!(agent.places_taken(), 0);
+    assert_eq!(ok_turn(&*other, "mine now").await, "You said: mine now");
+}
+
+/// A caller's own count (an admission permit in the server), kept while the process runs.
+#[derive(Clone, Default)]
+struct Holds(Arc<std::sync::atomic::AtomicUsize>);
+
+struct Held(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Holds {
+    fn now(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn reserve(&self, llm: &dyn Llm) -> Result<(), ProviderError> {
+        llm.reserve_process(&mut || {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Box::new(Held(Arc::clone(&self.0))))
+        })
+    }
+}
+
+async fn reservations_hold_the_place_and_the_callers_count(config: AcpConfig, tag: &str) {
+    let mut config = tagged(config, tag);
+    config.max_processes = 1;
+    config.process_idle_timeout = Some(Duration::from_millis(400));
+    let agent = AcpAgent::new(config).unwrap();
+    let holds = Holds::default();
+    let a = agent.for_conversation().unwrap();
+    let b = agent.for_conversation().unwrap();
+    holds.reserve(&*a).unwrap();
+    assert_eq!((agent.places_taken(), holds.now()), (1, 1));
+    // Reserving again is free while the place is held; another conversation is refused.
+    holds.reserve(&*a).unwrap();
+    assert_eq!(holds.now(), 1);
+    assert!(matches!(holds.reserve(&*b), Err(ProviderError::Busy(_))));
+    // The reserved place is the process's: the turn starts it, the count stays with it.
+    ok_turn(&*a, "hello").await;
+    assert_eq!((agent.places_taken(), holds.now()), (1, 1));
+    wait_agents(tag, 1).await;
+    // A caller's refusal leaves nothing taken.
+    let refused = b.reserve_process(&mut || Err(ProviderError::Busy("admission".into())));
+    assert!(matches!(refused, Err(ProviderError::Busy(_))));
+    // Idle: the process stops and both counts come back.
+    wait_agents(tag, 0).await;
+    assert_eq!((agent.places_taken(), holds.now()), (0, 0));
+    // A reservation no turn uses is given back after the idle timeout too.
+    holds.reserve(&*b).unwrap();
+    assert_eq!((agent.places_taken(), holds.now()), (1, 1));
+    let t0 = std::time::Instant::now();
+    while agent.places_taken() > 0 || holds.now() > 0 {
+        assert!(t0.elapsed() < WAIT, "the reservation was never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn rust_places_bound_the_processes() {
+    places_bound_the_processes(rust_config(), "rust-places").await;
+}
+
+#[tokio::test]
+async fn rust_idle_agents_stop_and_restart_with_the_conversation() {
+    idle_agents_stop_and_restart_with_the_conversation(rust_config(), "rust-idle").await;
+}
+
+#[tokio::test]
+async fn rust_a_crash_gives_the_place_back() {
+    a_crash_gives_the_place_back(rust_config(), "rust-crash-place").await;
+}
+
+#[tokio::test]
+async fn rust_reservations_hold_the_place_and_the_callers_count() {
+    reservations_hold_the_place_and_the_callers_count(rust_config(), "rust-reserve").await;
+}
+
+#[tokio::test]
+async fn python_places_bound_the_processes() {
+    if let Some(c) = python_config() {
+        places_bound_the_processes(c, "py-places").await;
+    }
+}
+
+#[tokio::test]
+async fn python_idle_agents_stop_and_restart_with_the_conversation() {
+    if let Some(c) = python_config() {
+        idle_agents_stop_and_restart_with_the_conversation(c, "py-idle").await;
+    }
+}
+
+#[tokio::test]
+async fn python_a_crash_gives_the_place_back() {
+    if let Some(c) = python_config() {
+        a_crash_gives_the_place_back(c, "py-crash-place").await;
+    }
+}
+
+#[tokio::test]
+async fn python_reservations_hold_the_place_and_the_callers_count() {
+    if let Some(c) = python_config() {
+        reservations_hold_the_place_and_the_callers_count(c, "py-reserve").await;
+    }
+}

@@ -103,9 +103,10 @@
 //! | `VOXGATE_MAX_CONNECTIONS_PER_IP` | `limits.max_connections_per_ip` (0: unlimited) |
 //! | `VOXGATE_MAX_HISTORY_MESSAGES` | `limits.max_history_messages` (0: unlimited) |
 //! | `VOXGATE_MAX_IDLE_PROVIDER_CONNECTIONS` | `limits.max_idle_provider_connections` (0: no cap) |
+//! | `VOXGATE_MAX_SYNTH_PROCESSES` | `limits.max_synth_processes` (0: no cap) |
 //! | `VOXGATE_ENGINE_<KEY>` (`VOXGATE_ENGINE_ENDPOINT_DELAY_MS`, ...; blank `VOXGATE_ENGINE_GREETING`: off) | `engine.<key>` ([`engine`]) |
 //! | `VOXGATE_<DOOR>_ENGINE_<KEY>` (`VOXGATE_XIAOZHI_ENGINE_SPECULATE`, `VOXGATE_REALTIME_ENGINE_ENDPOINT_DELAY_MS`, ...; doors `XIAOZHI`, `REALTIME`, `GEMINI`, `RETELL`, `VIP`, `BRIDGE`) | `<door>.engine.<key>` |
-//! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated) | `[acp]` |
+//! | `VOXGATE_ACP_COMMAND` (creates `[acp]`), `VOXGATE_ACP_ARGS` (split on whitespace), `VOXGATE_ACP_CWD`, `VOXGATE_ACP_ALLOW`, `VOXGATE_ACP_DENY` (comma-separated), `VOXGATE_ACP_MAX_PROCESSES` (0: no cap), `VOXGATE_ACP_PROCESS_IDLE_SECS` (0: never) | `[acp]` |
 //! | `VOXGATE_MODELS_DIR` | the local speech models directory (`docs/offline.md`); not a file setting |
 //! | `VOXGATE_MODELS_AUTO_INSTALL` (`true` / `false`), `VOXGATE_MODELS_INDEX_URL` | `models.auto_install`, `models.index_url` ([`models`]) |
 //! | `VOXGATE_LOG_FORMAT` (`text` / `json`) | `telemetry.log_format` |
@@ -303,6 +304,16 @@ pub struct AcpBrainConfig {
     /// Seconds a cancelled prompt may take to end before the agent is killed and restarted.
     #[serde(default = "default_acp_cancel_secs")]
     pub cancel_timeout_secs: u64,
+    /// Agent processes running at once over every conversation of this agent; a Bridge
+    /// request that would start one more is refused (503), a door's turn fails. Default: two
+    /// per core, at least four; 0: no cap.
+    #[serde(default = "voxgate_providers::default_max_agent_processes")]
+    pub max_processes: usize,
+    /// Seconds a process may go without a turn before it is stopped and gives its place
+    /// back (the conversation's next turn starts a new one with the conversation so far).
+    /// 0: kept until the conversation ends.
+    #[serde(default = "default_acp_process_idle_secs")]
+    pub process_idle_secs: u64,
 }
 
 fn default_acp_startup_secs() -> u64 {
@@ -313,6 +324,9 @@ fn default_acp_idle_secs() -> u64 {
 }
 fn default_acp_cancel_secs() -> u64 {
     5
+}
+fn default_acp_process_idle_secs() -> u64 {
+    voxgate_providers::acp::DEFAULT_PROCESS_IDLE_TIMEOUT.as_secs()
 }
 
 impl AcpBrainConfig {
@@ -330,6 +344,8 @@ impl AcpBrainConfig {
             startup_timeout_secs: default_acp_startup_secs(),
             idle_timeout_secs: default_acp_idle_secs(),
             cancel_timeout_secs: default_acp_cancel_secs(),
+            max_processes: voxgate_providers::default_max_agent_processes(),
+            process_idle_secs: default_acp_process_idle_secs(),
         }
     }
 
@@ -352,20 +368,25 @@ impl AcpBrainConfig {
         c.startup_timeout = std::time::Duration::from_secs(self.startup_timeout_secs.max(1));
         c.idle_timeout = std::time::Duration::from_secs(self.idle_timeout_secs.max(1));
         c.cancel_timeout = std::time::Duration::from_secs(self.cancel_timeout_secs.max(1));
+        c.max_processes = self.max_processes;
+        c.process_idle_timeout = (self.process_idle_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.process_idle_secs));
         c
     }
 
-    fn apply_env(section: &mut Option<Self>, vars: EnvVars<'_>) {
+    fn apply_env(section: &mut Option<Self>, vars: EnvVars<'_>) -> Result<(), ConfigError> {
         if let Some(command) = vars.raw("VOXGATE_ACP_COMMAND") {
             section.get_or_insert_with(|| Self::new("")).command = command;
         }
-        let Some(acp) = section else { return };
+        let Some(acp) = section else { return Ok(()) };
         if let Some(v) = vars.raw("VOXGATE_ACP_ARGS") {
             acp.args = v.split_whitespace().map(str::to_owned).collect();
         }
         vars.optional("VOXGATE_ACP_CWD", &mut acp.cwd);
         vars.list("VOXGATE_ACP_ALLOW", &mut acp.allow);
         vars.list("VOXGATE_ACP_DENY", &mut acp.deny);
+        vars.parsed("VOXGATE_ACP_MAX_PROCESSES", &mut acp.max_processes)?;
+        vars.parsed("VOXGATE_ACP_PROCESS_IDLE_SECS", &mut acp.process_idle_secs)
     }
 }
 
@@ -757,7 +778,7 @@ impl Config {
         self.retell.engine.apply_env(&engine::RETELL_ENV, &var)?;
         self.vip.engine.apply_env(&engine::VIP_ENV, &var)?;
         self.bridge.engine.apply_env(&engine::BRIDGE_ENV, &var)?;
-        AcpBrainConfig::apply_env(&mut self.acp, vars);
+        AcpBrainConfig::apply_env(&mut self.acp, vars)?;
         providers::apply_env(&mut self.llm, &mut self.asr, &mut self.tts, vars)?;
         self.check()
     }
@@ -1108,8 +1129,17 @@ mod tests {
         let acp = c.acp.as_ref().unwrap();
         assert_eq!(acp.args, ["agent.py"]);
         assert_eq!(acp.idle_timeout_secs, 120);
+        assert_eq!(acp.process_idle_secs, 60);
+        assert_eq!(
+            acp.max_processes,
+            voxgate_providers::default_max_agent_processes()
+        );
         let p = acp.to_provider();
         assert_eq!(p.permissions.allow, ["kind:read"]);
+        assert_eq!(
+            p.process_idle_timeout,
+            Some(std::time::Duration::from_secs(60))
+        );
         assert_eq!(p.env, [("SECRET_KEY".to_owned(), "sk-1".to_owned())]);
         let printed = c.to_toml();
         assert!(!printed.contains("sk-1"), "{printed}");
@@ -1133,6 +1163,23 @@ mod tests {
         assert_eq!(acp.command, "agent");
         assert_eq!(acp.args, ["--acp", "--quiet"]);
         assert_eq!(acp.deny, ["kind:execute", "title:*rm*"]);
+        // The process bounds: file, then environment; 0 turns each off.
+        let mut c =
+            Config::from_toml("[acp]\ncommand = \"a\"\nmax_processes = 2\nprocess_idle_secs = 5\n")
+                .unwrap();
+        assert_eq!(c.acp.as_ref().unwrap().to_provider().max_processes, 2);
+        c.apply_env(|k| match k {
+            "VOXGATE_ACP_MAX_PROCESSES" => Some("0".into()),
+            "VOXGATE_ACP_PROCESS_IDLE_SECS" => Some("0".into()),
+            _ => None,
+        })
+        .unwrap();
+        let p = c.acp.as_ref().unwrap().to_provider();
+        assert_eq!((p.max_processes, p.process_idle_timeout), (0, None));
+        assert!(matches!(
+            c.apply_env(|k| (k == "VOXGATE_ACP_MAX_PROCESSES").then(|| "many".into())),
+            Err(ConfigError::Env { .. })
+        ));
         let mut c = Config::default();
         c.apply_env(|k| (k == "VOXGATE_ACP_ARGS").then(|| "x".into()))
             .unwrap();

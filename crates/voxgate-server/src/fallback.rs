@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use voxgate_providers::{
-    Asr, Llm, LlmEvent, LlmRequest, LlmStream, ProviderError, TimeoutPhase, Transcript, Tts,
-    TtsRequest, TtsStream, Utterance,
+    Asr, Llm, LlmEvent, LlmRequest, LlmStream, ProcessHold, ProviderError, TimeoutPhase,
+    Transcript, Tts, TtsRequest, TtsStream, Utterance,
 };
 
 use crate::metrics::{Metrics, ProviderKind};
@@ -131,6 +131,13 @@ impl Llm for Deadline<dyn Llm> {
             Arc::clone(&self.metrics),
         )))
     }
+
+    fn reserve_process(
+        &self,
+        hold: &mut dyn FnMut() -> Result<ProcessHold, ProviderError>,
+    ) -> Result<(), ProviderError> {
+        self.inner.reserve_process(hold)
+    }
 }
 
 #[async_trait::async_trait]
@@ -226,6 +233,15 @@ impl Llm for Fallback<dyn Llm> {
             fallback.unwrap_or_else(|| Arc::clone(&self.fallback)),
             Arc::clone(&self.metrics),
         )))
+    }
+
+    /// The primary's: the turn goes to it first (a fallback that runs processes too takes
+    /// its place when it starts one, or fails the request then).
+    fn reserve_process(
+        &self,
+        hold: &mut dyn FnMut() -> Result<ProcessHold, ProviderError>,
+    ) -> Result<(), ProviderError> {
+        self.primary.reserve_process(hold)
     }
 }
 

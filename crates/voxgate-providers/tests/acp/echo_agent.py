@@ -11,7 +11,12 @@ try the brain (docs/acp.md). Behaviour by prompt text, the same as tests/acp/rus
 * ``last``: ``last=<outcome of the last permission request> cancels=<n>``
 * ``crash``: streams ``dying`` and exits with status 3
 * ``garbage``: writes a non-JSON line, calls ``fs/read_text_file``, says ``fs=<error code>``
+* ``recall``: ``recall=<the context blocks received so far>`` (``recall=none`` without), its
+  lines joined with `` | ``
 * anything else: ``You said: <text>``, word by word
+
+The command is the prompt's last text block; earlier blocks are context (voxgate sends the
+conversation so far there when this process replaces an earlier one).
 """
 
 import asyncio
@@ -49,6 +54,7 @@ class EchoAgent(Agent):
         self.turns = 0
         self.cancel_count = 0
         self.last_permission = ""
+        self.context: list[str] = []
 
     def on_connect(self, conn: Client) -> None:
         self._conn = conn
@@ -92,7 +98,9 @@ class EchoAgent(Agent):
         sid = session_id
         self.turns += 1
         cancel = self.cancels[sid] = asyncio.Event()
-        text = "".join(getattr(b, "text", "") for b in prompt)
+        blocks = [getattr(b, "text", "") for b in prompt]
+        text = blocks[-1] if blocks else ""
+        self.context.extend(blocks[:-1])
         words = text.split()
         head = words[0] if words else ""
         if head == "whoami":
@@ -122,6 +130,9 @@ class EchoAgent(Agent):
             await cancel.wait()
             await self.ask(sid, "late_call")
             return PromptResponse(stop_reason="cancelled")
+        elif head == "recall":
+            lines = [line for c in self.context for line in c.splitlines() if line.strip()]
+            await self.say(sid, "recall=" + (" | ".join(lines) if lines else "none"))
         elif head == "last":
             await self.say(sid, f"last={self.last_permission} cancels={self.cancel_count}")
         elif head == "crash":

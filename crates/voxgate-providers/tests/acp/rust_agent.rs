@@ -11,7 +11,12 @@
 //! * `crash`: streams `dying` and exits with status 3.
 //! * `garbage`: writes non-JSON and non-JSON-RPC lines and calls `fs/read_text_file`, then
 //!   says `fs=<error code>`.
+//! * `recall`: says `recall=<the context blocks received so far>` (`recall=none` without),
+//!   its lines joined with ` | `.
 //! * anything else: `You said: <text>`, word by word.
+//!
+//! The command is the prompt's last text block; earlier blocks are context (voxgate sends the
+//! conversation so far there when this process replaces an earlier one).
 #![allow(
     dead_code,
     unreachable_pub,
@@ -38,6 +43,8 @@ struct State {
     cancel_count: u64,
     last_permission: String,
     cwd: String,
+    /// The context blocks of every prompt so far.
+    context: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -154,6 +161,16 @@ impl Agent {
                 self.ask_permission(&session, "late_call").await;
                 return "cancelled";
             }
+            "recall" => {
+                let context = self.state.lock().unwrap().context.join("\n");
+                let lines: Vec<&str> = context.lines().filter(|l| !l.trim().is_empty()).collect();
+                let text = if lines.is_empty() {
+                    "recall=none".to_owned()
+                } else {
+                    format!("recall={}", lines.join(" | "))
+                };
+                self.chunk(&session, &text);
+            }
             "last" => {
                 let s = self.state.lock().unwrap();
                 let text = format!("last={} cancels={}", s.last_permission, s.cancel_count);
@@ -242,18 +259,19 @@ impl Agent {
             }
             "session/prompt" => {
                 let sid = params["sessionId"].as_str().unwrap_or("").to_owned();
-                let text: String = params["prompt"]
+                let mut blocks: Vec<String> = params["prompt"]
                     .as_array()
                     .map(|blocks| {
                         blocks
                             .iter()
-                            .filter_map(|b| b["text"].as_str())
-                            .collect::<Vec<_>>()
-                            .join("")
+                            .filter_map(|b| b["text"].as_str().map(str::to_owned))
+                            .collect()
                     })
                     .unwrap_or_default();
+                let text = blocks.pop().unwrap_or_default();
                 let cancel = {
                     let mut s = self.state.lock().unwrap();
+                    s.context.extend(blocks);
                     let (tx, rx) = watch::channel(false);
                     s.cancels.insert(sid.clone(), tx);
                     rx

@@ -1,8 +1,18 @@
 //! `/api/message` conversations: one text-only [`Engine`] per conversation key, kept between
 //! requests so the model sees the history, and the turn loop that drives it with the configured
 //! LLM and the MCP hub's tools.
+//!
+//! A brain that runs a process per conversation (an ACP agent) is what one anonymous client
+//! could otherwise multiply by inventing `session_id`s, so before a turn the conversation
+//! reserves its process ([`voxgate_providers::Llm::reserve_process`]): a place among the
+//! agent's `max_processes`, and an admission permit of the Bridge door for the request's peer
+//! (the process is a session in `[limits]` terms: `max_sessions`, `max_sessions_per_ip`, the
+//! per-address handshake rate). Both are held while the process runs and given back when it
+//! ends (idle stop, exit, the conversation forgotten); a request that cannot have them is
+//! refused before the turn, with `Retry-After`. The history stays here either way.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,7 +21,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use voxgate_engine::emotion::EmojiPolicy;
 use voxgate_engine::{ClientEvent, Engine, EngineConfig, Input, Output, State, TriggerMode};
+use voxgate_providers::{ProcessHold, ProviderError};
 
+use crate::admission::{Admission, Refusal};
 use crate::mcp_endpoint::hub::{McpHub, Scope};
 use crate::metrics::{Door, Metrics};
 use crate::providers::{Providers, Runner};
@@ -64,7 +76,17 @@ pub(crate) enum TurnError {
     /// The conversation table is full of conversations in use.
     #[error("too many conversations in progress")]
     Busy,
+    /// Admission refused the conversation's agent process (a session of the Bridge door).
+    #[error("{}", .0.message())]
+    Admission(Refusal),
+    /// Every agent process place is taken (what the brain said).
+    #[error("{0}")]
+    AgentsBusy(String),
 }
+
+/// `Retry-After` for [`TurnError::AgentsBusy`]: places come back as conversations end or
+/// their agents idle out, which takes seconds, not milliseconds.
+pub(crate) const AGENTS_BUSY_RETRY_SECS: u32 = 5;
 
 /// What a turn needs from the server.
 #[derive(Debug, Clone)]
@@ -76,6 +98,10 @@ pub(crate) struct TurnContext<'a> {
     pub(crate) tools: Option<Scope>,
     pub(crate) tool_timeout: Duration,
     pub(crate) timeout: Duration,
+    /// Admits the conversation's agent process as a Bridge session.
+    pub(crate) admission: &'a Admission,
+    /// Whom that session is counted against (the request's socket peer, as for every door).
+    pub(crate) peer: IpAddr,
 }
 
 /// A finished turn.
@@ -132,6 +158,13 @@ impl Conversation {
             let _ = self.engine.handle_input(now, Input::Abort);
             while self.engine.poll_output().is_some() {}
         }
+        // One brain per conversation across requests: an ACP agent keeps its own history.
+        let providers = self
+            .providers
+            .get_or_insert_with(|| ctx.providers.for_conversation())
+            .clone();
+        // Before the engine sees the text: a refused request leaves no trace in the history.
+        reserve_process(&providers, ctx)?;
         let tools = ctx
             .tools
             .as_ref()
@@ -150,11 +183,6 @@ impl Conversation {
             )
             .map_err(|e| TurnError::Refused(e.to_string()))?;
         self.turns += 1;
-        // One brain per conversation across requests: an ACP agent keeps its own history.
-        let providers = self
-            .providers
-            .get_or_insert_with(|| ctx.providers.for_conversation())
-            .clone();
         let (runner, provider_rx) =
             Runner::for_conversation(providers, Arc::clone(ctx.metrics), Door::Bridge);
         let mut run = TurnRun {
@@ -194,6 +222,33 @@ impl Conversation {
             tools_called: run.tools_called,
         })
     }
+}
+
+/// Makes sure the conversation's brain has its process for the turn (a no-op for brains
+/// without one): its place among the agent's processes and the Bridge admission permit it
+/// is counted with.
+fn reserve_process(providers: &Providers, ctx: &TurnContext<'_>) -> Result<(), TurnError> {
+    let mut refused = None;
+    let reserved = providers.llm.reserve_process(&mut || match ctx
+        .admission
+        .try_admit(Door::Bridge, ctx.peer)
+    {
+        Ok(permit) => Ok(Box::new(permit) as ProcessHold),
+        Err(refusal) => {
+            refused = Some(refusal);
+            Err(ProviderError::Busy(refusal.message().to_owned()))
+        }
+    });
+    reserved.map_err(|e| match refused {
+        Some(refusal) => TurnError::Admission(refusal),
+        None => {
+            tracing::info!(error = %e, "bridge request refused: no agent process place");
+            TurnError::AgentsBusy(match e {
+                ProviderError::Busy(why) => why,
+                other => other.to_string(),
+            })
+        }
+    })
 }
 
 fn join_face(face: &str, body: &str) -> String {

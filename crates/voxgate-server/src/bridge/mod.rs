@@ -29,7 +29,7 @@
 mod conversation;
 pub(crate) mod perception;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -267,6 +267,8 @@ pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     detail: String,
+    /// `Retry-After` seconds, for refusals that pass.
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -275,6 +277,7 @@ impl ApiError {
             status,
             code,
             detail: detail.into(),
+            retry_after: None,
         }
     }
 
@@ -312,6 +315,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"ok": false, "error": self.code, "detail": self.detail});
         let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -324,13 +331,21 @@ impl IntoResponse for ApiError {
 
 impl From<TurnError> for ApiError {
     fn from(e: TurnError) -> Self {
-        let (status, code) = match &e {
-            TurnError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, "provider_failed"),
-            TurnError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
-            TurnError::Refused(_) => (StatusCode::BAD_REQUEST, "refused"),
-            TurnError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+        let (status, code, retry_after) = match &e {
+            TurnError::Provider(_) => (StatusCode::INTERNAL_SERVER_ERROR, "provider_failed", None),
+            TurnError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout", None),
+            TurnError::Refused(_) => (StatusCode::BAD_REQUEST, "refused", None),
+            TurnError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "busy", None),
+            TurnError::Admission(r) => (r.status(), "busy", Some(r.retry_after_secs())),
+            TurnError::AgentsBusy(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                Some(conversation::AGENTS_BUSY_RETRY_SECS),
+            ),
         };
-        Self::new(status, code, e.to_string())
+        let mut error = Self::new(status, code, e.to_string());
+        error.retry_after = retry_after;
+        error
     }
 }
 
@@ -440,18 +455,24 @@ fn optional_string(v: &Value, key: &str) -> Result<Option<String>, ApiError> {
 
 // ---- /api -----------------------------------------------------------------------------------
 
-async fn message(State(app): State<Arc<App>>, request: Request) -> ApiResult {
+async fn message(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> ApiResult {
     let (parts, body) = request.into_parts();
     authorize(&app, &parts.headers)?;
     shutting_down(&app)?;
     let v = json_body(&app, body, &parts.headers).await?;
-    ok_json(message_turn(&app, &v, false).await?)
+    ok_json(message_turn(&app, &v, Some(peer.ip())).await?)
 }
 
-/// One `/api/message` turn for the request body `v`: on this instance, or (with `[cluster]`,
-/// unless the request was already `routed` here) on the instance that holds the conversation,
-/// so a conversation keeps one history whichever instance a load balancer picks.
-async fn message_turn(app: &App, v: &Value, routed: bool) -> Result<Value, ApiError> {
+/// One `/api/message` turn for the request body `v` from `peer`: on this instance, or (with
+/// `[cluster]`, unless the request was already routed here, `peer` then `None`) on the
+/// instance that holds the conversation, so a conversation keeps one history whichever
+/// instance a load balancer picks.
+async fn message_turn(app: &App, v: &Value, peer: Option<IpAddr>) -> Result<Value, ApiError> {
+    let routed = peer.is_none();
     if !v.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
@@ -496,6 +517,10 @@ async fn message_turn(app: &App, v: &Value, routed: bool) -> Result<Value, ApiEr
             .then(|| Scope::from_option(cfg.mcp_token.as_deref())),
         tool_timeout: app.config.mcp.call_timeout(),
         timeout: turn_timeout,
+        admission: &app.admission,
+        // A routed request's client is another instance's: its agent is counted as one
+        // address's (the unspecified one).
+        peer: peer.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
     };
     // Requests of one conversation take turns; others run in parallel.
     let mut conversation = conversation.lock().await;
@@ -514,7 +539,7 @@ async fn message_turn(app: &App, v: &Value, routed: bool) -> Result<Value, ApiEr
 
 /// A `/api/message` turn another instance routed here (its conversation is here).
 pub(crate) async fn routed_message(app: &App, body: &Value) -> crate::cluster::Reply {
-    match message_turn(app, body, true).await {
+    match message_turn(app, body, None).await {
         Ok(v) => crate::cluster::Reply::new(200, v),
         Err(e) => e.into_reply(),
     }

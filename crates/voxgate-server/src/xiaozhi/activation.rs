@@ -12,12 +12,20 @@
 //!    that asked; the listing of pending activations therefore never shows codes.
 //! 3. The device's next poll gets 200, its next OTA a token bound to its client and device ids.
 //!
-//! Bounds: at most `max_pending` pending activations (a new one evicts the oldest), each
-//! expiring after `timeout`; at most [`MAX_ACTIVATED`] activated devices (confirming one more
-//! is refused rather than silently forgetting another). Client and device ids are capped at
-//! [`MAX_ID_BYTES`].
+//! Bounds: at most `max_pending` pending activations, each expiring after `timeout`; at most
+//! [`MAX_ACTIVATED`] activated devices (confirming one more is refused rather than silently
+//! forgetting another). Client and device ids are capped at [`MAX_ID_BYTES`].
+//!
+//! Who may push whom out: a pending code remembers the address that asked for it
+//! ([`source_key`]: the IPv4 address, or the IPv6 /64 prefix). One address holds at most
+//! `max_pending_per_source` codes; its next one replaces its own oldest. When the whole table
+//! is full, a new code replaces the oldest code of the address holding the most, so a flood
+//! from one address (or a few) only ever evicts its own codes, and a real device's code (one
+//! per device) goes last. Emptying the table of real devices takes as many flooding addresses
+//! as the table has places, and the OTA rate limit ([`super::rate`]) slows each of them.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -57,9 +65,24 @@ pub(crate) struct ActivatedDevice {
     pub(crate) activated_at: u64,
 }
 
+/// The address a pending code is counted against: an IPv4 address (IPv4-mapped IPv6 too) as
+/// it is, an IPv6 address by its /64 prefix (one subscriber's network, whose 2^64 addresses
+/// would otherwise each count as another source).
+pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1_u128 << 64) - 1);
+            IpAddr::V6(prefix.into())
+        }
+        v4 => v4,
+    }
+}
+
 /// Who asks at OTA time.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Identity<'a> {
+    /// The client's address (the socket peer, or the client behind a trusted proxy).
+    pub(crate) source: IpAddr,
     /// `Device-Id`, lowercase.
     pub(crate) device_id: &'a str,
     /// `Client-Id`.
@@ -121,6 +144,8 @@ pub(crate) enum ConfirmError {
 pub(crate) struct PendingInfo {
     pub(crate) device_id: String,
     pub(crate) client_id: String,
+    /// The address (or IPv6 /64) it is counted against.
+    pub(crate) address: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) serial_number: Option<String>,
     pub(crate) age_secs: u64,
@@ -135,6 +160,8 @@ struct Pending {
     signs_challenge: bool,
     serial_number: Option<String>,
     created: Instant,
+    /// [`source_key`] of the address that asked.
+    source: IpAddr,
 }
 
 /// Pending and activated devices.
@@ -143,6 +170,8 @@ pub(crate) struct Activations {
     allowlist: DeviceAllowlist,
     timeout: Duration,
     max_pending: usize,
+    /// Pending codes one source address may hold.
+    max_pending_per_source: usize,
     /// By code: codes are unique among pending activations.
     pending: HashMap<String, Pending>,
     /// By device id: one client id per device.
@@ -150,12 +179,22 @@ pub(crate) struct Activations {
 }
 
 impl Activations {
-    /// Empty state: codes live for `timeout`, at most `max_pending` (at least one) at a time.
-    pub(crate) fn new(allowlist: DeviceAllowlist, timeout: Duration, max_pending: usize) -> Self {
+    /// Empty state: codes live for `timeout`, at most `max_pending` (at least one) at a time
+    /// and `max_pending_per_source` from one address (0: no limit but `max_pending`).
+    pub(crate) fn new(
+        allowlist: DeviceAllowlist,
+        timeout: Duration,
+        max_pending: usize,
+        max_pending_per_source: usize,
+    ) -> Self {
         Self {
             allowlist,
             timeout,
             max_pending: max_pending.max(1),
+            max_pending_per_source: match max_pending_per_source {
+                0 => usize::MAX,
+                n => n,
+            },
             pending: HashMap::new(),
             activated: HashMap::new(),
         }
@@ -207,8 +246,15 @@ impl Activations {
             return OtaDecision::Unavailable;
         };
         let challenge: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let source = source_key(who.source);
+        while self.held_by(source) >= self.max_pending_per_source {
+            self.evict_oldest_of(source);
+        }
         while self.pending.len() >= self.max_pending {
-            self.evict_oldest();
+            match self.largest_holder() {
+                Some(holder) => self.evict_oldest_of(holder),
+                None => break,
+            }
         }
         let pending = Pending {
             device_id: who.device_id.to_owned(),
@@ -220,6 +266,7 @@ impl Activations {
                 .filter(|s| s.len() <= MAX_ID_BYTES)
                 .map(str::to_owned),
             created: now,
+            source,
         };
         self.pending.insert(code.clone(), pending);
         OtaDecision::Pending(Challenge {
@@ -290,6 +337,7 @@ impl Activations {
             .map(|p| PendingInfo {
                 device_id: p.device_id.clone(),
                 client_id: p.client_id.clone(),
+                address: p.source.to_string(),
                 serial_number: p.serial_number.clone(),
                 age_secs: now.saturating_duration_since(p.created).as_secs(),
                 expires_in_secs: self.remaining(p, now).as_secs(),
@@ -328,10 +376,30 @@ impl Activations {
             .retain(|_, p| now.saturating_duration_since(p.created) < timeout);
     }
 
-    fn evict_oldest(&mut self) {
+    /// Pending codes `source` holds.
+    fn held_by(&self, source: IpAddr) -> usize {
+        self.pending.values().filter(|p| p.source == source).count()
+    }
+
+    /// The source holding the most pending codes; of several, the one with the oldest code.
+    fn largest_holder(&self) -> Option<IpAddr> {
+        let mut held: HashMap<IpAddr, (usize, Instant)> = HashMap::new();
+        for p in self.pending.values() {
+            let e = held.entry(p.source).or_insert((0, p.created));
+            e.0 += 1;
+            e.1 = e.1.min(p.created);
+        }
+        held.into_iter()
+            .max_by(|(_, (n, t)), (_, (m, u))| n.cmp(m).then(u.cmp(t)))
+            .map(|(source, _)| source)
+    }
+
+    /// Drops the oldest pending code of `source`.
+    fn evict_oldest_of(&mut self, source: IpAddr) {
         let oldest = self
             .pending
             .iter()
+            .filter(|(_, p)| p.source == source)
             .min_by_key(|(_, p)| p.created)
             .map(|(code, _)| code.clone());
         if let Some(code) = oldest {
@@ -371,8 +439,16 @@ mod tests {
     const DEV: &str = "aa:bb:cc:dd:ee:01";
     const CLIENT: &str = "3b5c1f2e-0000-4000-8000-000000000001";
 
+    /// The address the tests' devices ask from, unless they say otherwise.
+    const HOME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+
     fn who<'a>(device_id: &'a str, client_id: &'a str) -> Identity<'a> {
+        from(HOME, device_id, client_id)
+    }
+
+    fn from<'a>(source: IpAddr, device_id: &'a str, client_id: &'a str) -> Identity<'a> {
         Identity {
+            source,
             device_id,
             client_id,
             signs_challenge: false,
@@ -393,6 +469,7 @@ mod tests {
         Activations::new(
             DeviceAllowlist::new(["11:22:33:44:55:66"]),
             Duration::from_secs(600),
+            4,
             4,
         )
     }
@@ -553,7 +630,7 @@ mod tests {
 
     #[test]
     fn codes_are_unique_among_pending_and_drawn_without_bias() {
-        let mut s = Activations::new(DeviceAllowlist::default(), Duration::from_secs(60), 10);
+        let mut s = Activations::new(DeviceAllowlist::default(), Duration::from_secs(60), 10, 0);
         let t = Instant::now();
         let a = pending(s.ota(t, who("02:00:00:00:00:01", CLIENT), &mut queue(vec![7])));
         assert_eq!(a.code, "000007");
@@ -609,6 +686,124 @@ mod tests {
             activated_at: 0,
         });
         assert_eq!(fresh.restore(bad), 0);
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn device(n: usize) -> String {
+        format!(
+            "02:00:00:{:02x}:{:02x}:{:02x}",
+            n >> 16,
+            (n >> 8) & 0xff,
+            n & 0xff
+        )
+    }
+
+    /// The finding of issue 36: 300 fake devices from one address used to push a real
+    /// device's code out of the table. Now that address only replaces its own codes.
+    #[test]
+    fn a_flooding_address_only_evicts_its_own_codes() {
+        let mut s = Activations::new(DeviceAllowlist::default(), Duration::from_secs(600), 256, 8);
+        let t0 = Instant::now();
+        let mut rng = counter();
+        let real = pending(s.ota(t0, from(ip("198.51.100.7"), DEV, CLIENT), &mut rng));
+        let neighbour = pending(s.ota(
+            t0,
+            from(ip("198.51.100.8"), "aa:bb:cc:dd:ee:02", CLIENT),
+            &mut rng,
+        ));
+        let flooder = ip("203.0.113.9");
+        let mut last = Vec::new();
+        for i in 0..300 {
+            let t = t0 + Duration::from_millis(i as u64 + 1);
+            last.push(pending(s.ota(t, from(flooder, &device(i), CLIENT), &mut rng)).code);
+        }
+        let t = t0 + Duration::from_secs(1);
+        let listed = s.pending(t);
+        assert_eq!(listed.len(), 2 + 8);
+        let from_flooder: Vec<&str> = listed
+            .iter()
+            .filter(|p| p.address == "203.0.113.9")
+            .map(|p| p.device_id.as_str())
+            .collect();
+        // The flooder keeps its 8 newest; its first 292 were its own evictions.
+        let newest: Vec<String> = (292..300).map(device).collect();
+        assert_eq!(from_flooder, newest);
+        assert_eq!(s.confirm(t, &last[0], 0), Err(ConfirmError::NotFound));
+        assert_eq!(s.confirm(t, &real.code, 0).unwrap().device_id, DEV);
+        assert_eq!(
+            s.confirm(t, &neighbour.code, 0).unwrap().device_id,
+            "aa:bb:cc:dd:ee:02"
+        );
+    }
+
+    #[test]
+    fn a_full_table_evicts_from_the_largest_holder() {
+        // Room for 6, at most 4 from one address.
+        let mut s = Activations::new(DeviceAllowlist::default(), Duration::from_secs(600), 6, 4);
+        let t0 = Instant::now();
+        let mut rng = counter();
+        let real = pending(s.ota(t0, from(ip("198.51.100.7"), DEV, CLIENT), &mut rng));
+        let (a, b) = (ip("203.0.113.1"), ip("203.0.113.2"));
+        // Two flooding addresses take turns, 100 codes each: once the table is full, each new
+        // code replaces one of the other flooder's (it holds more), never the real device's.
+        for i in 0..200 {
+            let source = if i % 2 == 0 { a } else { b };
+            let t = t0 + Duration::from_millis(i as u64 + 1);
+            pending(s.ota(t, from(source, &device(i), CLIENT), &mut rng));
+        }
+        let t = t0 + Duration::from_secs(1);
+        let listed = s.pending(t);
+        let count = |addr: &str| listed.iter().filter(|p| p.address == addr).count();
+        assert_eq!(listed.len(), 6);
+        assert_eq!(
+            (
+                count("198.51.100.7"),
+                count("203.0.113.1"),
+                count("203.0.113.2")
+            ),
+            (1, 2, 3)
+        );
+        assert_eq!(s.confirm(t, &real.code, 0).unwrap().device_id, DEV);
+        // The limit of the scheme: when every place belongs to a different address, the
+        // oldest code goes, whoever asked for it.
+        let mut s = Activations::new(DeviceAllowlist::default(), Duration::from_secs(600), 3, 4);
+        let real = pending(s.ota(t0, from(ip("198.51.100.7"), DEV, CLIENT), &mut rng));
+        for (i, last) in [10_u8, 11, 12].into_iter().enumerate() {
+            let t = t0 + Duration::from_millis(u64::from(last));
+            let source = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, last));
+            pending(s.ota(t, from(source, &device(i), CLIENT), &mut rng));
+        }
+        assert_eq!(s.confirm(t, &real.code, 0), Err(ConfirmError::NotFound));
+    }
+
+    #[test]
+    fn sources_are_addresses_and_ipv6_networks() {
+        assert_eq!(source_key(ip("192.0.2.1")), ip("192.0.2.1"));
+        assert_eq!(source_key(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
+        assert_eq!(source_key(ip("2001:db8:1:2::5")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            source_key(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+            ip("2001:db8:1:2::")
+        );
+        assert_ne!(source_key(ip("2001:db8:1:3::5")), ip("2001:db8:1:2::"));
+        // One /64 is one source: its addresses share the quota.
+        let mut s = Activations::new(DeviceAllowlist::default(), Duration::from_secs(600), 16, 2);
+        let t = Instant::now();
+        let mut rng = counter();
+        for (i, ms) in (0..5_u64).enumerate() {
+            let source = ip(&format!("2001:db8:1:2::{}", i + 1));
+            pending(s.ota(
+                t + Duration::from_millis(ms),
+                from(source, &device(i), CLIENT),
+                &mut rng,
+            ));
+        }
+        let listed = s.pending(t + Duration::from_secs(1));
+        assert_eq!(listed.len(), 2);
+        assert!(listed.iter().all(|p| p.address == "2001:db8:1:2::"));
     }
 
     #[test]

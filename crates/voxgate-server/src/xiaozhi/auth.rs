@@ -6,21 +6,29 @@
 //! | `POST /xiaozhi/ota/activate` | the device | its poll: 200 activated, 202 waiting, 403 wrong challenge, 404 nothing pending |
 //! | `POST /admin/xiaozhi/activate` | the operator (`/admin` guard) | `{"code":"123456"}`: activates the device that shows it |
 //! | `GET /admin/xiaozhi/activations` | the operator (`/admin` guard) | pending activations (no codes) and activated devices |
+//!
+//! OTA and `/activate` are open to anyone who can reach the port, so each is rate-limited per
+//! client address (`[xiaozhi] ota_rate_per_sec`, `ota_rate_burst`; [`super::rate`]): beyond
+//! it `429` with `Retry-After`. The client address is the socket peer, or behind one of
+//! `trusted_proxies` the client its forwarding header names ([`crate::access::Origin`]).
 
 use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use voxgate_xiaozhi::ota::{ActivateRequest, DeviceAllowlist, OtaHeaders};
 
 use super::activation::{ActivatedDevice, Activations, ConfirmError, Identity, OtaDecision, Poll};
+use super::rate::{Limited, RateLimiter, retry_after_secs};
 use super::{XiaozhiConfig, header_pairs, json_response};
+use crate::access::Origin;
 use crate::bridge::Admin;
 use crate::server::App;
 
@@ -36,6 +44,19 @@ pub(crate) struct DoorState {
     activations: Mutex<Activations>,
     /// Where activated devices are persisted, when configured and readable at start.
     store: Option<PathBuf>,
+    /// `POST` OTA requests per client address.
+    ota_rate: Mutex<RateLimiter>,
+    /// `/activate` polls per client address.
+    activate_rate: Mutex<RateLimiter>,
+}
+
+/// The endpoints rate-limited per address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Endpoint {
+    /// `POST` OTA.
+    Ota,
+    /// The activation poll.
+    Activate,
 }
 
 impl DoorState {
@@ -47,6 +68,7 @@ impl DoorState {
             DeviceAllowlist::new(&config.allowed_devices),
             Duration::from_secs(config.activation_timeout_secs),
             config.max_pending_activations,
+            config.max_pending_activations_per_address,
         );
         let path = config.activated_devices_file.trim();
         let store = if path.is_empty() {
@@ -73,9 +95,12 @@ impl DoorState {
                 }
             }
         };
+        let rate = || RateLimiter::new(config.ota_rate_per_sec, config.ota_rate_burst);
         Self {
             activations: Mutex::new(activations),
             store,
+            ota_rate: Mutex::new(rate()),
+            activate_rate: Mutex::new(rate()),
         }
     }
 
@@ -90,6 +115,49 @@ impl DoorState {
 /// The activation state of the server `app` belongs to.
 pub(super) fn state(app: &Arc<App>) -> Arc<DoorState> {
     Arc::clone(&app.shared.xiaozhi)
+}
+
+/// The client address of a request from `peer`: the peer, or behind one of `trusted_proxies`
+/// the client its forwarding header names (the proxy itself when that cannot be read).
+pub(super) fn client_address(app: &App, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
+    let origin = Origin::resolve(&app.config.trusted_proxies, peer.ip(), headers);
+    origin.client.unwrap_or(origin.peer)
+}
+
+/// The answer to a request of `address` that is over `endpoint`'s rate, if it is: `429`
+/// (`503` when too many addresses are tracked to track it), with `Retry-After`.
+pub(super) fn over_rate(app: &Arc<App>, endpoint: Endpoint, address: IpAddr) -> Option<Response> {
+    let state = state(app);
+    let limiter = match endpoint {
+        Endpoint::Ota => &state.ota_rate,
+        Endpoint::Activate => &state.activate_rate,
+    };
+    let checked = limiter
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .check(Instant::now(), address);
+    let (status, wait, message) = match checked.err()? {
+        Limited::Rate(wait) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            wait,
+            "too many requests from this address",
+        ),
+        Limited::Full => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Duration::from_secs(1),
+            "too many addresses at once",
+        ),
+    };
+    tracing::debug!(%address, ?endpoint, %status, "xiaozhi request over its rate");
+    let mut r = json_response(
+        status,
+        json!({"success": false, "message": message}).to_string(),
+    );
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        header::HeaderValue::from(retry_after_secs(wait)),
+    );
+    Some(r)
 }
 
 fn read_devices(path: &Path) -> Result<Vec<ActivatedDevice>, String> {
@@ -140,8 +208,14 @@ pub(super) enum OtaAuth {
     Refused(Response),
 }
 
-/// Decides the OTA answer for (`device_id`, `client_id`) with auth on.
-pub(super) fn ota(app: &Arc<App>, h: &OtaHeaders, device_id: &str, client_id: &str) -> OtaAuth {
+/// Decides the OTA answer for (`device_id`, `client_id`) asking from `source` with auth on.
+pub(super) fn ota(
+    app: &Arc<App>,
+    h: &OtaHeaders,
+    device_id: &str,
+    client_id: &str,
+    source: IpAddr,
+) -> OtaAuth {
     let bad = |message: &str| {
         OtaAuth::Refused(json_response(
             StatusCode::BAD_REQUEST,
@@ -158,6 +232,7 @@ pub(super) fn ota(app: &Arc<App>, h: &OtaHeaders, device_id: &str, client_id: &s
         return bad("Client-Id is not usable");
     }
     let who = Identity {
+        source,
         device_id,
         client_id,
         signs_challenge: h.activation_version.as_deref() == Some("2"),
@@ -191,9 +266,14 @@ pub(super) fn ota(app: &Arc<App>, h: &OtaHeaders, device_id: &str, client_id: &s
 /// for: `200 success`, as before.
 pub(super) async fn activate(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let address = client_address(&app, peer, &headers);
+    if let Some(refused) = over_rate(&app, Endpoint::Activate, address) {
+        return refused;
+    }
     if !app.config.xiaozhi.auth {
         return (StatusCode::OK, "success").into_response();
     }

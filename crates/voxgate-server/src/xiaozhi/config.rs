@@ -10,7 +10,10 @@
 //! token_secret = ""                # HMAC key for tokens; empty: random per process
 //! allowed_devices = []             # device ids (MACs) issued a token at OTA without activation
 //! activation_timeout_secs = 600    # a pending activation code expires after this long
-//! max_pending_activations = 256    # pending codes kept; a new one evicts the oldest
+//! max_pending_activations = 256    # pending codes kept in all
+//! max_pending_activations_per_address = 8  # pending codes one address (IPv6: /64) holds; 0: no limit
+//! ota_rate_per_sec = 5             # OTA and /activate requests a second per address; 0: no limit
+//! ota_rate_burst = 10              # ... after a burst of this many
 //! activated_devices_file = ""      # JSON list of activated devices; empty: memory only
 //! hello_timeout_ms = 10000         # close (1008) a connection without a valid hello by then
 //! idle_timeout_secs = 120          # close (1000) a connection silent for this long (0: never)
@@ -168,8 +171,18 @@ pub struct XiaozhiConfig {
     pub allowed_devices: Vec<String>,
     /// Seconds a pending activation code stays valid.
     pub activation_timeout_secs: u64,
-    /// Pending activations kept at once; a new one evicts the oldest.
+    /// Pending activations kept at once. When full, a new one replaces the oldest code of
+    /// the address holding the most.
     pub max_pending_activations: usize,
+    /// Pending activations one address (an IPv6 /64) holds at once; its next one replaces its
+    /// own oldest, so an address flooding OTA only evicts its own codes. 0: no limit but
+    /// `max_pending_activations`.
+    pub max_pending_activations_per_address: usize,
+    /// `POST` OTA and `/activate` requests one address (an IPv6 /64) may make a second, each
+    /// endpoint counted apart; beyond them `429` with `Retry-After`. 0: no limit.
+    pub ota_rate_per_sec: u32,
+    /// The burst those requests may come in (the bucket's size), at least 1.
+    pub ota_rate_burst: u32,
     /// Where activated devices are kept across restarts (a JSON list, rewritten atomically on
     /// each activation); empty: in memory only.
     pub activated_devices_file: String,
@@ -233,6 +246,9 @@ impl Default for XiaozhiConfig {
             allowed_devices: Vec::new(),
             activation_timeout_secs: 600,
             max_pending_activations: 256,
+            max_pending_activations_per_address: 8,
+            ota_rate_per_sec: 5,
+            ota_rate_burst: 10,
             activated_devices_file: String::new(),
             hello_timeout_ms: 10_000,
             idle_timeout_secs: 120,
@@ -292,6 +308,15 @@ impl XiaozhiConfig {
             "VOXGATE_XIAOZHI_MAX_PENDING_ACTIVATIONS",
             &mut self.max_pending_activations,
         )?;
+        vars.parsed(
+            "VOXGATE_XIAOZHI_MAX_PENDING_ACTIVATIONS_PER_ADDRESS",
+            &mut self.max_pending_activations_per_address,
+        )?;
+        vars.parsed(
+            "VOXGATE_XIAOZHI_OTA_RATE_PER_SEC",
+            &mut self.ota_rate_per_sec,
+        )?;
+        vars.parsed("VOXGATE_XIAOZHI_OTA_RATE_BURST", &mut self.ota_rate_burst)?;
         vars.trimmed(
             "VOXGATE_XIAOZHI_ACTIVATED_DEVICES_FILE",
             &mut self.activated_devices_file,
@@ -403,6 +428,11 @@ impl XiaozhiConfig {
                 self.max_pending_activations
             ));
         }
+        if self.ota_rate_per_sec > 0 && self.ota_rate_burst == 0 {
+            return bad(
+                "ota_rate_burst must be at least 1 (or ota_rate_per_sec 0: no limit)".into(),
+            );
+        }
         if self.default_emotion.trim().is_empty() {
             return bad("default_emotion must not be empty".into());
         }
@@ -434,6 +464,9 @@ mod tests {
             "VOXGATE_XIAOZHI_TOKEN_SECRET" => Some("s".to_owned()),
             "VOXGATE_XIAOZHI_ACTIVATION_TIMEOUT_SECS" => Some("90".to_owned()),
             "VOXGATE_XIAOZHI_MAX_PENDING_ACTIVATIONS" => Some("8".to_owned()),
+            "VOXGATE_XIAOZHI_MAX_PENDING_ACTIVATIONS_PER_ADDRESS" => Some("2".to_owned()),
+            "VOXGATE_XIAOZHI_OTA_RATE_PER_SEC" => Some("0".to_owned()),
+            "VOXGATE_XIAOZHI_OTA_RATE_BURST" => Some("3".to_owned()),
             "VOXGATE_XIAOZHI_ACTIVATED_DEVICES_FILE" => Some(" /var/lib/v/a.json ".to_owned()),
             _ => None,
         };
@@ -442,6 +475,8 @@ mod tests {
         assert!(c.auth);
         assert_eq!(c.activation_timeout_secs, 90);
         assert_eq!(c.max_pending_activations, 8);
+        assert_eq!(c.max_pending_activations_per_address, 2);
+        assert_eq!((c.ota_rate_per_sec, c.ota_rate_burst), (0, 3));
         assert_eq!(c.activated_devices_file, "/var/lib/v/a.json");
         assert_eq!(c.allowed_devices.len(), 2);
         let policy = c.emoji_policy();
@@ -464,6 +499,10 @@ mod tests {
             },
             XiaozhiConfig {
                 max_pending_activations: MAX_PENDING_ACTIVATIONS + 1,
+                ..XiaozhiConfig::default()
+            },
+            XiaozhiConfig {
+                ota_rate_burst: 0,
                 ..XiaozhiConfig::default()
             },
         ] {

@@ -17,6 +17,10 @@
 //! a token only to a device on `allowed_devices` or activated by an operator ([`activation`],
 //! [`auth`]), and the upgrade admits only a valid token bound to the `Device-Id` and
 //! `Client-Id` presented. With it off, OTA hands every device its URL and a token nobody checks.
+//! `POST` OTA and the activation poll are rate-limited per client address (`429` with
+//! `Retry-After` beyond `ota_rate_per_sec` after a burst of `ota_rate_burst`; [`rate`]), and a
+//! pending activation code counts against the address that asked for it, so one address can
+//! only evict its own ([`activation`]).
 //!
 //! The session itself lives in [`session`], a translator run by the shared door driver, with its
 //! decisions in [`speech`] (`tts` state, half duplex), [`reply`] (encoding and pacing of reply
@@ -28,6 +32,7 @@ pub(crate) use auth::DoorState;
 mod config;
 pub(crate) mod devices;
 mod emotion;
+mod rate;
 mod reply;
 mod session;
 mod speech;
@@ -280,7 +285,16 @@ async fn ota_get(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn ota_post(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let address = auth::client_address(&app, peer, &headers);
+    if let Some(refused) = auth::over_rate(&app, auth::Endpoint::Ota, address) {
+        return refused;
+    }
     let config = &app.config.xiaozhi;
     let h = OtaHeaders::from_pairs(header_pairs(&headers));
     let request = match OtaRequest::from_slice(&body) {
@@ -316,7 +330,7 @@ async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) 
     // block is still sent then: the device keeps keys that are absent, so an empty `token`
     // is what clears one it stored earlier, and some clients fail without the key.
     let (token, activation) = if config.auth {
-        match auth::ota(&app, &h, &device_id, &client_id) {
+        match auth::ota(&app, &h, &device_id, &client_id, address) {
             auth::OtaAuth::Token => {
                 let token = issue_token(config, &client_id, &device_id);
                 if token.is_empty() {
@@ -358,6 +372,7 @@ async fn ota_post(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) 
 /// whatever OTA URL it was given).
 async fn ota_any(
     State(app): State<Arc<App>>,
+    peer: ConnectInfo<std::net::SocketAddr>,
     method: axum::http::Method,
     uri: Uri,
     headers: HeaderMap,
@@ -366,9 +381,9 @@ async fn ota_any(
     if method != axum::http::Method::POST {
         ota_get(State(app), headers).await
     } else if uri.path().ends_with("/activate") {
-        auth::activate(State(app), headers, axum::body::Body::from(body)).await
+        auth::activate(State(app), peer, headers, axum::body::Body::from(body)).await
     } else {
-        ota_post(State(app), headers, body).await
+        ota_post(State(app), peer, headers, body).await
     }
 }
 
