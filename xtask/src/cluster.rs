@@ -42,7 +42,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         if !args.debug {
             cmd.arg("--release");
         }
-        cmd.args(["-p", "voxgate-server-bin", "--test", "cluster", "--"])
+        // `--workspace` with the one test target: the features `cargo test --workspace`
+        // resolved, so CI reuses its build instead of building the server again.
+        cmd.args(["--workspace", "--test", "cluster", "--"])
             .args(["--ignored", "--nocapture", "--test-threads", threads])
             .args([filter, FIGURES])
             .env("VOXGATE_TEST_REDIS_SERVER", REDIS_SERVER)

@@ -117,6 +117,23 @@ pub(crate) fn models(args: &ModelsArgs) -> anyhow::Result<()> {
     install(&dir)
 }
 
+/// The integration test targets of voxgate-local-speech (one per `tests/*.rs`).
+fn local_speech_tests() -> anyhow::Result<Vec<String>> {
+    let dir = util::root().join("crates/voxgate-local-speech/tests");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "rs")
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+        {
+            names.push(stem.to_owned());
+        }
+    }
+    names.sort();
+    anyhow::ensure!(!names.is_empty(), "no test targets in {}", dir.display());
+    Ok(names)
+}
+
 /// The directory the tests use, inside the target directory.
 pub(crate) fn test_models_dir() -> PathBuf {
     util::target_dir().join("models")
@@ -134,14 +151,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         util::cargo()
             .arg("test")
             .args(profile)
-            .args([
-                "-p",
-                "voxgate-local-speech",
-                "--tests",
-                "--",
-                "--ignored",
-                "--nocapture",
-            ])
+            // `--workspace` with the crate's test targets (not `-p`): the features `cargo test
+            // --workspace` resolved, so CI reuses its build.
+            .arg("--workspace")
+            .args(
+                local_speech_tests()?
+                    .iter()
+                    .flat_map(|t| ["--test", t.as_str()]),
+            )
+            .args(["--", "--ignored", "--nocapture"])
             .args(["--test-threads", "1"])
             .env("VOXGATE_MODELS_DIR", &dir),
     )?;
@@ -149,7 +167,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         util::cargo()
             .arg("test")
             .args(profile)
-            .args(["-p", "voxgate-server-bin", "--test", "offline", "--"])
+            .args(["--workspace", "--test", "offline", "--"])
             .args(["--ignored", "--nocapture", "--test-threads", "1"])
             .env("VOXGATE_MODELS_DIR", &dir),
     )?;

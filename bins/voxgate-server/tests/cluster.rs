@@ -8,6 +8,7 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -920,11 +921,14 @@ impl Nginx {
         );
         std::fs::write(dir.join("nginx.conf"), conf).unwrap();
         let bin = std::env::var("VOXGATE_TEST_NGINX").unwrap_or("nginx".into());
+        // Its own process group: the master's workers are stopped with it (a SIGKILL to the
+        // master alone leaves a worker running after the test).
         let child = Command::new(&bin)
             .arg("-p")
             .arg(&dir)
             .arg("-c")
             .arg(dir.join("nginx.conf"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -944,8 +948,28 @@ impl Nginx {
 }
 
 impl Drop for Nginx {
+    /// SIGTERM (nginx's fast shutdown: the master stops its workers, then itself), and if the
+    /// master is not gone within 5 s, SIGKILL to the whole process group.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let pid = self.child.id().to_string();
+        let signal = |args: &[&str]| {
+            let _ = Command::new("kill")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        signal(&["-TERM", &pid]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                // Workers exit with their master; the group kill below catches a stray one.
+                signal(&["-KILL", "--", &format!("-{pid}")]);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        signal(&["-KILL", "--", &format!("-{pid}")]);
         let _ = self.child.wait();
     }
 }
