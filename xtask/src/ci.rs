@@ -31,11 +31,30 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     result
 }
 
-/// The server binary `cargo test --workspace` built (its integration tests need it), when it
-/// is there: the interop and browser steps test it instead of building their own.
-fn tested_server() -> Option<PathBuf> {
-    let bin = util::target_dir().join("debug").join("voxgate-server");
-    bin.is_file().then_some(bin)
+/// The server binary of `cargo test --workspace` (its integration tests need it), as cargo
+/// reports it for that build: fresh after `.ci/run`'s test run, so asking costs seconds. The
+/// interop and browser steps test it instead of building one with other features.
+fn tested_server() -> anyhow::Result<PathBuf> {
+    let stdout = util::output(
+        util::cargo()
+            .args([
+                "test",
+                "--workspace",
+                "--no-run",
+                "--message-format=json-render-diagnostics",
+            ])
+            .stderr(std::process::Stdio::inherit()),
+    )?;
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["target"]["name"] == "voxgate-server"
+                && m["target"]["kind"][0] == "bin"
+        })
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| anyhow::anyhow!("cargo test --workspace built no voxgate-server binary"))
 }
 
 fn run_steps(args: &Args, steps: &mut Steps) -> anyhow::Result<()> {
@@ -90,7 +109,7 @@ fn run_steps(args: &Args, steps: &mut Steps) -> anyhow::Result<()> {
         &mut || {
             interop::run(&interop::Args {
                 only: None,
-                server_bin: tested_server(),
+                server_bin: Some(tested_server()?),
                 timeout: 180,
                 webrtc_fake: false,
             })
@@ -118,7 +137,7 @@ fn run_steps(args: &Args, steps: &mut Steps) -> anyhow::Result<()> {
     steps.run("the playground in a real browser (Chromium)", &mut || {
         browser::run(&browser::Args {
             selftest: false,
-            server_bin: tested_server(),
+            server_bin: Some(tested_server()?),
             wav: None,
             server_env: Vec::new(),
             timeout: 180,
