@@ -52,6 +52,8 @@ fn tested_server() -> anyhow::Result<PathBuf> {
             m["reason"] == "compiler-artifact"
                 && m["target"]["name"] == "voxgate-server"
                 && m["target"]["kind"][0] == "bin"
+                // The bin's own unit-test harness has the same name and kind.
+                && m["profile"]["test"] == false
         })
         .and_then(|m| m["executable"].as_str().map(PathBuf::from))
         .ok_or_else(|| anyhow::anyhow!("cargo test --workspace built no voxgate-server binary"))
