@@ -284,6 +284,35 @@ fn two_installs_into_one_directory_download_each_package_once() {
 }
 
 #[test]
+fn a_package_with_no_wheel_for_this_machine_says_which_platforms_it_has() {
+    let wheels = placeholder_wheels()
+        .into_iter()
+        .map(|mut w| {
+            if w.package == "espeakng-loader" {
+                w.filename = "espeakng_loader-0.2.4-py3-none-plan9_amd64.whl".into();
+            }
+            w
+        })
+        .collect();
+    let registry = Registry::start(wheels);
+    let dir = temp_dir("noplatform");
+    let out = run(server(&dir, &registry.index_url()).args(["models", "install"]));
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no wheel of espeakng-loader 0.2.4 runs on this machine ({} {})",
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        )) && err.contains("the package registry lists wheels for plan9_amd64"),
+        "{err}"
+    );
+    // Nothing was downloaded: every wheel is chosen before the first download.
+    assert_eq!(registry.downloads(), []);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn without_network_the_error_names_the_registry_and_how_to_install_by_hand() {
     // A port nothing listens on: the connection is refused, as offline.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -79,7 +79,7 @@ impl Wheel {
     }
 }
 
-/// The three packages of the offline set with placeholder models, laid out as the real wheels
+/// The four packages of the offline set with placeholder models, laid out as the real wheels
 /// are (the Python files beside the models included, which an installer must leave out).
 pub(crate) fn placeholder_wheels() -> Vec<Wheel> {
     let arch = std::env::consts::ARCH;
