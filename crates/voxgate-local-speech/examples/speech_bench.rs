@@ -1,6 +1,7 @@
 //! Figures of the local speech models: load time, memory, real-time factor and word error
 //! rate of recognition (trimmed and full 30-second window) on sentences spoken by espeak-ng,
-//! and of the Piper voice. `cargo xtask offline` runs it on the models it installs:
+//! the cost of phonemizing a sentence with espeak-ng's library and with its program, and the
+//! Piper voice. `cargo xtask offline` runs it on the models it installs:
 //!
 //! ```text
 //! VOXGATE_MODELS_DIR=target/models cargo run --release -p voxgate-local-speech --example speech_bench
@@ -13,6 +14,8 @@
     clippy::cast_possible_truncation
 )]
 
+use std::io::Write as _;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use voxgate_local_speech::{
@@ -36,8 +39,61 @@ fn rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Milliseconds per sentence of espeak-ng's library in process and of its program (one run per
+/// sentence, as the voice runs it), on `sentences` phonemized `rounds` times.
+fn phonemizers(library: Option<&std::path::Path>, sentences: &[&str], rounds: usize) {
+    let per = |elapsed: std::time::Duration| {
+        elapsed.as_secs_f64() * 1e3 / (rounds * sentences.len()) as f64
+    };
+    if let Some(library) = library {
+        let data = voxgate_espeak::data_beside(library);
+        let espeak = voxgate_espeak::Espeak::load(library, data.as_deref()).unwrap();
+        espeak.phonemize("en-us", sentences[0]).unwrap();
+        let started = Instant::now();
+        for _ in 0..rounds {
+            for s in sentences {
+                espeak.phonemize("en-us", s).unwrap();
+            }
+        }
+        println!(
+            "phonemizer: espeak-ng {} library, in process: {:.2} ms per sentence",
+            espeak.version(),
+            per(started.elapsed())
+        );
+    }
+    let run = |text: &str| {
+        let mut child = Command::new("espeak-ng")
+            .args(["-q", "--ipa", "-v", "en-us", "--stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(text.as_bytes())?;
+        child.wait_with_output().map(|_| ())
+    };
+    if run(sentences[0]).is_err() {
+        println!("phonemizer: no espeak-ng program on PATH to compare with");
+        return;
+    }
+    let started = Instant::now();
+    for _ in 0..rounds {
+        for s in sentences {
+            run(s).unwrap();
+        }
+    }
+    println!(
+        "phonemizer: espeak-ng program, one run per sentence: {:.2} ms per sentence",
+        per(started.elapsed())
+    );
+}
+
 fn main() {
     let found = ModelDir::from_env().find();
+    phonemizers(found.espeak.as_deref(), &SENTENCES, 10);
+    let phonemizer = found.phonemizer();
     let whisper_dir = found
         .whisper
         .clone()
@@ -96,11 +152,10 @@ fn main() {
     if let (Some(voice), Some(lib)) = (found.piper_voice, found.onnxruntime) {
         let rss0 = rss_mb();
         let started = Instant::now();
-        let piper = PiperTts::new(
-            PiperConfig::new(voice.clone(), lib),
-            WorkerPool::new("bench-tts", 1, 0).unwrap(),
-        )
-        .unwrap();
+        let mut config = PiperConfig::new(voice.clone(), lib);
+        config.phonemizer = phonemizer;
+        println!("piper phonemizer: {}", config.phonemizer);
+        let piper = PiperTts::new(config, WorkerPool::new("bench-tts", 1, 0).unwrap()).unwrap();
         let load = started.elapsed();
         println!(
             "piper {} load {:.0} ms, +{:.0} MB resident",

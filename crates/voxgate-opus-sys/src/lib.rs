@@ -6,8 +6,9 @@
 //! freed by `Drop`; libopus allocates nothing else for encode and decode (its scratch arrays are
 //! C99 variable-length arrays on the stack).
 //!
-//! This is the only voxgate crate with `unsafe` code: every call is wrapped here with its
-//! preconditions checked, so callers stay in safe Rust.
+//! This is voxgate's only crate with `unsafe` code for libopus (the others are
+//! `voxgate-espeak`, for espeak-ng, and the test-only `voxgate-test-support`): every call is
+//! wrapped here with its preconditions checked, so callers stay in safe Rust.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_int, c_uchar};

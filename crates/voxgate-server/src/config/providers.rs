@@ -134,6 +134,14 @@ pub struct TtsConfig {
     /// directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub onnxruntime: Option<String>,
+    /// `local`: the voice's phonemizer as espeak-ng's shared library, loaded in process (its
+    /// data in `espeak-ng-data` beside it); default the one installed in the models directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub espeak_library: Option<String>,
+    /// `local`: the voice's phonemizer as the `espeak-ng` program (a name on `PATH` or a path),
+    /// run once per sentence; the default when espeak-ng's library is not installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub espeak_program: Option<String>,
     /// `local`: speaker number of a multi-speaker voice.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speaker: Option<i64>,
@@ -262,6 +270,8 @@ pub enum TtsSpec {
         model: PathBuf,
         /// The ONNX Runtime shared library.
         onnxruntime: PathBuf,
+        /// What turns the text into phonemes.
+        phonemizer: PhonemizerSpec,
         /// Speaker of a multi-speaker voice.
         speaker: Option<i64>,
         /// Worker threads.
@@ -282,6 +292,26 @@ pub enum TtsSpec {
     Tone,
     /// `espeak-ng` when installed, else tones.
     Embedded,
+}
+
+/// A Piper voice's phonemizer: espeak-ng either way, the same phonemes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PhonemizerSpec {
+    /// espeak-ng's shared library, loaded in process (`espeak_library`).
+    Library(PathBuf),
+    /// The `espeak-ng` program, run once per sentence (`espeak_program`).
+    Program(String),
+}
+
+impl std::fmt::Display for PhonemizerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Library(path) => write!(f, "espeak-ng library {} (in process)", path.display()),
+            Self::Program(program) => {
+                write!(f, "espeak-ng program `{program}` (one run per sentence)")
+            }
+        }
+    }
 }
 
 /// Seconds as a limit, 0 meaning none.
@@ -550,6 +580,8 @@ impl TtsConfig {
             ("command", self.command.is_some()),
             ("args", self.args.is_some()),
             ("onnxruntime", self.onnxruntime.is_some()),
+            ("espeak_library", self.espeak_library.is_some()),
+            ("espeak_program", self.espeak_program.is_some()),
             ("speaker", self.speaker.is_some()),
             ("workers", self.workers.is_some()),
             ("queue", self.queue.is_some()),
@@ -591,8 +623,27 @@ impl TtsConfig {
                     section,
                     p,
                     &set,
-                    &["model", "onnxruntime", "speaker", "workers", "queue"],
+                    &[
+                        "model",
+                        "onnxruntime",
+                        "espeak_library",
+                        "espeak_program",
+                        "speaker",
+                        "workers",
+                        "queue",
+                    ],
                 )?;
+                let phonemizer = match (&self.espeak_library, &self.espeak_program) {
+                    (Some(_), Some(_)) => {
+                        return Err(invalid(format!(
+                            "[{section}] espeak_library and espeak_program are two phonemizers; \
+                             set one"
+                        )));
+                    }
+                    (Some(library), None) => PhonemizerSpec::Library(PathBuf::from(library)),
+                    (None, Some(program)) => PhonemizerSpec::Program(program.clone()),
+                    (None, None) => crate::local_speech::installed_phonemizer(),
+                };
                 let found = |m: Option<&String>, kind| match m {
                     Some(m) => Ok(PathBuf::from(m)),
                     None => crate::local_speech::installed_voice(kind)
@@ -604,6 +655,7 @@ impl TtsConfig {
                         self.onnxruntime.as_ref(),
                         crate::local_speech::VoicePart::Runtime,
                     )?,
+                    phonemizer,
                     speaker: self.speaker,
                     workers: bounded(section, "workers", self.workers.unwrap_or(2), 1, 64)?,
                     queue: bounded(section, "queue", self.queue.unwrap_or(16), 0, 1024)?,
@@ -702,9 +754,15 @@ impl Describe for TtsSpec {
                     .map(|u| format!(" at {u}"))
                     .unwrap_or_default()
             ),
-            Self::Local { model, workers, .. } => {
-                format!("local piper voice {} ({workers} workers)", model.display())
-            }
+            Self::Local {
+                model,
+                workers,
+                phonemizer,
+                ..
+            } => format!(
+                "local piper voice {} ({workers} workers; phonemizer: {phonemizer})",
+                model.display()
+            ),
             Self::Command { program, .. } => format!("command `{program}`"),
             Self::Espeak => "espeak (espeak-ng)".to_owned(),
             Self::Tone => "tone (placeholder beeps)".to_owned(),
