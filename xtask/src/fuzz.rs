@@ -10,7 +10,8 @@
 //! scratch corpora under `fuzz/target/corpus/`, cleared first, so it leaves the work tree
 //! clean. A campaign (`--campaign`, `--runs` executions per target, a 500th of that for the
 //! size phase) keeps its corpora in `fuzz/corpus/<target>/` and `<target>.large/` (git-ignored)
-//! and resumes from them next time.
+//! and resumes from them next time. Targets run side by side, one per core, their output
+//! lines prefixed with the target's name.
 //!
 //! Targets are built optimised with debug assertions and AddressSanitizer (`cargo fuzz build
 //! -O -a`), with this xtask as rustc wrapper so the Opus codec crate is built without
@@ -128,59 +129,101 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    // One target per core at a time: each libFuzzer run is one process on one core, and the
+    // smoke run's wall time is otherwise the sum of every target's budget.
+    let jobs = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(targets.len());
+    let next = std::sync::Mutex::new(targets.iter().enumerate());
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                loop {
+                    let Some((i, target)) = next.lock().unwrap_or_else(|e| e.into_inner()).next()
+                    else {
+                        break;
+                    };
+                    let result = run_target_phases(args, &fuzz_dir, target, &flags);
+                    let failed = result.is_err();
+                    results
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((i, result));
+                    if failed {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|(i, _)| *i);
     let mut outcomes = Vec::new();
-    for target in &targets {
-        let seeds = fuzz_dir.join("seeds").join(target);
-        if !has_files(&seeds) {
-            eprintln!("warning: no committed seeds in {}", seeds.display());
-        }
-        // Depth: the committed seeds, inputs up to 64 KiB, most of the budget.
-        let corpus = corpus_dir(args, &fuzz_dir, target)?;
-        let budget = if args.campaign {
-            Budget::Runs(args.runs)
-        } else {
-            Budget::Seconds(args.seconds)
-        };
-        let phase = Phase {
-            name: "depth",
-            max_len: DEPTH_MAX_LEN,
-            budget,
-        };
-        outcomes.push(run_phase(
-            &fuzz_dir,
-            target,
-            &flags,
-            &corpus,
-            &[&seeds],
-            &phase,
-        )?);
-
-        // Size: the generated large seeds, inputs up to 1 MiB, in a corpus of their own (big
-        // inputs would otherwise crowd the depth corpus and slow it down a hundredfold).
-        if let Some(generated) = write_generated_seeds(&fuzz_dir, target)? {
-            let large = corpus_dir(args, &fuzz_dir, &format!("{target}.large"))?;
-            let budget = if args.campaign {
-                Budget::Runs((args.runs / 500).max(1000))
-            } else {
-                Budget::Seconds(args.seconds.div_ceil(2))
-            };
-            let phase = Phase {
-                name: "large",
-                max_len: MAX_LEN,
-                budget,
-            };
-            outcomes.push(run_phase(
-                &fuzz_dir,
-                target,
-                &flags,
-                &large,
-                &[&seeds, &generated],
-                &phase,
-            )?);
-        }
+    for (_, result) in results {
+        outcomes.extend(result?);
     }
     eprintln!("{}", summary(&outcomes, args.campaign));
     Ok(())
+}
+
+/// Both phases of one target (the size phase only where it has generated seeds).
+fn run_target_phases(
+    args: &Args,
+    fuzz_dir: &Path,
+    target: &str,
+    flags: &[String],
+) -> anyhow::Result<Vec<Outcome>> {
+    let mut outcomes = Vec::new();
+    let seeds = fuzz_dir.join("seeds").join(target);
+    if !has_files(&seeds) {
+        eprintln!("warning: no committed seeds in {}", seeds.display());
+    }
+    // Depth: the committed seeds, inputs up to 64 KiB, most of the budget.
+    let corpus = corpus_dir(args, fuzz_dir, target)?;
+    let budget = if args.campaign {
+        Budget::Runs(args.runs)
+    } else {
+        Budget::Seconds(args.seconds)
+    };
+    let phase = Phase {
+        name: "depth",
+        max_len: DEPTH_MAX_LEN,
+        budget,
+    };
+    outcomes.push(run_phase(
+        fuzz_dir,
+        target,
+        flags,
+        &corpus,
+        &[&seeds],
+        &phase,
+    )?);
+
+    // Size: the generated large seeds, inputs up to 1 MiB, in a corpus of their own (big
+    // inputs would otherwise crowd the depth corpus and slow it down a hundredfold).
+    if let Some(generated) = write_generated_seeds(fuzz_dir, target)? {
+        let large = corpus_dir(args, fuzz_dir, &format!("{target}.large"))?;
+        let budget = if args.campaign {
+            Budget::Runs((args.runs / 500).max(1000))
+        } else {
+            Budget::Seconds(args.seconds.div_ceil(2))
+        };
+        let phase = Phase {
+            name: "large",
+            max_len: MAX_LEN,
+            budget,
+        };
+        outcomes.push(run_phase(
+            fuzz_dir,
+            target,
+            flags,
+            &large,
+            &[&seeds, &generated],
+            &phase,
+        )?);
+    }
+    Ok(outcomes)
 }
 
 /// How long a phase runs.
@@ -312,7 +355,8 @@ fn run_target(target: &str, cmd: &mut Command) -> anyhow::Result<Outcome> {
         let noisy = in_dictionary
             || line.starts_with('#') && (line.contains("\tNEW ") || line.contains("\tREDUCE "));
         if !noisy {
-            eprintln!("{line}");
+            // Targets run side by side: each line says whose it is.
+            eprintln!("[{target}] {line}");
         }
         if line.starts_with("###### End of recommended dictionary") {
             in_dictionary = false;

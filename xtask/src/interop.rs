@@ -156,23 +156,23 @@ impl Scenario {
                 requirements: "requirements-mcp.txt",
                 var: "VOXGATE_INTEROP_VENV",
                 var_is_python: false,
-                runs: &[&["-p", "voxgate-server", "--test", "mcp_endpoint_interop"]],
+                runs: &[&["--workspace", "--test", "mcp_endpoint_interop"]],
             }),
             Scenario::Acp => Some(CargoScenario {
                 venv: "acp-venv",
                 requirements: "requirements-acp.txt",
                 var: "VOXGATE_ACP_PYTHON",
                 var_is_python: true,
-                runs: &[
-                    &["-p", "voxgate-providers", "--test", "acp", "python_"],
-                    &["-p", "voxgate-server", "--test", "acp", "python_"],
-                ],
+                // voxgate-providers' and voxgate-server's `acp` tests.
+                runs: &[&["--workspace", "--test", "acp", "python_"]],
             }),
         }
     }
 }
 
 /// A scenario run through `cargo test` with a Python venv handed over in an environment variable.
+/// Its runs select test targets with `--workspace` (not `-p`), so they resolve the features
+/// `cargo test --workspace` did and reuse its build instead of compiling the server again.
 struct CargoScenario {
     venv: &'static str,
     requirements: &'static str,
@@ -216,6 +216,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     let (cargo_scenarios, mut scenarios): (Vec<Scenario>, Vec<Scenario>) =
         chosen.into_iter().partition(|s| s.cargo_tests().is_some());
+
+    prepare_venvs(&root, cargo_scenarios.iter().chain(&scenarios).copied());
 
     let mut failed = Vec::new();
     let mut server_logs = Vec::new();
@@ -341,6 +343,41 @@ impl Drop for Guard {
 
 /// Creates `target/<name>` and installs the pinned `xtask/interop/<requirements>` unless it
 /// already has exactly them; returns its python.
+/// Venvs installed at once, at most: pip's downloads wait on the network and its unpacking on
+/// the disk, so a few side by side take about the time of the largest on two cores.
+const VENV_JOBS: usize = 3;
+
+/// Makes every venv the scenarios need, [`VENV_JOBS`] at a time, before the first scenario
+/// runs. A failure here is only reported: the scenario that needs the venv tries again and
+/// fails with it.
+fn prepare_venvs(root: &Path, scenarios: impl Iterator<Item = Scenario>) {
+    let mut venvs: Vec<(&'static str, &'static str)> = scenarios
+        .map(|s| {
+            s.cargo_tests()
+                .map_or_else(|| s.venv(), |c| (c.venv, c.requirements))
+        })
+        .collect();
+    venvs.sort_unstable();
+    venvs.dedup();
+    let next = std::sync::Mutex::new(venvs.into_iter());
+    thread::scope(|scope| {
+        for _ in 0..VENV_JOBS {
+            scope.spawn(|| {
+                loop {
+                    let Some((venv, requirements)) =
+                        next.lock().unwrap_or_else(|e| e.into_inner()).next()
+                    else {
+                        break;
+                    };
+                    if let Err(e) = ensure_venv_at(root, venv, requirements) {
+                        eprintln!("interop: preparing {venv} failed: {e:#}");
+                    }
+                }
+            });
+        }
+    });
+}
+
 fn ensure_venv_at(root: &Path, name: &str, requirements: &str) -> anyhow::Result<PathBuf> {
     let venv = util::target_dir().join(name);
     let python = venv.join("bin").join("python");
