@@ -21,8 +21,15 @@
 //!    and a dead peer (initialized, then silent: no frames, no pongs; Xiaozhi and realtime):
 //!    when the server closed each, and with which close code, each bounded by `check_limit`.
 //!
+//! 6. **attacks**, one after another ([`attacks`]): a long spoken reply, a perception-event
+//!    flood, idle keep-alive connections, a WebRTC candidate flood and parked Retell calls, each
+//!    with the server's child processes, memory, descriptors, CPU and `/health` latency
+//!    measured around it.
+//!
 //! The server's `/metrics` is read between phases (dropped frames, refusals by reason).
 //! Every loop is bounded in count and time, and only 127.0.0.0/8 addresses are used.
+
+pub mod attacks;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -111,6 +118,8 @@ pub struct ChaosOptions {
     pub check_limit: Duration,
     /// The server's process id, to sample its open files and memory (Linux `/proc`).
     pub server_pid: Option<u32>,
+    /// The attack phases to run after the timeout checks, and their sizes.
+    pub attacks: attacks::AttackOptions,
 }
 
 /// Latency figures, in milliseconds.
@@ -279,6 +288,8 @@ pub struct ChaosReport {
     pub refused_by_reason: BTreeMap<String, f64>,
     /// `voxgate_dropped_frames_total` over the whole run.
     pub server_dropped_total: f64,
+    /// The attack phases, each with what the admitted sessions saw during it.
+    pub attacks: attacks::Attacks,
     /// The run's length.
     pub seconds: f64,
 }
@@ -368,6 +379,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         check_dead_peer(opts.addr, XIAOZHI_PATH, opts.check_limit),
         check_dead_peer(opts.addr, REALTIME_PATH, opts.check_limit),
     );
+    let (mut attacks, windows) = attacks::run_all(opts, flood.sessions_open_before).await;
     let _ = stop_tx.send(true);
 
     let mut recs = Vec::new();
@@ -402,6 +414,11 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             errors.push(e.clone());
         }
     }
+    for (kind, w) in &windows {
+        if let Some(common) = attacks.common_mut(*kind) {
+            common.admitted = phase(w.from, w.to, &w.m0, &w.m1);
+        }
+    }
     let refused_start = metric_by_label(&m_start, "voxgate_sessions_refused_total", "reason");
     let mut refused_by_reason = metric_by_label(&m_end, "voxgate_sessions_refused_total", "reason");
     for (reason, n) in &mut refused_by_reason {
@@ -418,6 +435,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         before: phase(t_before, t_flood, &m_before, &m_flood),
         during_flood: phase(t_flood, t_slow, &m_flood, &m_slow),
         during_slowloris: phase(t_slow, t_checks, &m_slow, &m_checks),
+        attacks,
         flood,
         slowloris,
         checks: vec![a, b, c, d, e],
