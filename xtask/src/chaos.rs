@@ -71,6 +71,16 @@ pub(crate) struct Args {
     /// connections are dropped after it.
     #[arg(long, default_value_t = 2)]
     header_timeout: u64,
+    /// The server's idle timeout for HTTP connections with no request in flight, seconds.
+    #[arg(long, default_value_t = 5)]
+    http_idle_timeout: u64,
+    /// The server's request body timeout, seconds (dripped bodies are answered 408 after it).
+    #[arg(long, default_value_t = 5)]
+    body_timeout: u64,
+    /// The server's `max_connections_per_ip` [default: its own, 128, or sessions + probes +
+    /// 16 if that is larger: every admitted session holds a socket from 127.0.0.1].
+    #[arg(long)]
+    max_connections_per_ip: Option<usize>,
     /// The server's ping interval, seconds.
     #[arg(long, default_value_t = 1)]
     ping_interval: u64,
@@ -132,6 +142,7 @@ struct Plan {
     attempts: usize,
     slow: usize,
     max_sessions: usize,
+    max_connections_per_ip: usize,
     ramp: f64,
     before: f64,
     flood_seconds: f64,
@@ -146,6 +157,12 @@ struct Plan {
     parked_calls: usize,
 }
 
+/// The server's default `max_connections_per_ip`.
+const SERVER_CONNECTIONS_PER_IP: usize = 128;
+/// Sockets 127.0.0.1 holds besides the admitted sessions at any moment: the timeout checks
+/// and the slowloris phase's fresh device (6), an attack's sessions (at most 4 bridge
+/// sockets), `/health` and `/metrics` requests.
+const LOCAL_EXTRA: usize = 16;
 /// Bytes of the long reply's text: near the realtime door's 64 KiB message limit.
 const LONG_REPLY_BYTES: usize = 60_000;
 /// Bytes of `data` in the refused and the accepted perception events.
@@ -168,6 +185,9 @@ impl Plan {
             attempts: a.attempts.unwrap_or(if a.quick { 500 } else { 5000 }),
             slow: a.slow.unwrap_or(if a.quick { 50 } else { 200 }),
             max_sessions: a.max_sessions.unwrap_or(sessions + a.probes + a.headroom),
+            max_connections_per_ip: a
+                .max_connections_per_ip
+                .unwrap_or((sessions + a.probes + LOCAL_EXTRA).max(SERVER_CONNECTIONS_PER_IP)),
             ramp: a.ramp.unwrap_or(q(2.0, 5.0)),
             before: a.before.unwrap_or(q(4.0, 15.0)),
             flood_seconds: a.flood_seconds.unwrap_or(q(4.0, 15.0)),
@@ -234,10 +254,18 @@ fn server_env(a: &Args, p: &Plan) -> Vec<(&'static str, String)> {
             "VOXGATE_MAX_HANDSHAKES_PER_SEC_PER_IP",
             a.max_handshakes_per_sec_per_ip.to_string(),
         ),
-        // Sessions, probes and checks all come from 127.0.0.1: its socket count stays out of
-        // the way, like the session limits above.
-        ("VOXGATE_MAX_CONNECTIONS_PER_IP", "0".to_owned()),
+        // Sessions, probes and checks all come from 127.0.0.1, so the cap is at least what
+        // they hold; the idle-connections attack comes from another address and meets it.
+        (
+            "VOXGATE_MAX_CONNECTIONS_PER_IP",
+            p.max_connections_per_ip.to_string(),
+        ),
         ("VOXGATE_HEADER_TIMEOUT_SECS", a.header_timeout.to_string()),
+        (
+            "VOXGATE_HTTP_IDLE_TIMEOUT_SECS",
+            a.http_idle_timeout.to_string(),
+        ),
+        ("VOXGATE_BODY_TIMEOUT_SECS", a.body_timeout.to_string()),
         ("VOXGATE_INIT_TIMEOUT_SECS", a.init_timeout.to_string()),
         ("VOXGATE_IDLE_TIMEOUT_SECS", a.idle_timeout.to_string()),
         ("VOXGATE_PING_INTERVAL_SECS", a.ping_interval.to_string()),
@@ -471,8 +499,15 @@ fn table(
         [
             "server limits".into(),
             format!(
-                "max_sessions {}, per IP {}, handshakes/s/IP {} (0: off)",
-                p.max_sessions, a.max_sessions_per_ip, a.max_handshakes_per_sec_per_ip
+                "max_sessions {}, per IP {}, handshakes/s/IP {}, connections/IP {} (0: off); \
+                 header {} s, HTTP idle {} s, body {} s",
+                p.max_sessions,
+                a.max_sessions_per_ip,
+                a.max_handshakes_per_sec_per_ip,
+                p.max_connections_per_ip,
+                a.header_timeout,
+                a.http_idle_timeout,
+                a.body_timeout
             ),
             String::new(),
         ],
@@ -582,6 +617,15 @@ fn table(
             "0".into(),
         ],
         [
+            "server CPU: before / flood / slowloris".into(),
+            ["before", "during_flood", "during_slowloris"]
+                .iter()
+                .map(|ph| cpu_share(&r[*ph]["server_cpu_secs"], &r[*ph]["seconds"]))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            "the flood and slowloris add little over before".into(),
+        ],
+        [
             "admitted sessions with errors".into(),
             format!(
                 "{}{}",
@@ -667,7 +711,7 @@ fn table(
         };
         rows.push([format!("timeout: {name}"), measured, goal]);
     }
-    rows.extend(attack_rows(p, &r["attacks"]));
+    rows.extend(attack_rows(a, p, &r["attacks"]));
     rows.push([
         "server warnings logged".into(),
         server_warnings.to_string(),
@@ -734,19 +778,24 @@ fn counts(v: &Value) -> String {
     }
 }
 
-/// The row every attack has: the server's children, memory, descriptors and CPU.
-fn usage_row(name: &str, c: &Value, expected: &str) -> [String; 3] {
-    let sv = &c["server"];
-    let cpu = sv["cpu_secs"].as_f64().map_or_else(
+/// `c s in t s (p% of a core)` of CPU seconds over a phase's seconds, `-` where unread.
+fn cpu_share(cpu: &Value, seconds: &Value) -> String {
+    cpu.as_f64().map_or_else(
         || "-".to_owned(),
         |cpu| {
-            let secs = num(&c["seconds"]).max(0.001);
+            let secs = num(seconds).max(0.001);
             format!(
                 "{cpu:.2} s in {secs:.1} s ({:.0}% of a core)",
                 100.0 * cpu / secs
             )
         },
-    );
+    )
+}
+
+/// The row every attack has: the server's children, memory, descriptors and CPU.
+fn usage_row(name: &str, c: &Value, expected: &str) -> [String; 3] {
+    let sv = &c["server"];
+    let cpu = cpu_share(&sv["cpu_secs"], &c["seconds"]);
     [
         format!("{name}: server children / RSS MB / fds (before → peak → after); CPU"),
         format!(
@@ -792,7 +841,7 @@ fn latency_row(name: &str, c: &Value) -> [String; 3] {
 }
 
 /// The attack phases' rows (those that ran).
-fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
+fn attack_rows(a: &Args, p: &Plan, at: &Value) -> Vec<[String; 3]> {
     let mut rows = Vec::new();
     let l = &at["long_reply"];
     if l.is_object() {
@@ -909,7 +958,10 @@ fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
                 num(&id["open_secs"]),
                 counts(&id["answered"])
             ),
-            "answered up to a per-address cap, the rest refused".into(),
+            format!(
+                "{} answered (connections/IP, the drips included), the rest 429",
+                p.max_connections_per_ip
+            ),
         ]);
         let kept: Vec<String> = id["kept_by_second"]
             .as_array()
@@ -919,7 +971,7 @@ fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
             .collect();
         rows.push([
             format!(
-                "idle: kept open by the server, each second for {:.0} s",
+                "idle: answered 200 and kept open by the server, each second for {:.0} s",
                 p.idle_seconds
             ),
             format!(
@@ -930,7 +982,10 @@ fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
                 secs_or(&id["median_close_secs"]),
                 secs_or(&id["last_close_secs"])
             ),
-            "all closed after an idle timeout".into(),
+            format!(
+                "all closed ≈ {} s after their answer (header timeout: the wait for the next head)",
+                a.header_timeout.min(a.http_idle_timeout)
+            ),
         ]);
         let drips = |d: &Value| {
             format!(
@@ -947,17 +1002,17 @@ fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
         rows.push([
             "idle: dripping a second head, a byte a second".into(),
             drips(&id["head_drips"]),
-            "closed at the header timeout".into(),
+            format!("closed ≈ {} s (header timeout)", a.header_timeout),
         ]);
         rows.push([
             "idle: dripping a body, a byte a second".into(),
             drips(&id["body_drips"]),
-            "answered 408 or closed at a body timeout".into(),
+            format!("408 and closed ≈ {} s (body timeout)", a.body_timeout),
         ]);
         rows.push([
             "idle: /health from the attacking address, every 0.5 s".into(),
             counts(&id["same_address_health"]),
-            "refused while the address is at its cap".into(),
+            "429 while the address holds its cap, 200 once its connections are closed".into(),
         ]);
         rows.push(usage_row("idle", id, "fds back to before"));
         rows.push(latency_row("idle", id));
@@ -989,7 +1044,29 @@ fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
                 num(&ca["candidates_ignored"]),
                 counts(&ca["replies"])
             ),
-            "all sent; all but 32 a connection ignored".into(),
+            "all sent; all but 32 a connection ignored, or dropped uncounted while the \
+             connection's command queue is full"
+                .into(),
+        ]);
+        let turns: Vec<String> = ca["turn_after_flood_secs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| format!("{:.2} s", num(t)))
+            .collect();
+        rows.push([
+            "candidate flood: a turn after it (SEND_MESSAGE → TURN_COMPLETE), each socket".into(),
+            format!(
+                "{} of {}{}",
+                turns.len(),
+                ca["sockets"],
+                if turns.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", turns.join(", "))
+                }
+            ),
+            "all, no slower than with `--candidates 0` (the candidates cost nothing later)".into(),
         ]);
         rows.push([
             "candidate flood: sessions refused for overload meanwhile".into(),
@@ -1036,11 +1113,16 @@ fn attack_rows(p: &Plan, at: &Value) -> Vec<[String; 3]> {
                 _ => "-".into(),
             },
             format!(
-                "far below the {:.0} MB sent (a parked call keeps at most 1 MiB)",
+                "below the {:.0} MB sent: a parked call keeps at most 1 MiB; the rest is freed \
+                 frame buffers the allocator keeps for reuse",
                 calls * bytes / 1_048_576.0
             ),
         ]);
-        rows.push(usage_row("parked calls", pa, "RSS near before"));
+        rows.push(usage_row(
+            "parked calls",
+            pa,
+            "no children, fds back to before; RSS as above",
+        ));
         rows.push(latency_row("parked calls", pa));
     }
     rows
@@ -1136,12 +1218,13 @@ mod tests {
                 "same_address_health": {"200": 3, "429": 20}}), 0.2),
             "candidates": with(serde_json::json!({"sockets": 4, "set_up": 4, "answered": 4,
                 "candidates_sent": 100000, "send_secs": 3.0, "replies": {},
+                "turn_after_flood_secs": [0.25, 0.5, 1.0],
                 "closed_by_server": [], "errors": [], "candidates_ignored": 99872.0}), 2.0),
             "parked_calls": with(serde_json::json!({"calls": 10, "metadata_bytes": 8388608,
                 "outcomes": {"closed by us": 10}, "rss_kb_right_after": 46080,
                 "parked": 10}), 0.3),
         });
-        let rows = attack_rows(&p, &attacks);
+        let rows = attack_rows(&a, &p, &attacks);
         let t: Vec<String> = rows.iter().map(|r| r.join(" | ")).collect();
         let t = t.join("\n");
         assert!(t.contains("at most 3 espeak-ng at once"), "{t}");
@@ -1173,7 +1256,13 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("200 ×3, 429 ×20"), "{t}");
+        assert!(t.contains("| 128 answered (connections/IP"), "{t}");
+        assert!(
+            t.contains("answers: 408 ×4 | 408 and closed ≈ 5 s (body timeout)"),
+            "{t}"
+        );
         assert!(t.contains("100000 sent in 3.0 s; 99872 ignored"), "{t}");
+        assert!(t.contains("| 3 of 4: 0.25 s, 0.50 s, 1.00 s |"), "{t}");
         assert!(
             t.contains("sessions refused for overload meanwhile | 7 | 0"),
             "{t}"
@@ -1184,12 +1273,15 @@ mod tests {
         );
         assert!(t.contains("closed by us ×10; 10 listed as parked"), "{t}");
         assert!(t.contains("40.0 → 45.0 (+5.0 MB)"), "{t}");
-        assert!(t.contains("far below the 80 MB sent"), "{t}");
+        assert!(
+            t.contains("below the 80 MB sent: a parked call keeps"),
+            "{t}"
+        );
         // A phase that did not run has no rows; espeak-ng missing is said.
         let only = serde_json::json!({"long_reply": with(serde_json::json!({
             "text_bytes": 60000, "espeak_ng_on_path": false, "espeak_ng_peak": 0,
             "error": "the server closed the session (1008)"}), 0.1)});
-        let rows = attack_rows(&p, &only);
+        let rows = attack_rows(&a, &p, &only);
         assert_eq!(rows.len(), 4);
         assert!(rows[0][1].contains("ERROR: the server closed the session (1008)"));
         assert!(
@@ -1207,7 +1299,8 @@ mod tests {
             "sessions": 20, "connected": 20, "probes": 4, "probes_connected": 4,
             "session_errors": 0, "errors": [], "seconds": 21.5,
             "before": {"turn_ms": {"n": 3, "p50": 900.0, "p99": 1200.0, "max": 1200.0},
-                       "ping_ms": {"n": 0}, "server_dropped_uplink": 0.0},
+                       "ping_ms": {"n": 0}, "server_dropped_uplink": 0.0,
+                       "seconds": 4.0, "server_cpu_secs": 1.0},
             "flood": {"attempts": 500, "seconds": 4.1, "sessions_open_before": 25.0,
                       "by_status": {"503": 496, "101": 4}, "retry_after": 496,
                       "errors": {}, "refusal_ms": {"n": 496, "p50": 0.5, "p99": 3.0, "max": 9.0}},
@@ -1227,7 +1320,29 @@ mod tests {
         assert!(t.contains("closed after 2.01 s, code 1008"), "{t}");
         assert!(t.contains("NOT closed: still open after 8s"), "{t}");
         assert!(t.contains("capacity 496"), "{t}");
+        assert!(
+            t.contains("| 1.00 s in 4.0 s (25% of a core) / - / - |"),
+            "{t}"
+        );
         assert!(t.contains("VOXGATE_MAX_SESSIONS=29 "), "{t}");
         assert!(t.contains("VOXGATE_MAX_SESSIONS_PER_IP=0 "), "{t}");
+        assert!(t.contains("VOXGATE_MAX_CONNECTIONS_PER_IP=128 "), "{t}");
+        assert!(t.contains("VOXGATE_BODY_TIMEOUT_SECS=5 "), "{t}");
+    }
+
+    #[test]
+    fn the_connection_cap_leaves_room_for_the_admitted_sessions() {
+        // The server's default when the sessions fit under it ...
+        assert_eq!(Plan::new(&args(&[])).max_connections_per_ip, 128);
+        assert_eq!(Plan::new(&args(&["--quick"])).max_connections_per_ip, 128);
+        // ... raised when they do not, and a flag wins.
+        assert_eq!(
+            Plan::new(&args(&["--sessions", "200"])).max_connections_per_ip,
+            220
+        );
+        assert_eq!(
+            Plan::new(&args(&["--max-connections-per-ip", "0"])).max_connections_per_ip,
+            0
+        );
     }
 }

@@ -85,6 +85,8 @@ const DRIP_EVERY: Duration = Duration::from_secs(1);
 const FLOOD_LIMIT: Duration = Duration::from_secs(60);
 /// Candidates written before each flush.
 const CANDIDATE_BATCH: usize = 256;
+/// After its flood, a bridge socket's turn must complete within this long.
+const TURN_LIMIT: Duration = Duration::from_secs(30);
 /// The realtime output rate the long reply asks for (48 kHz, 16-bit mono).
 const LONG_REPLY_BYTES_PER_SEC: f64 = 48_000.0 * 2.0;
 
@@ -257,6 +259,9 @@ pub(super) struct Window {
     pub(super) to: Instant,
     pub(super) m0: String,
     pub(super) m1: String,
+    /// The server's CPU time at the ends, seconds.
+    pub(super) cpu0: Option<f64>,
+    pub(super) cpu1: Option<f64>,
 }
 
 // ---- each attack's own figures ----
@@ -360,12 +365,12 @@ pub struct IdleReport {
     pub no_answer: BTreeMap<String, u64>,
     /// Seconds the connections took to open and be answered.
     pub open_secs: f64,
-    /// Connections answered and not yet closed by the server, each second after they were
-    /// open (the first entry: at once).
+    /// Connections answered 200 and not yet closed by the server, each second after they were
+    /// open (the first entry: at once). Those answered otherwise are dropped at once.
     pub kept_by_second: Vec<u64>,
-    /// Connections the server closed while they were held.
+    /// Connections answered 200 that the server closed while they were held.
     pub closed_by_server: usize,
-    /// Seconds from a connection's answer to the server's close: the earliest.
+    /// Seconds from a connection's 200 to the server's close: the earliest.
     pub first_close_secs: Option<f64>,
     /// As `first_close_secs`, the median.
     pub median_close_secs: Option<f64>,
@@ -396,6 +401,10 @@ pub struct CandidateReport {
     pub candidates_sent: u64,
     /// Seconds the sending took (the slowest socket).
     pub send_secs: f64,
+    /// After its flood each socket asks for a turn (`SEND_MESSAGE`): seconds to its
+    /// `TURN_COMPLETE`, which comes after the server has worked through every candidate
+    /// before it. One entry per socket that completed it, sorted.
+    pub turn_after_flood_secs: Vec<f64>,
     /// Messages the server sent during the flood, by `type`.
     pub replies: BTreeMap<String, u64>,
     /// Sockets the server closed, with the close code.
@@ -581,7 +590,7 @@ fn sample(pid: Option<u32>) -> (ProcSample, BTreeMap<String, u64>) {
 }
 
 /// The server's CPU time so far, seconds.
-fn cpu_secs(pid: Option<u32>, ticks: u64) -> Option<f64> {
+pub(super) fn cpu_secs(pid: Option<u32>, ticks: u64) -> Option<f64> {
     let text = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
     let stat = parse_stat(&text)?;
     Some(stat.cpu_ticks as f64 / ticks.max(1) as f64)
@@ -801,6 +810,8 @@ impl Measuring {
             to: ended,
             m0: self.m0,
             m1,
+            cpu0: self.cpu0,
+            cpu1,
         };
         (common, window)
     }
@@ -1103,12 +1114,15 @@ async fn idle_conn(
     drop(permit);
     answered.fetch_add(1, Ordering::Relaxed);
     match first {
-        Ok((mut s, status)) => {
-            c.answer = Some(Ok(status));
+        // Served: kept open as long as the server lets it.
+        Ok((mut s, 200)) => {
+            c.answer = Some(Ok(200));
             kept.fetch_add(1, Ordering::Relaxed);
             c.closed_after = until_closed(&mut s, &mut stop).await;
             kept.fetch_sub(1, Ordering::Relaxed);
         }
+        // Refused (a 429 over the per-address cap): dropped, as a client would.
+        Ok((_, status)) => c.answer = Some(Ok(status)),
         Err(e) => c.answer = Some(Err(e)),
     }
     c
@@ -1335,6 +1349,8 @@ struct GeminiFlood {
     answered: bool,
     sent: u64,
     send_secs: f64,
+    /// Seconds from asking for a turn after the flood to its `TURN_COMPLETE`.
+    turn_secs: Option<f64>,
     replies: BTreeMap<String, u64>,
     closed_by_server: Option<String>,
     error: Option<String>,
@@ -1393,11 +1409,13 @@ async fn gemini_flood(addr: SocketAddr, n: usize, g: &mut GeminiFlood) -> anyhow
     g.answered = true;
     let (mut sink, mut stream) = ws.split();
     let (done_tx, mut done) = watch::channel(false);
-    // Read whatever the server says meanwhile, so it never blocks on writing to us.
+    // Read whatever the server says meanwhile, so it never blocks on writing to us, until
+    // the turn asked for after the flood completes.
     let reader = tokio::spawn(async move {
         let mut replies = BTreeMap::new();
         let mut closed = None;
-        let until = Instant::now() + FLOOD_LIMIT + Duration::from_secs(10);
+        let mut turn_done = None;
+        let until = Instant::now() + FLOOD_LIMIT + TURN_LIMIT;
         loop {
             tokio::select! {
                 _ = done.changed() => break,
@@ -1408,7 +1426,12 @@ async fn gemini_flood(addr: SocketAddr, n: usize, g: &mut GeminiFlood) -> anyhow
                             .ok()
                             .and_then(|v| v["type"].as_str().map(str::to_owned))
                             .unwrap_or_else(|| "?".into());
+                        let complete = kind == "TURN_COMPLETE";
                         *replies.entry(kind).or_insert(0u64) += 1;
+                        if complete {
+                            turn_done = Some(Instant::now());
+                            break;
+                        }
                     }
                     Some(Ok(Message::Close(f))) => {
                         closed = Some(f.map_or_else(|| "no code".to_owned(), |f| u16::from(f.code).to_string()));
@@ -1422,7 +1445,7 @@ async fn gemini_flood(addr: SocketAddr, n: usize, g: &mut GeminiFlood) -> anyhow
                 }
             }
         }
-        (replies, closed)
+        (replies, closed, turn_done)
     });
     let t0 = Instant::now();
     let until = t0 + FLOOD_LIMIT;
@@ -1450,10 +1473,25 @@ async fn gemini_flood(addr: SocketAddr, n: usize, g: &mut GeminiFlood) -> anyhow
         failed = Some(format!("sending: {e}"));
     }
     g.send_secs = t0.elapsed().as_secs_f64();
-    // Let the server work through what it took before the socket goes.
-    sleep(SETTLE).await;
-    let _ = done_tx.send(true);
-    let (replies, closed) = reader.await.unwrap_or_default();
+    // Then a turn: it completes once the server has worked through what came before it.
+    let asked = Instant::now();
+    if failed.is_none() {
+        let turn =
+            json!({"type": "SEND_MESSAGE", "payload": {"parts": [{"text": "Still there?"}]}});
+        if let Err(e) = sink.send(Message::Text(turn.to_string().into())).await {
+            failed = Some(format!("asking for a turn: {e}"));
+        }
+    }
+    let mut reader = reader;
+    let read = match timeout(TURN_LIMIT, &mut reader).await {
+        Ok(r) => r,
+        Err(_) => {
+            let _ = done_tx.send(true);
+            reader.await
+        }
+    };
+    let (replies, closed, turn_done) = read.unwrap_or_default();
+    g.turn_secs = turn_done.map(|t| t.duration_since(asked).as_secs_f64());
     g.replies = replies;
     g.closed_by_server = closed;
     let _ = timeout(Duration::from_secs(2), sink.close()).await;
@@ -1488,6 +1526,7 @@ async fn candidates(opts: &ChaosOptions, ticks: u64) -> (CandidateReport, Window
         report.answered += usize::from(g.answered);
         report.candidates_sent += g.sent;
         report.send_secs = report.send_secs.max(g.send_secs);
+        report.turn_after_flood_secs.extend(g.turn_secs);
         for (k, n) in g.replies {
             *report.replies.entry(k).or_insert(0) += n;
         }
@@ -1500,6 +1539,7 @@ async fn candidates(opts: &ChaosOptions, ticks: u64) -> (CandidateReport, Window
             report.errors.push(e);
         }
     }
+    report.turn_after_flood_secs.sort_by(f64::total_cmp);
     let (common, w) = m.finish(SETTLE).await;
     let ignored = "voxgate_webrtc_candidates_ignored_total";
     report.candidates_ignored = metric_sum(&w.m1, ignored, "") - metric_sum(&w.m0, ignored, "");
