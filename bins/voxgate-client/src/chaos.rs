@@ -21,8 +21,15 @@
 //!    and a dead peer (initialized, then silent: no frames, no pongs; Xiaozhi and realtime):
 //!    when the server closed each, and with which close code, each bounded by `check_limit`.
 //!
+//! 6. **attacks**, one after another ([`attacks`]): a long spoken reply, a perception-event
+//!    flood, idle keep-alive connections, a WebRTC candidate flood and parked Retell calls, each
+//!    with the server's child processes, memory, descriptors, CPU and `/health` latency
+//!    measured around it.
+//!
 //! The server's `/metrics` is read between phases (dropped frames, refusals by reason).
 //! Every loop is bounded in count and time, and only 127.0.0.0/8 addresses are used.
+
+pub mod attacks;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -111,6 +118,8 @@ pub struct ChaosOptions {
     pub check_limit: Duration,
     /// The server's process id, to sample its open files and memory (Linux `/proc`).
     pub server_pid: Option<u32>,
+    /// The attack phases to run after the timeout checks, and their sizes.
+    pub attacks: attacks::AttackOptions,
 }
 
 /// Latency figures, in milliseconds.
@@ -167,6 +176,9 @@ pub struct PhaseReport {
     pub server_dropped_uplink: f64,
     /// Server `voxgate_dropped_frames_total{direction="downlink"}` over the phase.
     pub server_dropped_downlink: f64,
+    /// The server's CPU time (user + system) over the phase, seconds (Linux `/proc`): the
+    /// admitted sessions' own cost, plus whatever the phase adds.
+    pub server_cpu_secs: Option<f64>,
 }
 
 /// The flood's outcome.
@@ -279,6 +291,8 @@ pub struct ChaosReport {
     pub refused_by_reason: BTreeMap<String, f64>,
     /// `voxgate_dropped_frames_total` over the whole run.
     pub server_dropped_total: f64,
+    /// The attack phases, each with what the admitted sessions saw during it.
+    pub attacks: attacks::Attacks,
     /// The run's length.
     pub seconds: f64,
 }
@@ -339,6 +353,9 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     eprintln!("chaos: baseline for {:?}", opts.before);
     let t_before = Instant::now();
     let m_before = scrape(opts.addr).await;
+    let ticks = crate::load::clock_ticks();
+    let cpu = || attacks::cpu_secs(opts.server_pid, ticks);
+    let c_before = cpu();
     sleep(opts.before).await;
 
     eprintln!(
@@ -347,6 +364,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     );
     let t_flood = Instant::now();
     let m_flood = scrape(opts.addr).await;
+    let c_flood = cpu();
     let mut flood = flood(opts).await;
     flood.sessions_open_before = metric_sum(&m_flood, "voxgate_sessions_active", "");
 
@@ -356,11 +374,13 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     );
     let t_slow = Instant::now();
     let m_slow = scrape(opts.addr).await;
+    let c_slow = cpu();
     let slowloris = slowloris(opts).await;
 
     eprintln!("chaos: timeout checks (at most {:?})", opts.check_limit);
     let t_checks = Instant::now();
     let m_checks = scrape(opts.addr).await;
+    let c_checks = cpu();
     let (a, b, c, d, e) = tokio::join!(
         check_never_initializes(opts.addr, XIAOZHI_PATH, opts.check_limit),
         check_never_initializes(opts.addr, REALTIME_PATH, opts.check_limit),
@@ -368,6 +388,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         check_dead_peer(opts.addr, XIAOZHI_PATH, opts.check_limit),
         check_dead_peer(opts.addr, REALTIME_PATH, opts.check_limit),
     );
+    let (mut attacks, windows) = attacks::run_all(opts, flood.sessions_open_before).await;
     let _ = stop_tx.send(true);
 
     let mut recs = Vec::new();
@@ -385,21 +406,30 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     }
     let m_end = scrape(opts.addr).await;
 
-    let phase = |from: Instant, to: Instant, m0: &str, m1: &str| PhaseReport {
-        seconds: to.duration_since(from).as_secs_f64(),
-        turn_ms: window(&recs, from, to, |r| &r.turn_latency),
-        ping_ms: window(&recs, from, to, |r| &r.pings),
-        late_frames: count(&recs, from, to, |r| &r.late_frames),
-        late_sends: count(&recs, from, to, |r| &r.late_sends),
-        server_dropped_uplink: dropped(m1, "uplink") - dropped(m0, "uplink"),
-        server_dropped_downlink: dropped(m1, "downlink") - dropped(m0, "downlink"),
-    };
+    let phase =
+        |from: Instant, to: Instant, m0: &str, m1: &str, cpu: (Option<f64>, Option<f64>)| {
+            PhaseReport {
+                seconds: to.duration_since(from).as_secs_f64(),
+                turn_ms: window(&recs, from, to, |r| &r.turn_latency),
+                ping_ms: window(&recs, from, to, |r| &r.pings),
+                late_frames: count(&recs, from, to, |r| &r.late_frames),
+                late_sends: count(&recs, from, to, |r| &r.late_sends),
+                server_dropped_uplink: dropped(m1, "uplink") - dropped(m0, "uplink"),
+                server_dropped_downlink: dropped(m1, "downlink") - dropped(m0, "downlink"),
+                server_cpu_secs: cpu.0.zip(cpu.1).map(|(a, b)| b - a),
+            }
+        };
     let mut errors = Vec::new();
     let mut session_errors = 0;
     for e in recs.iter().filter_map(|r| r.error.as_ref()) {
         session_errors += 1;
         if errors.len() < 10 && !errors.contains(e) {
             errors.push(e.clone());
+        }
+    }
+    for (kind, w) in &windows {
+        if let Some(common) = attacks.common_mut(*kind) {
+            common.admitted = phase(w.from, w.to, &w.m0, &w.m1, (w.cpu0, w.cpu1));
         }
     }
     let refused_start = metric_by_label(&m_start, "voxgate_sessions_refused_total", "reason");
@@ -415,9 +445,10 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         session_errors,
         errors,
         turns: recs.iter().map(|r| r.turns).sum(),
-        before: phase(t_before, t_flood, &m_before, &m_flood),
-        during_flood: phase(t_flood, t_slow, &m_flood, &m_slow),
-        during_slowloris: phase(t_slow, t_checks, &m_slow, &m_checks),
+        before: phase(t_before, t_flood, &m_before, &m_flood, (c_before, c_flood)),
+        during_flood: phase(t_flood, t_slow, &m_flood, &m_slow, (c_flood, c_slow)),
+        during_slowloris: phase(t_slow, t_checks, &m_slow, &m_checks, (c_slow, c_checks)),
+        attacks,
         flood,
         slowloris,
         checks: vec![a, b, c, d, e],

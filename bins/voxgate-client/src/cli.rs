@@ -7,6 +7,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use voxgate_xiaozhi::control::ListenMode;
 
 use crate::chaos::ChaosOptions;
+use crate::chaos::attacks::{
+    AttackKind, AttackOptions, MAX_ATTACK_BYTES, MAX_ATTACK_PEERS, MAX_CANDIDATES,
+    MAX_IDLE_CONNECTIONS, MAX_PERCEPTION_FANOUT,
+};
 use crate::events::Events;
 use crate::gemini::GeminiOptions;
 use crate::load::LoadOptions;
@@ -381,9 +385,85 @@ pub struct ChaosArgs {
     /// The longest any timeout check waits for the server to close, in seconds.
     #[arg(long, default_value_t = 12.0)]
     pub check_limit: f64,
-    /// The server's process id, to sample its open files and memory.
+    /// The server's process id, to sample its open files, memory, children and CPU time.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// The attack phases to run after the timeout checks (comma-separated; `none` for none).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "long-reply,perception,idle-connections,candidates,parked-calls"
+    )]
+    pub attacks: Vec<AttackChoice>,
+    /// Bytes of the long reply's `DirectSpeech` text.
+    #[arg(long, default_value_t = 60_000)]
+    pub long_reply_bytes: usize,
+    /// Seconds the long reply is read.
+    #[arg(long, default_value_t = 5.0)]
+    pub long_reply_seconds: f64,
+    /// Perception devices posting at once.
+    #[arg(long, default_value_t = 16)]
+    pub perception_devices: usize,
+    /// Perception event names per device.
+    #[arg(long, default_value_t = 64)]
+    pub perception_names: usize,
+    /// Bytes of `data` in each event of the first perception batch.
+    #[arg(long, default_value_t = 60_000)]
+    pub perception_big_bytes: usize,
+    /// Bytes of `data` in each event of the second perception batch.
+    #[arg(long, default_value_t = 4_000)]
+    pub perception_small_bytes: usize,
+    /// Idle keep-alive connections from one address.
+    #[arg(long, default_value_t = 1_000)]
+    pub idle_connections: usize,
+    /// Connections dripping a second request head (and as many dripping a body).
+    #[arg(long, default_value_t = 4)]
+    pub idle_drips: usize,
+    /// Seconds the idle connections are held once open.
+    #[arg(long, default_value_t = 12.0)]
+    pub idle_seconds: f64,
+    /// Gemini bridge sockets flooding WebRTC candidates.
+    #[arg(long, default_value_t = 4)]
+    pub gemini_sockets: usize,
+    /// `WEBRTC_ICE_CANDIDATE` messages per socket.
+    #[arg(long, default_value_t = 25_000)]
+    pub candidates: usize,
+    /// Retell calls parked with a large `call_details`.
+    #[arg(long, default_value_t = 10)]
+    pub parked_calls: usize,
+    /// Bytes of each parked call's `metadata`.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub parked_bytes: usize,
+}
+
+/// One value of `chaos --attacks`: an attack, or `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AttackChoice {
+    /// No attack phase.
+    None,
+    /// A realtime session's long `DirectSpeech`.
+    LongReply,
+    /// Perception events with large and then small data.
+    Perception,
+    /// Idle keep-alive connections and dripped heads and bodies from one address.
+    IdleConnections,
+    /// `WEBRTC_ICE_CANDIDATE` floods on Gemini bridge sockets.
+    Candidates,
+    /// Closed Retell calls with a large `call_details`.
+    ParkedCalls,
+}
+
+impl AttackChoice {
+    fn kind(self) -> Option<AttackKind> {
+        match self {
+            Self::None => None,
+            Self::LongReply => Some(AttackKind::LongReply),
+            Self::Perception => Some(AttackKind::Perception),
+            Self::IdleConnections => Some(AttackKind::IdleConnections),
+            Self::Candidates => Some(AttackKind::Candidates),
+            Self::ParkedCalls => Some(AttackKind::ParkedCalls),
+        }
+    }
 }
 
 fn secs(s: f64, default: u64) -> Duration {
@@ -408,6 +488,22 @@ impl From<&ChaosArgs> for ChaosOptions {
             drip: secs(a.drip, 1),
             check_limit: secs(a.check_limit, 12),
             server_pid: a.server_pid,
+            attacks: AttackOptions {
+                run: a.attacks.iter().filter_map(|c| c.kind()).collect(),
+                long_reply_bytes: a.long_reply_bytes.min(MAX_ATTACK_BYTES),
+                long_reply_for: secs(a.long_reply_seconds, 5),
+                perception_devices: a.perception_devices.min(MAX_PERCEPTION_FANOUT),
+                perception_names: a.perception_names.min(MAX_PERCEPTION_FANOUT),
+                perception_big: a.perception_big_bytes.min(MAX_ATTACK_BYTES),
+                perception_small: a.perception_small_bytes.min(MAX_ATTACK_BYTES),
+                idle_connections: a.idle_connections.min(MAX_IDLE_CONNECTIONS),
+                idle_drips: a.idle_drips.min(MAX_ATTACK_PEERS),
+                idle_for: secs(a.idle_seconds, 12),
+                gemini_sockets: a.gemini_sockets.min(MAX_ATTACK_PEERS),
+                candidates: a.candidates.min(MAX_CANDIDATES),
+                parked_calls: a.parked_calls.min(MAX_ATTACK_PEERS),
+                parked_bytes: a.parked_bytes.min(MAX_ATTACK_BYTES),
+            },
         }
     }
 }
@@ -789,6 +885,43 @@ mod tests {
         assert_eq!((o.attempts, o.sessions, o.server_pid), (500, 100, Some(42)));
         assert_eq!(o.flood, Duration::from_millis(2500));
         assert_eq!(o.drip, Duration::from_millis(500));
+        // Every attack by default, in their order; sizes as the defaults say.
+        assert_eq!(o.attacks.run, AttackKind::ALL);
+        assert_eq!(o.attacks.parked_bytes, 8 << 20);
+        assert_eq!(o.attacks.idle_for, Duration::from_secs(12));
+    }
+
+    #[test]
+    fn chaos_attacks_are_chosen_and_bounded() {
+        let cli = parse(&[
+            "chaos",
+            "127.0.0.1:8080",
+            "--wav",
+            "s.wav",
+            "--attacks",
+            "parked-calls,long-reply",
+            "--idle-connections",
+            "1000000",
+            "--parked-bytes",
+            "99999999999",
+        ])
+        .unwrap();
+        let Command::Chaos(a) = &cli.command else {
+            panic!()
+        };
+        let o = ChaosOptions::from(a);
+        assert_eq!(
+            o.attacks.run,
+            [AttackKind::ParkedCalls, AttackKind::LongReply]
+        );
+        assert_eq!(o.attacks.idle_connections, MAX_IDLE_CONNECTIONS);
+        assert_eq!(o.attacks.parked_bytes, MAX_ATTACK_BYTES);
+        let cli = parse(&["chaos", "127.0.0.1:1", "--wav", "s", "--attacks", "none"]).unwrap();
+        let Command::Chaos(a) = &cli.command else {
+            panic!()
+        };
+        assert!(ChaosOptions::from(a).attacks.run.is_empty());
+        assert!(parse(&["chaos", "127.0.0.1:1", "--wav", "s", "--attacks", "bogus"]).is_err());
     }
 
     #[test]

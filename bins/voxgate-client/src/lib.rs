@@ -13,7 +13,7 @@
 //! | [`webrtc`] | `POST /webrtc/offer` (VIP), `/gemini` `WEBRTC_OFFER` | a str0m WebRTC peer: Opus on the audio track, VIP events on the `vip` data channel |
 //! | [`load`] | `/xiaozhi/v1/` | N concurrent streaming devices, counting frames |
 //! | [`webrtc::load`] | `POST /webrtc/offer` | N concurrent WebRTC sessions: latency, lost and late packets, server CPU and memory |
-//! | [`chaos`] | `/xiaozhi/v1/`, `/realtime` | floods, slowloris and misbehaving peers against admission control and timeouts |
+//! | [`chaos`] | `/xiaozhi/v1/`, `/realtime`, `/gemini`, `/llm-websocket/{call_id}`, the Bridge API | floods, slowloris and misbehaving peers against admission control and timeouts; attacks on what one peer can make the server spend |
 //!
 //! [`cli`] holds the command-line grammar and turns arguments into options.
 
