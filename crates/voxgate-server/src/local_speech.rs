@@ -76,6 +76,7 @@ impl Installed {
 const ESPEAK_PROGRAM: &str = "espeak-ng";
 
 /// Whether `espeak-ng` is on `PATH` (what the embedded synthesizer also looks for).
+#[cfg(any(feature = "local-speech", test))]
 fn program_on_path() -> bool {
     voxgate_providers::embedded_tts_name() == ESPEAK_PROGRAM
 }
