@@ -136,23 +136,23 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .min(targets.len());
     let next = std::sync::Mutex::new(targets.iter().enumerate());
     let results = std::sync::Mutex::new(Vec::new());
+    let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| {
-                loop {
+                while !failed.load(std::sync::atomic::Ordering::Relaxed) {
                     let Some((i, target)) = next.lock().unwrap_or_else(|e| e.into_inner()).next()
                     else {
                         break;
                     };
                     let result = run_target_phases(args, &fuzz_dir, target, &flags);
-                    let failed = result.is_err();
+                    if result.is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                     results
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push((i, result));
-                    if failed {
-                        break;
-                    }
                 }
             });
         }
