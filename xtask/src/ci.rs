@@ -106,6 +106,17 @@ fn run_steps(args: &Args, steps: &mut Steps) -> anyhow::Result<()> {
             ]))
         },
     )?;
+    // The fuzz targets' ASan build (its own target directory, so no lock is shared) runs
+    // from here at the lowest priority beside the steps that mostly wait: interop, cluster,
+    // offline speech and the browser. The fuzz step waits for it.
+    let mut fuzz_build = if args.skip_fuzz {
+        None
+    } else {
+        Some(Background::start(
+            fuzz::niced_build_all()?,
+            &util::target_dir().join("fuzz-build.log"),
+        )?)
+    };
     steps.run(
         "published clients against the server (interop)",
         &mut || {
@@ -163,10 +174,81 @@ fn run_steps(args: &Args, steps: &mut Steps) -> anyhow::Result<()> {
         eprintln!("== fuzz smoke: skipped (--skip-fuzz)");
     } else {
         steps.run("fuzz smoke", &mut || {
+            if let Some(build) = fuzz_build.take() {
+                build.finish()?;
+            }
             fuzz::run(&fuzz::Args::smoke(args.fuzz_seconds))
         })?;
     }
     Ok(())
+}
+
+/// A command running beside the steps, its output in a log file. Dropped unfinished (a step
+/// failed first), it is stopped with its whole process group, so nothing outlives the gate.
+struct Background {
+    child: Option<std::process::Child>,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Background {
+    fn start(mut cmd: std::process::Command, log: &std::path::Path) -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt as _;
+        let file = std::fs::File::create(log)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", log.display()))?;
+        eprintln!(
+            "== started beside the next steps: $ {} (output in {})",
+            util::describe(&cmd),
+            log.display()
+        );
+        let child = cmd
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting `{}`: {e}", util::describe(&cmd)))?;
+        Ok(Self {
+            child: Some(child),
+            log: log.to_owned(),
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits for the command; its failure carries the end of its log.
+    fn finish(mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let status = child.wait()?;
+        eprintln!(
+            "== the command started beside the steps ended after {:.0?} ({status})",
+            self.started.elapsed()
+        );
+        if status.success() {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(60).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        anyhow::bail!(
+            "the background build failed with {status}; the end of {}:\n{}",
+            self.log.display(),
+            tail.join("\n")
+        )
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // cargo's rustc children are in the same group.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// The steps run so far and their wall times, for the table at the end.

@@ -96,6 +96,30 @@ struct Outcome {
     elapsed_secs: f64,
 }
 
+/// The command that builds every target as CI's smoke run does (`--dev`, the `libopus`
+/// feature), at the lowest CPU priority (`nice -n 19`): CI starts it beside the steps that
+/// mostly wait on sockets and audio, whose processes keep the processor first.
+pub(crate) fn niced_build_all() -> anyhow::Result<Command> {
+    ensure_cargo_fuzz()?;
+    let mut build = fuzz_cmd();
+    build.arg("build").args(build_flags(true, true));
+    let mut niced = Command::new("nice");
+    niced
+        .args(["-n", "19"])
+        .arg(build.get_program())
+        .args(build.get_args());
+    for (key, value) in build.get_envs() {
+        match value {
+            Some(v) => niced.env(key, v),
+            None => niced.env_remove(key),
+        };
+    }
+    if let Some(dir) = build.get_current_dir() {
+        niced.current_dir(dir);
+    }
+    Ok(niced)
+}
+
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     ensure_cargo_fuzz()?;
     let root = util::root();

@@ -652,7 +652,7 @@ impl Config {
     /// Every `VOXGATE_*` variable this server reads: the ones [`Self::apply_env`] reads over a
     /// configuration that has every optional section (some are read only with their section,
     /// such as `VOXGATE_ACP_ARGS` with `[acp]`), and the few read elsewhere
-    /// ([`READ_ELSEWHERE`]). The one list [`Self::env_warnings`] checks names against, so a
+    /// (`READ_ELSEWHERE`). The one list [`Self::env_warnings`] checks names against, so a
     /// variable the server reads is never called unknown.
     #[must_use]
     pub fn env_names() -> std::collections::BTreeSet<String> {
