@@ -353,7 +353,7 @@ pub async fn run(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     eprintln!("chaos: baseline for {:?}", opts.before);
     let t_before = Instant::now();
     let m_before = scrape(opts.addr).await;
-    let ticks = crate::load::clock_ticks();
+    let ticks = crate::procstat::clock_ticks();
     let cpu = || attacks::cpu_secs(opts.server_pid, ticks);
     let c_before = cpu();
     sleep(opts.before).await;

@@ -24,6 +24,7 @@ pub mod events;
 pub mod gemini;
 pub mod load;
 pub mod load_realtime;
+mod procstat;
 pub mod realtime;
 pub mod retell;
 pub mod webrtc;

@@ -566,18 +566,6 @@ pub(crate) fn own_cpu_seconds(ticks_per_second: u64) -> (f64, f64) {
     (field(14) as f64 / tick, field(15) as f64 / tick)
 }
 
-/// Clock ticks per second of `/proc/PID/stat` (`getconf CLK_TCK`, 100 on every Linux we run).
-pub(crate) fn clock_ticks() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&t| t > 0)
-        .unwrap_or(100)
-}
-
 /// Runs the load and returns the summary.
 ///
 /// The sessions connect (the WebSocket handshake) as tasks on the caller's runtime, each at
@@ -591,7 +579,7 @@ pub async fn run(opts: &LoadOptions) -> anyhow::Result<LoadSummary> {
     let version = ProtocolVersion::from_number(u64::from(opts.protocol_version))
         .context("protocol version")?;
     let burst = Burst::for_options(opts)?;
-    let ticks = clock_ticks();
+    let ticks = crate::procstat::clock_ticks();
     let n = opts.sessions.max(1);
     let threads = opts.threads.clamp(1, n);
     let step = opts.ramp / u32::try_from(n).unwrap_or(u32::MAX);

@@ -138,7 +138,7 @@ pub async fn run(opts: &RealtimeLoadOptions) -> anyhow::Result<RealtimeLoadSumma
     let speech = Arc::new(speech_packets(opts.wav.as_ref())?);
     let n = opts.sessions.max(1);
     let step = Duration::from_secs_f64(opts.ramp.max(0.0)) / u32::try_from(n).unwrap_or(u32::MAX);
-    let ticks = crate::load::clock_ticks();
+    let ticks = crate::procstat::clock_ticks();
     let cpu_before = crate::load::own_cpu_seconds(ticks);
     let start = Instant::now();
     let stop_at = start + Duration::from_secs(opts.seconds);

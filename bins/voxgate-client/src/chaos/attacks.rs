@@ -470,7 +470,7 @@ pub(super) async fn run_all(
     opts: &ChaosOptions,
     admitted: f64,
 ) -> (Attacks, Vec<(AttackKind, Window)>) {
-    let ticks = crate::load::clock_ticks();
+    let ticks = crate::procstat::clock_ticks();
     let mut attacks = Attacks::default();
     let mut windows = Vec::new();
     for kind in AttackKind::ALL {

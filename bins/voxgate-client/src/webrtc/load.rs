@@ -227,7 +227,7 @@ pub async fn run(opts: &WebrtcLoadOptions) -> anyhow::Result<WebrtcLoadSummary> 
     if let (Some(pid), Some(before)) = (opts.server_pid, before)
         && let Some(after) = sample(pid)
     {
-        let ticks = clock_ticks();
+        let ticks = crate::procstat::clock_ticks();
         let cpu_seconds = after.cpu_ticks.saturating_sub(before.cpu_ticks) as f64 / ticks as f64;
         let rss_kb_peak = peak
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -272,18 +272,6 @@ fn sample(pid: u32) -> Option<Sample> {
         cpu_ticks: field(14) + field(15),
         rss_kb,
     })
-}
-
-/// Clock ticks per second of `/proc/PID/stat` (`getconf CLK_TCK`, 100 on every Linux we run).
-fn clock_ticks() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&t| t > 0)
-        .unwrap_or(100)
 }
 
 #[cfg(test)]
@@ -343,7 +331,7 @@ mod tests {
     fn own_process_can_be_sampled() {
         let s = sample(std::process::id()).unwrap();
         assert!(s.rss_kb > 0);
-        assert!(clock_ticks() > 0);
+        assert!(crate::procstat::clock_ticks() > 0);
         assert!(sample(u32::MAX).is_none());
     }
 }
